@@ -1,0 +1,5 @@
+//! Behaviour added by wrapping a pool, in the style of RMM's resource adaptors.
+
+pub mod managed_fallback;
+
+pub use managed_fallback::ManagedFallback;

@@ -1,0 +1,65 @@
+//! What a pool hands out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::driver::DevicePtr;
+
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Identifies one pool instance, so a block can't be freed into the wrong pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId(u64);
+
+impl PoolId {
+    pub(crate) fn fresh() -> Self {
+        Self(NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// One allocation from a pool.
+///
+/// Only pools create blocks, and a block is not `Clone`: freeing one twice does not compile,
+/// and a foreign pointer cannot be freed at all. Free it with [`crate::Pool::free`], or use
+/// [`crate::PoolBuffer`], which does that on drop.
+#[must_use = "a block that is never freed stays live in its pool"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Block {
+    pub(crate) ptr: DevicePtr,
+    pub(crate) size: usize,
+    pub(crate) capacity: usize,
+    pub(crate) pool: PoolId,
+    pub(crate) managed_fallback: bool,
+}
+
+impl Block {
+    /// The device address.
+    #[inline]
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// The bytes asked for (at least 1).
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The bytes usable at [`Block::ptr`]: the whole cached buffer for the legacy pool, the
+    /// size rounded to the alignment for the VMM pool.
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The pool that owns this block.
+    #[inline]
+    pub fn pool_id(&self) -> PoolId {
+        self.pool
+    }
+
+    /// Whether this block was served from managed memory because the device was full.
+    #[inline]
+    pub fn is_managed_fallback(&self) -> bool {
+        self.managed_fallback
+    }
+}

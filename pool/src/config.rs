@@ -1,0 +1,170 @@
+//! Choosing and building a pool: from code ([`PoolConfig`]) or from the environment.
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `GGML_POOL=vmm\|legacy\|managed` | the pool kind; unset: vmm where the device supports VMM, else legacy |
+//! | `GGML_CUDA_NO_VMM=1` | never use VMM (ggml's name) |
+//! | `GGML_CUDA_POOL_USE_MANAGED=1` | same as `GGML_POOL=managed` (ggml's name) |
+//! | `GGML_CUDA_ALLOC_FALLBACK_MANAGED=1` | on device OOM, serve that allocation from managed memory |
+//! | `CUPOOL_ALLOW_OVERSUBSCRIPTION=1` | let managed memory exceed the device's free memory |
+//!
+//! Boolean variables accept `1/0`, `true/false`, `yes/no`, `on/off`; anything else is an
+//! error naming the variable, the value and what is accepted.
+
+use crate::adaptors::ManagedFallback;
+use crate::driver::Driver;
+use crate::pools::legacy::{LegacyConfig, LegacyPool};
+use crate::pools::managed::{managed_pool, ManagedConfig};
+use crate::pools::vmm::{VmmConfig, VmmPool};
+use crate::pools::{Pool, PoolKind};
+use std::fmt;
+use std::sync::Arc;
+
+/// A bad configuration value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A variable has a value outside what it accepts.
+    BadValue {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it accepts.
+        accepted: &'static str,
+    },
+    /// Two settings contradict each other.
+    Conflict(String),
+    /// The chosen pool cannot run on this device.
+    Unsupported(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::BadValue { var, value, accepted } => {
+                write!(f, "{var}={value:?} is not valid: accepted values are {accepted}")
+            }
+            ConfigError::Conflict(s) | ConfigError::Unsupported(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+const BOOL_VALUES: &str = "1, 0, true, false, yes, no, on, off";
+
+fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError::BadValue { var, value: value.to_owned(), accepted: BOOL_VALUES }),
+    }
+}
+
+/// Which pool to build, and how.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolConfig {
+    /// The pool kind; `None` chooses vmm where supported, else legacy.
+    pub kind: Option<PoolKind>,
+    /// Never choose VMM automatically (`GGML_CUDA_NO_VMM`).
+    pub no_vmm: bool,
+    /// Wrap the pool in [`ManagedFallback`].
+    pub fallback_managed: bool,
+    /// Let managed memory exceed the device's free memory.
+    pub allow_oversubscription: bool,
+    /// Legacy-pool policy.
+    pub legacy: LegacyConfig,
+    /// VMM-pool settings.
+    pub vmm: VmmConfig,
+}
+
+impl PoolConfig {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads settings through `get` (a variable's value, or `None` if unset), so callers and
+    /// tests can supply their own environment.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut c = PoolConfig::default();
+        let flag = |var: &'static str| -> Result<bool, ConfigError> {
+            match get(var) {
+                Some(v) => parse_bool(var, &v),
+                None => Ok(false),
+            }
+        };
+        if let Some(v) = get("GGML_POOL") {
+            let kind = PoolKind::parse(&v).ok_or(ConfigError::BadValue {
+                var: "GGML_POOL",
+                value: v.clone(),
+                accepted: PoolKind::NAMES,
+            })?;
+            c.kind = Some(kind);
+        }
+        c.no_vmm = flag("GGML_CUDA_NO_VMM")?;
+        if flag("GGML_CUDA_POOL_USE_MANAGED")? {
+            match c.kind {
+                None | Some(PoolKind::Managed) => c.kind = Some(PoolKind::Managed),
+                Some(k) => {
+                    return Err(ConfigError::Conflict(format!(
+                        "GGML_POOL={k} conflicts with GGML_CUDA_POOL_USE_MANAGED=1: choose one pool"
+                    )))
+                }
+            }
+        }
+        if c.no_vmm && c.kind == Some(PoolKind::Vmm) {
+            return Err(ConfigError::Conflict(
+                "GGML_POOL=vmm conflicts with GGML_CUDA_NO_VMM=1: unset one of them".to_string(),
+            ));
+        }
+        c.fallback_managed = flag("GGML_CUDA_ALLOC_FALLBACK_MANAGED")?;
+        c.allow_oversubscription = flag("CUPOOL_ALLOW_OVERSUBSCRIPTION")?;
+        Ok(c)
+    }
+
+    /// Sets the kind.
+    pub fn kind(mut self, kind: PoolKind) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
+    /// Sets the managed fallback.
+    pub fn fallback_managed(mut self, on: bool) -> Self {
+        self.fallback_managed = on;
+        self
+    }
+
+    /// The kind this configuration gives on a device with or without VMM.
+    pub fn resolve(&self, vmm_supported: bool) -> Result<PoolKind, ConfigError> {
+        match self.kind {
+            Some(PoolKind::Vmm) if !vmm_supported => Err(ConfigError::Unsupported(
+                "GGML_POOL=vmm: this device does not support virtual memory management; use legacy or managed".into(),
+            )),
+            Some(k) => Ok(k),
+            None if vmm_supported && !self.no_vmm => Ok(PoolKind::Vmm),
+            None => Ok(PoolKind::Legacy),
+        }
+    }
+
+    /// Builds a pool on `driver`.
+    pub fn build(&self, driver: Arc<dyn Driver>) -> Result<Arc<dyn Pool>, ConfigError> {
+        let kind = self.resolve(driver.vmm_supported())?;
+        if self.kind.is_none() {
+            tracing::info!(device = driver.ordinal(), pool = %kind, vmm_supported = driver.vmm_supported(), no_vmm = self.no_vmm, "pool chosen automatically");
+        }
+        let pool: Arc<dyn Pool> = match kind {
+            PoolKind::Vmm => Arc::new(VmmPool::with_config(driver, self.vmm.clone())),
+            PoolKind::Legacy => Arc::new(LegacyPool::with_config(driver, self.legacy.clone())),
+            PoolKind::Managed => Arc::new(managed_pool(
+                driver,
+                ManagedConfig { allow_oversubscription: self.allow_oversubscription },
+            )),
+        };
+        Ok(if self.fallback_managed {
+            Arc::new(ManagedFallback::new(pool, self.allow_oversubscription))
+        } else {
+            pool
+        })
+    }
+}

@@ -1,0 +1,215 @@
+//! The CUDA driver, through cudarc with dynamic loading.
+//!
+//! The same binary builds without CUDA and finds `libcuda` at run time. [`CudaDriver::new`]
+//! checks for the library first and returns [`ErrorCode::LibraryMissing`] rather than letting
+//! cudarc panic at the first call, so a caller can fall back to the simulated device.
+
+use super::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, MemInfo, PhysHandle};
+use crate::sync::SyncEpoch;
+use cudarc::driver::{result, sys, CudaContext};
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+
+/// A CUDA device.
+#[derive(Debug)]
+pub struct CudaDriver {
+    ctx: Arc<CudaContext>,
+    epoch: SyncEpoch,
+    vmm: bool,
+    name: String,
+}
+
+fn cuda_err(call: CallKind, e: result::DriverError, detail: impl Into<String>) -> DriverError {
+    let code = match e.0 {
+        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => ErrorCode::OutOfMemory,
+        sys::CUresult::CUDA_ERROR_NOT_SUPPORTED => ErrorCode::NotSupported,
+        sys::CUresult::CUDA_ERROR_INVALID_VALUE => ErrorCode::InvalidValue,
+        other => ErrorCode::Cuda(other as u32),
+    };
+    let name = e.error_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let detail = detail.into();
+    DriverError::new(call, code, if detail.is_empty() { name } else { format!("{name}; {detail}") })
+}
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn is_available() -> bool {
+    // SAFETY: only tries to open the shared library; no CUDA call is made.
+    unsafe { sys::is_culib_present() }
+}
+
+impl CudaDriver {
+    /// Opens device `ordinal` (its primary context).
+    pub fn new(ordinal: usize) -> Result<Self, DriverError> {
+        if !is_available() {
+            return Err(DriverError::new(
+                CallKind::Init,
+                ErrorCode::LibraryMissing,
+                "libcuda could not be loaded; use the simulated device (--device sim) on machines without a GPU",
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err(CallKind::Init, e, format!("device {ordinal}")))?;
+        let vmm = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+            .map(|v| v != 0)
+            .unwrap_or(false);
+        let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        Ok(Self { ctx, epoch: SyncEpoch::new(), vmm, name })
+    }
+
+    /// The cudarc context, for streams, modules and kernel launches.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn bind(&self, call: CallKind) -> Result<(), DriverError> {
+        self.ctx.bind_to_thread().map_err(|e| cuda_err(call, e, "binding the context"))
+    }
+
+    fn prop(&self) -> sys::CUmemAllocationProp {
+        // SAFETY: a plain C struct for which all-zero is a valid (empty) value.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = self.ctx.ordinal() as i32;
+        prop
+    }
+}
+
+impl Driver for CudaDriver {
+    fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn epoch(&self) -> &SyncEpoch {
+        &self.epoch
+    }
+
+    fn mem_info(&self) -> Result<MemInfo, DriverError> {
+        self.bind(CallKind::MemInfo)?;
+        let (free, total) = result::mem_get_info().map_err(|e| cuda_err(CallKind::MemInfo, e, ""))?;
+        Ok(MemInfo { free, total })
+    }
+
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
+        self.bind(CallKind::Malloc)?;
+        // SAFETY: a plain allocation; the context is bound to this thread.
+        unsafe { result::malloc_sync(bytes) }.map_err(|e| cuda_err(CallKind::Malloc, e, format!("{bytes} bytes")))
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
+        self.bind(CallKind::Free)?;
+        // SAFETY: the caller (a pool) owns `ptr` from `malloc` and no longer hands it out.
+        unsafe { result::free_sync(ptr) }.map_err(|e| cuda_err(CallKind::Free, e, format!("{ptr:#x}")))
+    }
+
+    fn malloc_managed(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
+        self.bind(CallKind::MallocManaged)?;
+        // SAFETY: a plain managed allocation, attached globally like cudaMallocManaged.
+        unsafe { result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
+            .map_err(|e| cuda_err(CallKind::MallocManaged, e, format!("{bytes} bytes")))
+    }
+
+    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
+        self.bind(CallKind::FreeManaged)?;
+        // SAFETY: as in `free`.
+        unsafe { result::free_sync(ptr) }.map_err(|e| cuda_err(CallKind::FreeManaged, e, format!("{ptr:#x}")))
+    }
+
+    fn vmm_supported(&self) -> bool {
+        self.vmm
+    }
+
+    fn granularity(&self) -> Result<usize, DriverError> {
+        if !self.vmm {
+            return Err(DriverError::new(CallKind::Granularity, ErrorCode::NotSupported, "device has no VMM"));
+        }
+        self.bind(CallKind::Granularity)?;
+        let prop = self.prop();
+        let mut g = MaybeUninit::<usize>::uninit();
+        // SAFETY: `g` is written by the call on success; `prop` outlives it.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                g.as_mut_ptr(),
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
+            .result()
+            .map_err(|e| cuda_err(CallKind::Granularity, e, ""))?;
+            Ok(g.assume_init())
+        }
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
+        self.bind(CallKind::Reserve)?;
+        let mut base = MaybeUninit::<sys::CUdeviceptr>::uninit();
+        // SAFETY: reserves address space only; `base` is written on success.
+        unsafe {
+            sys::cuMemAddressReserve(base.as_mut_ptr(), bytes, 0, 0, 0)
+                .result()
+                .map_err(|e| cuda_err(CallKind::Reserve, e, format!("{bytes} bytes")))?;
+            Ok(base.assume_init())
+        }
+    }
+
+    fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.bind(CallKind::ReleaseReservation)?;
+        // SAFETY: the caller hands back a reservation of exactly this size, with nothing mapped.
+        unsafe { sys::cuMemAddressFree(base, bytes) }
+            .result()
+            .map_err(|e| cuda_err(CallKind::ReleaseReservation, e, format!("{bytes} bytes at {base:#x}")))
+    }
+
+    fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError> {
+        self.bind(CallKind::Create)?;
+        let prop = self.prop();
+        let mut handle = MaybeUninit::<sys::CUmemGenericAllocationHandle>::uninit();
+        // SAFETY: creates physical memory; `handle` is written on success.
+        let handle = unsafe {
+            sys::cuMemCreate(handle.as_mut_ptr(), bytes, &prop, 0)
+                .result()
+                .map_err(|e| cuda_err(CallKind::Create, e, format!("{bytes} bytes")))?;
+            handle.assume_init()
+        };
+        // SAFETY: maps the new handle into a reserved range the caller owns; on failure the
+        // handle is released so nothing leaks.
+        if let Err(e) = unsafe { sys::cuMemMap(at, bytes, 0, handle, 0) }.result() {
+            // SAFETY: the handle is ours and unmapped.
+            let _ = unsafe { sys::cuMemRelease(handle) };
+            return Err(cuda_err(CallKind::Map, e, format!("{bytes} bytes at {at:#x}")));
+        }
+        let access = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range was just mapped; on failure it is unmapped and released.
+        if let Err(e) = unsafe { sys::cuMemSetAccess(at, bytes, &access, 1) }.result() {
+            // SAFETY: undoing our own map and create.
+            unsafe {
+                let _ = sys::cuMemUnmap(at, bytes);
+                let _ = sys::cuMemRelease(handle);
+            }
+            return Err(cuda_err(CallKind::SetAccess, e, format!("{bytes} bytes at {at:#x}")));
+        }
+        Ok(PhysHandle(handle))
+    }
+
+    fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError> {
+        self.bind(CallKind::Unmap)?;
+        // SAFETY: the caller hands back a mapping from `map`, idle on the device.
+        unsafe { sys::cuMemUnmap(at, bytes) }
+            .result()
+            .map_err(|e| cuda_err(CallKind::Unmap, e, format!("{bytes} bytes at {at:#x}")))?;
+        // SAFETY: the handle's only mapping is gone.
+        unsafe { sys::cuMemRelease(handle.0) }
+            .result()
+            .map_err(|e| cuda_err(CallKind::Release, e, format!("handle of {bytes} bytes")))
+    }
+
+    fn synchronize_device(&self) -> Result<(), DriverError> {
+        self.ctx.synchronize().map_err(|e| cuda_err(CallKind::Synchronize, e, ""))
+    }
+}

@@ -1,0 +1,105 @@
+//! The driver layer: the only code in cupool that talks to a device.
+//!
+//! [`Driver`] is the small set of primitives the pools need. Two implementations ship:
+//! [`sim::SimDevice`] (host memory behind the addresses, a capacity, fault injection and a
+//! ledger) and [`cuda::CudaDriver`] (cudarc with dynamic loading). Anything else that changes
+//! driver behaviour, such as a memory limit on a large card, wraps a driver: see
+//! [`limit::LimitedDriver`].
+
+pub mod cuda;
+mod error;
+mod host;
+pub mod limit;
+pub mod sim;
+
+pub use error::{CallKind, DriverError, ErrorCode};
+
+use crate::sync::SyncEpoch;
+use std::fmt;
+
+/// A device address. On the simulated device it is also a valid host address.
+pub type DevicePtr = u64;
+
+/// Free and total memory of a device, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes the device can still hand out.
+    pub free: usize,
+    /// Bytes the device has in all.
+    pub total: usize,
+}
+
+impl MemInfo {
+    /// Bytes in use on the device, by anyone.
+    pub fn used(&self) -> usize {
+        self.total.saturating_sub(self.free)
+    }
+}
+
+/// The physical memory behind one VMM mapping, as the driver identifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PhysHandle(pub u64);
+
+/// The device primitives a pool is built on.
+///
+/// Implementations must be thread-safe: pools on several streams of one device share one
+/// driver. Every failure is a [`DriverError`]; an implementation never panics on a bad
+/// argument.
+pub trait Driver: Send + Sync + fmt::Debug {
+    /// Device ordinal, as CUDA numbers devices.
+    fn ordinal(&self) -> usize;
+
+    /// A short human-readable name ("sim 12.0 GiB", "NVIDIA H200").
+    fn name(&self) -> String;
+
+    /// The device's synchronize counter; see [`crate::sync`].
+    fn epoch(&self) -> &SyncEpoch;
+
+    /// Free and total device memory.
+    fn mem_info(&self) -> Result<MemInfo, DriverError>;
+
+    /// How much managed memory may be asked for without oversubscribing the physical card.
+    ///
+    /// Defaults to the free memory [`Driver::mem_info`] reports; a driver that only pretends
+    /// to be a smaller card returns the real card's free memory here.
+    fn managed_headroom(&self) -> Result<usize, DriverError> {
+        self.mem_info().map(|m| m.free)
+    }
+
+    /// Allocates `bytes` of device memory (cuMemAlloc). Aligned to at least 256 bytes.
+    fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError>;
+
+    /// Returns memory from [`Driver::malloc`] (cuMemFree).
+    fn free(&self, ptr: DevicePtr) -> Result<(), DriverError>;
+
+    /// Allocates `bytes` of managed (unified) memory (cuMemAllocManaged, attach global).
+    fn malloc_managed(&self, bytes: usize) -> Result<DevicePtr, DriverError>;
+
+    /// Returns memory from [`Driver::malloc_managed`].
+    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError>;
+
+    /// Whether the device supports virtual memory management (reserve and map).
+    fn vmm_supported(&self) -> bool;
+
+    /// The allocation granularity for physical VMM memory (recommended granularity).
+    fn granularity(&self) -> Result<usize, DriverError>;
+
+    /// Reserves `bytes` of device address space, aligned to the granularity.
+    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError>;
+
+    /// Frees an address range from [`Driver::reserve`]; nothing may be mapped in it any more.
+    fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError>;
+
+    /// Creates `bytes` of physical memory, maps it at `at` (inside a reservation) and makes it
+    /// readable and writable by the device. A failure in any step undoes the earlier steps.
+    fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError>;
+
+    /// Unmaps a range mapped by [`Driver::map`] and releases its physical memory.
+    fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError>;
+
+    /// Waits until all work queued on the device has finished (cuCtxSynchronize).
+    ///
+    /// Use [`crate::sync::synchronize`] instead: it hands out the [`crate::SyncToken`] that
+    /// purges require.
+    fn synchronize_device(&self) -> Result<(), DriverError>;
+}

@@ -1,0 +1,138 @@
+//! Errors of the pool layer.
+
+use crate::block::{Block, PoolId};
+use crate::driver::{DriverError, MemInfo};
+use crate::pools::PoolKind;
+use std::fmt;
+
+/// Everything worth knowing when an allocation does not fit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OomReport {
+    /// Bytes asked for.
+    pub requested: usize,
+    /// The pool that failed.
+    pub pool: PoolKind,
+    /// Bytes live in the pool (asked for by its users).
+    pub live: usize,
+    /// Device bytes the pool holds (live plus cached).
+    pub reserved: usize,
+    /// Bytes the pool holds that no user has.
+    pub cached: usize,
+    /// The part of `cached` that is too small for this request: held, but useless to it.
+    pub stranded: usize,
+    /// The device's free and total memory after the failure, if it could be read.
+    pub device: Option<MemInfo>,
+    /// The driver call that failed, or why the pool refused.
+    pub cause: String,
+    /// One line on what to do about it.
+    pub suggestion: String,
+}
+
+fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of device memory: {} pool asked for {} ({} bytes); pool live {}, reserved {}, cached {} ({} of it stranded: too small for this request)",
+            self.pool,
+            mib(self.requested),
+            self.requested,
+            mib(self.live),
+            mib(self.reserved),
+            mib(self.cached),
+            mib(self.stranded),
+        )?;
+        match self.device {
+            Some(m) => write!(f, "; device {} free of {}", mib(m.free), mib(m.total))?,
+            None => write!(f, "; device memory unknown")?,
+        }
+        write!(f, "; cause: {}. Suggestion: {}", self.cause, self.suggestion)
+    }
+}
+
+/// Why a pool operation failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolError {
+    /// The request does not fit; the report has the whole picture.
+    OutOfMemory(Box<OomReport>),
+    /// The size cannot be served by any pool.
+    InvalidSize {
+        /// What was asked for, in bytes (saturated if the element count overflowed).
+        requested: usize,
+        /// The largest size accepted.
+        max: usize,
+    },
+    /// A block was freed into a pool that did not hand it out.
+    WrongPool {
+        /// The pool that handed the block out.
+        owner: PoolId,
+        /// The pool it was given to.
+        given_to: PoolId,
+    },
+    /// A sync token from another device was given to this pool.
+    WrongDevice {
+        /// This pool's device ordinal.
+        device: usize,
+    },
+    /// A driver call other than an allocation failed.
+    Driver(DriverError),
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::OutOfMemory(r) => r.fmt(f),
+            PoolError::InvalidSize { requested, max } => write!(
+                f,
+                "invalid allocation size {requested} bytes: sizes from 0 to {max} bytes are accepted (0 is served as 1)"
+            ),
+            PoolError::WrongPool { owner, given_to } => write!(
+                f,
+                "block freed into the wrong pool: it belongs to pool {owner:?}, was given to pool {given_to:?}; free a block into the pool that allocated it"
+            ),
+            PoolError::WrongDevice { device } => write!(
+                f,
+                "sync token is not from device {device}: purge needs a token from synchronizing this pool's own device"
+            ),
+            PoolError::Driver(e) => write!(f, "driver error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+impl From<DriverError> for PoolError {
+    fn from(e: DriverError) -> Self {
+        PoolError::Driver(e)
+    }
+}
+
+impl PoolError {
+    /// The OOM report, if this is an out-of-memory error.
+    pub fn oom_report(&self) -> Option<&OomReport> {
+        match self {
+            PoolError::OutOfMemory(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// A free that was refused; the block comes back so nothing is lost.
+#[derive(Debug)]
+pub struct FreeError {
+    /// Why.
+    pub error: PoolError,
+    /// The block, still live.
+    pub block: Block,
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for FreeError {}

@@ -1,0 +1,79 @@
+//! Proof of synchronization.
+//!
+//! Pools hand memory back to their users while kernels that use it may still be queued (as
+//! ggml does: a temporary is "freed" when the host function returns). Reusing that memory on
+//! the same stream is safe; returning it to the driver is not, until the device has finished
+//! the queued work. So every operation that returns memory to the driver takes a
+//! [`SyncToken`], and the only way to get one is [`synchronize`].
+//!
+//! A token is also only as good as the moment it was made: a buffer freed into the pool
+//! *after* the synchronize began may belong to a kernel queued after it. Each device keeps an
+//! epoch counter; `synchronize` advances it before waiting, pools stamp every cached buffer
+//! with the epoch of its free, and a purge only releases buffers stamped before the token.
+
+use crate::driver::{Driver, DriverError};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static NEXT_EPOCH_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A device's synchronize counter. Every [`Driver`] owns one.
+#[derive(Debug)]
+pub struct SyncEpoch {
+    id: u64,
+    counter: AtomicU64,
+}
+
+impl SyncEpoch {
+    /// A fresh counter with an identity of its own.
+    pub fn new() -> Self {
+        Self { id: NEXT_EPOCH_ID.fetch_add(1, Ordering::Relaxed), counter: AtomicU64::new(0) }
+    }
+
+    /// The current epoch: buffers freed now are stamped with it.
+    #[inline]
+    pub fn current(&self) -> u64 {
+        self.counter.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Default for SyncEpoch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Proof that the device finished all work queued before [`synchronize`] was called.
+///
+/// It cannot be built any other way. A stale token is harmless: pools release only what was
+/// freed before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncToken {
+    epoch_id: u64,
+    epoch: u64,
+}
+
+impl SyncToken {
+    /// Whether this token was made by synchronizing the device that owns `epoch`.
+    pub(crate) fn is_for(&self, epoch: &SyncEpoch) -> bool {
+        self.epoch_id == epoch.id()
+    }
+
+    /// Whether a buffer freed at `freed_at` is certainly idle under this token.
+    #[inline]
+    pub(crate) fn covers(&self, freed_at: u64) -> bool {
+        freed_at < self.epoch
+    }
+}
+
+/// Synchronizes the device and returns the token that purges need.
+pub fn synchronize(driver: &dyn Driver) -> Result<SyncToken, DriverError> {
+    // Advance first: anything freed from here on is stamped with the new epoch and so is not
+    // covered by this token, even if it is freed while the synchronize is still waiting.
+    let epoch = driver.epoch().counter.fetch_add(1, Ordering::AcqRel) + 1;
+    driver.synchronize_device()?;
+    Ok(SyncToken { epoch_id: driver.epoch().id(), epoch })
+}
