@@ -1,1 +1,103 @@
-fn main(){}
+//! Hot path: a cached alloc+free pair per pool, sizes 256 B to 256 MiB.
+//!
+//! Always on the simulated device; on a CUDA device too when one is present, next to the
+//! driver's own cuMemAlloc+cuMemFree and cuMemAllocAsync+cuMemFreeAsync (warm stream-ordered
+//! pool) in the same run. Goal: a cached pair costs at most a tenth of the async pair.
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use cupool::pool::driver::cuda::{is_available, CudaDriver};
+use cupool::pool::driver::sim::{SimConfig, SimDevice};
+use cupool::pool::driver::Driver;
+use cupool::pool::pools::legacy::LegacyPool;
+use cupool::pool::pools::managed::{managed_pool, ManagedConfig};
+use cupool::pool::pools::vmm::VmmPool;
+use cupool::pool::Pool;
+use std::hint::black_box;
+use std::sync::Arc;
+
+const SIZES: [usize; 4] = [256, 64 << 10, 16 << 20, 256 << 20];
+
+fn pools(d: &Arc<dyn Driver>) -> Vec<(&'static str, Arc<dyn Pool>)> {
+    vec![
+        ("vmm", Arc::new(VmmPool::new(d.clone())) as Arc<dyn Pool>),
+        ("legacy", Arc::new(LegacyPool::new(d.clone()))),
+        (
+            "managed",
+            Arc::new(managed_pool(d.clone(), ManagedConfig::default())),
+        ),
+    ]
+}
+
+fn cached_pairs(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
+    let mut g = c.benchmark_group(format!("hot_path/{device}"));
+    g.throughput(Throughput::Elements(1));
+    for (name, pool) in pools(&d) {
+        for &size in &SIZES {
+            let warm = pool.alloc(size).expect("warm-up allocation");
+            pool.free(warm).unwrap();
+            g.bench_with_input(BenchmarkId::new(name, size), &size, |b, &size| {
+                b.iter(|| {
+                    let blk = pool.alloc(black_box(size)).unwrap();
+                    pool.free(blk).unwrap();
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn cuda_baselines(c: &mut Criterion, drv: &CudaDriver) {
+    use cudarc::driver::result;
+    let stream = drv.context().new_stream().unwrap();
+    let mut g = c.benchmark_group("hot_path/cuda-baseline");
+    for &size in &SIZES {
+        g.bench_with_input(
+            BenchmarkId::new("cuMemAlloc+cuMemFree", size),
+            &size,
+            |b, &size| {
+                b.iter(|| {
+                    let p = drv.malloc(size).unwrap();
+                    drv.free(p).unwrap();
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("cuMemAllocAsync+cuMemFreeAsync", size),
+            &size,
+            |b, &size| {
+                drv.context().bind_to_thread().unwrap();
+                b.iter(|| {
+                    // SAFETY: stream-ordered allocation and free on our own stream; nothing reads it.
+                    unsafe {
+                        let p = result::malloc_async(stream.cu_stream(), size).unwrap();
+                        result::free_async(p, stream.cu_stream()).unwrap();
+                    }
+                });
+                stream.synchronize().unwrap();
+            },
+        );
+    }
+    g.finish();
+}
+
+fn bench(c: &mut Criterion) {
+    cached_pairs(
+        c,
+        "sim",
+        Arc::new(SimDevice::new(SimConfig::gib(64.0).record_calls(false))),
+    );
+    if is_available() {
+        match CudaDriver::new(0) {
+            Ok(drv) => {
+                let drv = Arc::new(drv);
+                cuda_baselines(c, &drv);
+                cached_pairs(c, "cuda", drv);
+            }
+            Err(e) => eprintln!("cuda benches skipped: {e}"),
+        }
+    } else {
+        eprintln!("cuda benches skipped: no CUDA driver library on this machine");
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

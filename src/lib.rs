@@ -1,1 +1,17 @@
-//! x
+//! cupool: a CUDA memory pool for LLM inference, with an instrumented inference runtime.
+//!
+//! This umbrella crate re-exports the workspace members:
+//! - [`pool`]: the allocator (usable alone as `cupool-pool`);
+//! - [`runtime`]: the compact inference runtime;
+//! - [`kernels`]: the NVRTC kernels and their CPU references.
+//!
+//! See the README for the environment variables and an example.
+
+pub use cupool_kernels as kernels;
+pub use cupool_pool as pool;
+pub use cupool_runtime as runtime;
+
+/// The README's example, compiled and run as a test (it falls back to the simulated device).
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -29,9 +29,18 @@ impl<T> PoolBuffer<T> {
     pub fn alloc(pool: &Arc<dyn Pool>, len: usize) -> Result<Self, PoolError> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
-            .ok_or(PoolError::InvalidSize { requested: usize::MAX, max: MAX_REQUEST })?;
+            .ok_or(PoolError::InvalidSize {
+                requested: usize::MAX,
+                max: MAX_REQUEST,
+            })?;
         let block = pool.alloc(bytes)?;
-        Ok(Self { ptr: block.ptr(), len, block: Some(block), pool: pool.clone(), _elem: PhantomData })
+        Ok(Self {
+            ptr: block.ptr(),
+            len,
+            block: Some(block),
+            pool: pool.clone(),
+            _elem: PhantomData,
+        })
     }
 
     /// The device address.

@@ -41,8 +41,15 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::BadValue { var, value, accepted } => {
-                write!(f, "{var}={value:?} is not valid: accepted values are {accepted}")
+            ConfigError::BadValue {
+                var,
+                value,
+                accepted,
+            } => {
+                write!(
+                    f,
+                    "{var}={value:?} is not valid: accepted values are {accepted}"
+                )
             }
             ConfigError::Conflict(s) | ConfigError::Unsupported(s) => f.write_str(s),
         }
@@ -57,7 +64,11 @@ fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::BadValue { var, value: value.to_owned(), accepted: BOOL_VALUES }),
+        _ => Err(ConfigError::BadValue {
+            var,
+            value: value.to_owned(),
+            accepted: BOOL_VALUES,
+        }),
     }
 }
 
@@ -158,7 +169,9 @@ impl PoolConfig {
             PoolKind::Legacy => Arc::new(LegacyPool::with_config(driver, self.legacy.clone())),
             PoolKind::Managed => Arc::new(managed_pool(
                 driver,
-                ManagedConfig { allow_oversubscription: self.allow_oversubscription },
+                ManagedConfig {
+                    allow_oversubscription: self.allow_oversubscription,
+                },
             )),
         };
         Ok(if self.fallback_managed {

@@ -49,7 +49,11 @@ impl fmt::Display for OomReport {
             Some(m) => write!(f, "; device {} free of {}", mib(m.free), mib(m.total))?,
             None => write!(f, "; device memory unknown")?,
         }
-        write!(f, "; cause: {}. Suggestion: {}", self.cause, self.suggestion)
+        write!(
+            f,
+            "; cause: {}. Suggestion: {}",
+            self.cause, self.suggestion
+        )
     }
 }
 

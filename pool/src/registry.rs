@@ -37,7 +37,10 @@ impl std::fmt::Display for RegistryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RegistryError::NoSuchDevice { device, devices } => {
-                write!(f, "no device {device}: the registry has devices 0..{devices}")
+                write!(
+                    f,
+                    "no device {device}: the registry has devices 0..{devices}"
+                )
             }
             RegistryError::Config(e) => e.fmt(f),
         }
@@ -49,7 +52,11 @@ impl std::error::Error for RegistryError {}
 impl Registry {
     /// A registry over `drivers` (index = device), building pools with `config`.
     pub fn new(config: PoolConfig, drivers: Vec<Arc<dyn Driver>>) -> Self {
-        Self { config, drivers, pools: Mutex::new(HashMap::new()) }
+        Self {
+            config,
+            drivers,
+            pools: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The pool of `(device, stream)`, created on first use.
@@ -61,8 +68,14 @@ impl Registry {
         let driver = self
             .drivers
             .get(device)
-            .ok_or(RegistryError::NoSuchDevice { device, devices: self.drivers.len() })?;
-        let pool = self.config.build(driver.clone()).map_err(RegistryError::Config)?;
+            .ok_or(RegistryError::NoSuchDevice {
+                device,
+                devices: self.drivers.len(),
+            })?;
+        let pool = self
+            .config
+            .build(driver.clone())
+            .map_err(RegistryError::Config)?;
         tracing::debug!(device, stream = stream.0, pool = %pool.kind(), "pool created");
         pools.insert((device, stream), pool.clone());
         Ok(pool)
@@ -70,7 +83,12 @@ impl Registry {
 
     /// Every pool created so far, with its key.
     pub fn pools(&self) -> Vec<((usize, StreamId), Arc<dyn Pool>)> {
-        let mut v: Vec<_> = self.pools.lock().iter().map(|(k, p)| (*k, p.clone())).collect();
+        let mut v: Vec<_> = self
+            .pools
+            .lock()
+            .iter()
+            .map(|(k, p)| (*k, p.clone()))
+            .collect();
         v.sort_by_key(|(k, _)| *k);
         v
     }

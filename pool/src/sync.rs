@@ -26,7 +26,10 @@ pub struct SyncEpoch {
 impl SyncEpoch {
     /// A fresh counter with an identity of its own.
     pub fn new() -> Self {
-        Self { id: NEXT_EPOCH_ID.fetch_add(1, Ordering::Relaxed), counter: AtomicU64::new(0) }
+        Self {
+            id: NEXT_EPOCH_ID.fetch_add(1, Ordering::Relaxed),
+            counter: AtomicU64::new(0),
+        }
     }
 
     /// The current epoch: buffers freed now are stamped with it.
@@ -75,5 +78,8 @@ pub fn synchronize(driver: &dyn Driver) -> Result<SyncToken, DriverError> {
     // covered by this token, even if it is freed while the synchronize is still waiting.
     let epoch = driver.epoch().counter.fetch_add(1, Ordering::AcqRel) + 1;
     driver.synchronize_device()?;
-    Ok(SyncToken { epoch_id: driver.epoch().id(), epoch })
+    Ok(SyncToken {
+        epoch_id: driver.epoch().id(),
+        epoch,
+    })
 }

@@ -34,7 +34,12 @@ pub struct ManagedFallback {
 impl ManagedFallback {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Pool>, allow_oversubscription: bool) -> Self {
-        Self { id: PoolId::fresh(), inner, allow_oversubscription, counters: Mutex::new(Counters::default()) }
+        Self {
+            id: PoolId::fresh(),
+            inner,
+            allow_oversubscription,
+            counters: Mutex::new(Counters::default()),
+        }
     }
 
     /// The wrapped pool.
@@ -64,7 +69,13 @@ impl ManagedFallback {
                 c.fallbacks += 1;
                 c.live_bytes += size;
                 tracing::warn!(pool = %self.inner.kind(), requested = size, fallback_live = c.live_bytes, "device out of memory: served from managed memory");
-                Ok(Block { ptr, size, capacity: size, pool: self.id, managed_fallback: true })
+                Ok(Block {
+                    ptr,
+                    size,
+                    capacity: size,
+                    pool: self.id,
+                    managed_fallback: true,
+                })
             }
             Err(e) => {
                 tracing::warn!(error = %e, "managed fallback failed too");
@@ -99,7 +110,10 @@ impl Pool for ManagedFallback {
             return self.inner.free(block);
         }
         if block.pool != self.id {
-            let error = PoolError::WrongPool { owner: block.pool, given_to: self.id };
+            let error = PoolError::WrongPool {
+                owner: block.pool,
+                given_to: self.id,
+            };
             return Err(FreeError { error, block });
         }
         // cuMemFree waits for the device, so queued work on this block finishes first.
@@ -110,7 +124,10 @@ impl Pool for ManagedFallback {
                 c.frees += 1;
                 Ok(())
             }
-            Err(e) => Err(FreeError { error: e.into(), block }),
+            Err(e) => Err(FreeError {
+                error: e.into(),
+                block,
+            }),
         }
     }
 

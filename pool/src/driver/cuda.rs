@@ -26,9 +26,20 @@ fn cuda_err(call: CallKind, e: result::DriverError, detail: impl Into<String>) -
         sys::CUresult::CUDA_ERROR_INVALID_VALUE => ErrorCode::InvalidValue,
         other => ErrorCode::Cuda(other as u32),
     };
-    let name = e.error_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = e
+        .error_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let detail = detail.into();
-    DriverError::new(call, code, if detail.is_empty() { name } else { format!("{name}; {detail}") })
+    DriverError::new(
+        call,
+        code,
+        if detail.is_empty() {
+            name
+        } else {
+            format!("{name}; {detail}")
+        },
+    )
 }
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -47,13 +58,23 @@ impl CudaDriver {
                 "libcuda could not be loaded; use the simulated device (--device sim) on machines without a GPU",
             ));
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err(CallKind::Init, e, format!("device {ordinal}")))?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| cuda_err(CallKind::Init, e, format!("device {ordinal}")))?;
         let vmm = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            )
             .map(|v| v != 0)
             .unwrap_or(false);
-        let name = ctx.name().unwrap_or_else(|_| format!("CUDA device {ordinal}"));
-        Ok(Self { ctx, epoch: SyncEpoch::new(), vmm, name })
+        let name = ctx
+            .name()
+            .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        Ok(Self {
+            ctx,
+            epoch: SyncEpoch::new(),
+            vmm,
+            name,
+        })
     }
 
     /// The cudarc context, for streams, modules and kernel launches.
@@ -62,7 +83,9 @@ impl CudaDriver {
     }
 
     fn bind(&self, call: CallKind) -> Result<(), DriverError> {
-        self.ctx.bind_to_thread().map_err(|e| cuda_err(call, e, "binding the context"))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err(call, e, "binding the context"))
     }
 
     fn prop(&self) -> sys::CUmemAllocationProp {
@@ -90,20 +113,23 @@ impl Driver for CudaDriver {
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         self.bind(CallKind::MemInfo)?;
-        let (free, total) = result::mem_get_info().map_err(|e| cuda_err(CallKind::MemInfo, e, ""))?;
+        let (free, total) =
+            result::mem_get_info().map_err(|e| cuda_err(CallKind::MemInfo, e, ""))?;
         Ok(MemInfo { free, total })
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
         self.bind(CallKind::Malloc)?;
         // SAFETY: a plain allocation; the context is bound to this thread.
-        unsafe { result::malloc_sync(bytes) }.map_err(|e| cuda_err(CallKind::Malloc, e, format!("{bytes} bytes")))
+        unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| cuda_err(CallKind::Malloc, e, format!("{bytes} bytes")))
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         self.bind(CallKind::Free)?;
         // SAFETY: the caller (a pool) owns `ptr` from `malloc` and no longer hands it out.
-        unsafe { result::free_sync(ptr) }.map_err(|e| cuda_err(CallKind::Free, e, format!("{ptr:#x}")))
+        unsafe { result::free_sync(ptr) }
+            .map_err(|e| cuda_err(CallKind::Free, e, format!("{ptr:#x}")))
     }
 
     fn malloc_managed(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
@@ -116,7 +142,8 @@ impl Driver for CudaDriver {
     fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         self.bind(CallKind::FreeManaged)?;
         // SAFETY: as in `free`.
-        unsafe { result::free_sync(ptr) }.map_err(|e| cuda_err(CallKind::FreeManaged, e, format!("{ptr:#x}")))
+        unsafe { result::free_sync(ptr) }
+            .map_err(|e| cuda_err(CallKind::FreeManaged, e, format!("{ptr:#x}")))
     }
 
     fn vmm_supported(&self) -> bool {
@@ -125,7 +152,11 @@ impl Driver for CudaDriver {
 
     fn granularity(&self) -> Result<usize, DriverError> {
         if !self.vmm {
-            return Err(DriverError::new(CallKind::Granularity, ErrorCode::NotSupported, "device has no VMM"));
+            return Err(DriverError::new(
+                CallKind::Granularity,
+                ErrorCode::NotSupported,
+                "device has no VMM",
+            ));
         }
         self.bind(CallKind::Granularity)?;
         let prop = self.prop();
@@ -160,7 +191,13 @@ impl Driver for CudaDriver {
         // SAFETY: the caller hands back a reservation of exactly this size, with nothing mapped.
         unsafe { sys::cuMemAddressFree(base, bytes) }
             .result()
-            .map_err(|e| cuda_err(CallKind::ReleaseReservation, e, format!("{bytes} bytes at {base:#x}")))
+            .map_err(|e| {
+                cuda_err(
+                    CallKind::ReleaseReservation,
+                    e,
+                    format!("{bytes} bytes at {base:#x}"),
+                )
+            })
     }
 
     fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError> {
@@ -179,7 +216,11 @@ impl Driver for CudaDriver {
         if let Err(e) = unsafe { sys::cuMemMap(at, bytes, 0, handle, 0) }.result() {
             // SAFETY: the handle is ours and unmapped.
             let _ = unsafe { sys::cuMemRelease(handle) };
-            return Err(cuda_err(CallKind::Map, e, format!("{bytes} bytes at {at:#x}")));
+            return Err(cuda_err(
+                CallKind::Map,
+                e,
+                format!("{bytes} bytes at {at:#x}"),
+            ));
         }
         let access = sys::CUmemAccessDesc {
             location: prop.location,
@@ -192,7 +233,11 @@ impl Driver for CudaDriver {
                 let _ = sys::cuMemUnmap(at, bytes);
                 let _ = sys::cuMemRelease(handle);
             }
-            return Err(cuda_err(CallKind::SetAccess, e, format!("{bytes} bytes at {at:#x}")));
+            return Err(cuda_err(
+                CallKind::SetAccess,
+                e,
+                format!("{bytes} bytes at {at:#x}"),
+            ));
         }
         Ok(PhysHandle(handle))
     }
@@ -210,6 +255,8 @@ impl Driver for CudaDriver {
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {
-        self.ctx.synchronize().map_err(|e| cuda_err(CallKind::Synchronize, e, ""))
+        self.ctx
+            .synchronize()
+            .map_err(|e| cuda_err(CallKind::Synchronize, e, ""))
     }
 }

@@ -108,7 +108,11 @@ pub struct DriverError {
 impl DriverError {
     /// Builds an error.
     pub fn new(call: CallKind, code: ErrorCode, detail: impl Into<String>) -> Self {
-        Self { call, code, detail: detail.into() }
+        Self {
+            call,
+            code,
+            detail: detail.into(),
+        }
     }
 
     /// Whether this is an out-of-memory condition.

@@ -81,7 +81,9 @@ mod imp {
 
     pub(crate) fn alloc(len: usize) -> Option<*mut u8> {
         // SAFETY: the layout has a non-zero size (callers round up to a page).
-        layout(len).map(|l| unsafe { alloc_zeroed(l) }).filter(|p| !p.is_null())
+        layout(len)
+            .map(|l| unsafe { alloc_zeroed(l) })
+            .filter(|p| !p.is_null())
     }
 
     pub(crate) fn reserve(len: usize) -> Option<*mut u8> {

@@ -28,7 +28,11 @@ struct LimitState {
 impl LimitedDriver {
     /// `inner`, limited to `limit` bytes of device memory.
     pub fn new(inner: Arc<dyn Driver>, limit: usize) -> Self {
-        Self { inner, limit, state: Mutex::new(LimitState::default()) }
+        Self {
+            inner,
+            limit,
+            state: Mutex::new(LimitState::default()),
+        }
     }
 
     /// The wrapped driver.
@@ -48,7 +52,10 @@ impl LimitedDriver {
             Err(DriverError::new(
                 kind,
                 ErrorCode::OutOfMemory,
-                format!("asked for {bytes} bytes, {free} of the {}-byte limit free", self.limit),
+                format!(
+                    "asked for {bytes} bytes, {free} of the {}-byte limit free",
+                    self.limit
+                ),
             ))
         } else {
             Ok(())
@@ -62,7 +69,11 @@ impl Driver for LimitedDriver {
     }
 
     fn name(&self) -> String {
-        format!("{} limited to {:.1} GiB", self.inner.name(), self.limit as f64 / (1u64 << 30) as f64)
+        format!(
+            "{} limited to {:.1} GiB",
+            self.inner.name(),
+            self.limit as f64 / (1u64 << 30) as f64
+        )
     }
 
     fn epoch(&self) -> &SyncEpoch {
@@ -73,7 +84,10 @@ impl Driver for LimitedDriver {
         let real = self.inner.mem_info()?;
         let used = self.state.lock().used;
         let total = self.limit.min(real.total);
-        Ok(MemInfo { free: total.saturating_sub(used).min(real.free), total })
+        Ok(MemInfo {
+            free: total.saturating_sub(used).min(real.free),
+            total,
+        })
     }
 
     fn managed_headroom(&self) -> Result<usize, DriverError> {

@@ -35,7 +35,11 @@ pub struct SimConfig {
 impl SimConfig {
     /// A card of `gib` GiB with VMM and managed memory, 2 MiB granularity.
     pub fn gib(gib: f64) -> Self {
-        let capacity = if gib.is_finite() && gib > 0.0 { (gib * GIB) as usize } else { 0 };
+        let capacity = if gib.is_finite() && gib > 0.0 {
+            (gib * GIB) as usize
+        } else {
+            0
+        };
         Self {
             capacity,
             granularity: 2 << 20,
@@ -174,7 +178,11 @@ impl std::fmt::Debug for State {
 impl SimDevice {
     /// A simulated device as configured.
     pub fn new(config: SimConfig) -> Self {
-        Self { config, epoch: SyncEpoch::new(), state: Mutex::new(State::default()) }
+        Self {
+            config,
+            epoch: SyncEpoch::new(),
+            state: Mutex::new(State::default()),
+        }
     }
 
     /// The configuration this device was built with.
@@ -186,14 +194,24 @@ impl SimDevice {
     pub fn fail_nth(&self, kind: CallKind, n: u64, code: ErrorCode) {
         let mut s = self.state.lock();
         let at = s.counts[idx(kind)] + n.max(1);
-        s.faults.push(Fault { kind, at, sticky: false, code });
+        s.faults.push(Fault {
+            kind,
+            at,
+            sticky: false,
+            code,
+        });
     }
 
     /// Makes every call of `kind` from the `n`-th on fail with `code`, until [`Self::clear_faults`].
     pub fn fail_from(&self, kind: CallKind, n: u64, code: ErrorCode) {
         let mut s = self.state.lock();
         let at = s.counts[idx(kind)] + n.max(1);
-        s.faults.push(Fault { kind, at, sticky: true, code });
+        s.faults.push(Fault {
+            kind,
+            at,
+            sticky: true,
+            code,
+        });
     }
 
     /// Removes every armed fault.
@@ -232,7 +250,9 @@ impl SimDevice {
     }
 
     fn contains_locked(s: &State, ptr: DevicePtr, len: usize) -> bool {
-        let Some(end) = ptr.checked_add(len.max(1) as u64) else { return false };
+        let Some(end) = ptr.checked_add(len.max(1) as u64) else {
+            return false;
+        };
         if let Some((&base, a)) = s.allocs.range(..=ptr).next_back() {
             if end <= base + a.bytes as u64 {
                 return true;
@@ -240,7 +260,9 @@ impl SimDevice {
         }
         // Walk adjacent mappings from the one holding `ptr`.
         let mut cursor = ptr;
-        let Some((&base, m)) = s.mappings.range(..=cursor).next_back() else { return false };
+        let Some((&base, m)) = s.mappings.range(..=cursor).next_back() else {
+            return false;
+        };
         let mut reach = base + m.bytes as u64;
         if cursor >= reach {
             return false;
@@ -298,12 +320,20 @@ impl SimDevice {
                 if !f.sticky {
                     s.faults.remove(i);
                 }
-                Err(DriverError::new(kind, f.code, format!("fault injected on call #{n} of this kind")))
+                Err(DriverError::new(
+                    kind,
+                    f.code,
+                    format!("fault injected on call #{n} of this kind"),
+                ))
             }
             None => Ok(()),
         };
         if self.config.record_calls {
-            s.log.push(CallRecord { kind, bytes, ok: result.is_ok() });
+            s.log.push(CallRecord {
+                kind,
+                bytes,
+                ok: result.is_ok(),
+            });
         }
         result
     }
@@ -322,18 +352,38 @@ impl SimDevice {
         DriverError::new(
             kind,
             ErrorCode::OutOfMemory,
-            format!("asked for {bytes} bytes, {free} of {} free", self.config.capacity),
+            format!(
+                "asked for {bytes} bytes, {free} of {} free",
+                self.config.capacity
+            ),
         )
     }
 
-    fn host_alloc(&self, s: &mut State, kind: CallKind, bytes: usize, managed: bool) -> Result<DevicePtr, DriverError> {
+    fn host_alloc(
+        &self,
+        s: &mut State,
+        kind: CallKind,
+        bytes: usize,
+        managed: bool,
+    ) -> Result<DevicePtr, DriverError> {
         let host_len = host::round_to_page(bytes)
             .ok_or_else(|| self.fail_invalid(kind, format!("size {bytes} overflows")))?;
         let p = host::alloc(host_len).ok_or_else(|| {
-            DriverError::new(kind, ErrorCode::OutOfMemory, format!("host could not back {bytes} bytes"))
+            DriverError::new(
+                kind,
+                ErrorCode::OutOfMemory,
+                format!("host could not back {bytes} bytes"),
+            )
         })?;
         let ptr = p as u64;
-        s.allocs.insert(ptr, Alloc { bytes, host_len, managed });
+        s.allocs.insert(
+            ptr,
+            Alloc {
+                bytes,
+                host_len,
+                managed,
+            },
+        );
         Ok(ptr)
     }
 
@@ -357,10 +407,20 @@ impl SimDevice {
                 Ok(())
             }
             Some(_) => {
-                let what = if managed { "a device allocation freed as managed" } else { "a managed allocation freed as device memory" };
-                Err(self.fail(&mut s, self.fail_invalid(kind, format!("{ptr:#x} is {what}"))))
+                let what = if managed {
+                    "a device allocation freed as managed"
+                } else {
+                    "a managed allocation freed as device memory"
+                };
+                Err(self.fail(
+                    &mut s,
+                    self.fail_invalid(kind, format!("{ptr:#x} is {what}")),
+                ))
             }
-            None => Err(self.fail(&mut s, self.fail_invalid(kind, format!("{ptr:#x} is not a live allocation")))),
+            None => Err(self.fail(
+                &mut s,
+                self.fail_invalid(kind, format!("{ptr:#x} is not a live allocation")),
+            )),
         }
     }
 
@@ -379,7 +439,10 @@ impl Driver for SimDevice {
     }
 
     fn name(&self) -> String {
-        format!("simulated {:.1} GiB card", self.config.capacity as f64 / GIB)
+        format!(
+            "simulated {:.1} GiB card",
+            self.config.capacity as f64 / GIB
+        )
     }
 
     fn epoch(&self) -> &SyncEpoch {
@@ -389,7 +452,10 @@ impl Driver for SimDevice {
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         let mut s = self.state.lock();
         self.enter(&mut s, CallKind::MemInfo, 0)?;
-        Ok(MemInfo { free: self.config.capacity.saturating_sub(s.device_used), total: self.config.capacity })
+        Ok(MemInfo {
+            free: self.config.capacity.saturating_sub(s.device_used),
+            total: self.config.capacity,
+        })
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
@@ -419,7 +485,11 @@ impl Driver for SimDevice {
         let mut s = self.state.lock();
         self.enter(&mut s, CallKind::MallocManaged, bytes)?;
         if !self.config.managed {
-            let e = DriverError::new(CallKind::MallocManaged, ErrorCode::NotSupported, "this simulated device has no managed memory");
+            let e = DriverError::new(
+                CallKind::MallocManaged,
+                ErrorCode::NotSupported,
+                "this simulated device has no managed memory",
+            );
             return Err(self.fail(&mut s, e));
         }
         if let Err(e) = self.check_size(CallKind::MallocManaged, bytes) {
@@ -427,7 +497,11 @@ impl Driver for SimDevice {
         }
         let free = self.config.managed_capacity.saturating_sub(s.managed_used);
         if bytes > free {
-            let e = DriverError::new(CallKind::MallocManaged, ErrorCode::OutOfMemory, format!("asked for {bytes} managed bytes, {free} left"));
+            let e = DriverError::new(
+                CallKind::MallocManaged,
+                ErrorCode::OutOfMemory,
+                format!("asked for {bytes} managed bytes, {free} left"),
+            );
             return Err(self.fail(&mut s, e));
         }
         match self.host_alloc(&mut s, CallKind::MallocManaged, bytes, true) {
@@ -451,7 +525,11 @@ impl Driver for SimDevice {
         let mut s = self.state.lock();
         self.enter(&mut s, CallKind::Granularity, 0)?;
         if !self.config.vmm {
-            let e = DriverError::new(CallKind::Granularity, ErrorCode::NotSupported, "VMM is off on this simulated device");
+            let e = DriverError::new(
+                CallKind::Granularity,
+                ErrorCode::NotSupported,
+                "VMM is off on this simulated device",
+            );
             return Err(self.fail(&mut s, e));
         }
         Ok(self.config.granularity)
@@ -462,11 +540,18 @@ impl Driver for SimDevice {
         self.enter(&mut s, CallKind::Reserve, bytes)?;
         let gran = self.config.granularity;
         if !self.config.vmm {
-            let e = DriverError::new(CallKind::Reserve, ErrorCode::NotSupported, "VMM is off on this simulated device");
+            let e = DriverError::new(
+                CallKind::Reserve,
+                ErrorCode::NotSupported,
+                "VMM is off on this simulated device",
+            );
             return Err(self.fail(&mut s, e));
         }
         if bytes == 0 || bytes % gran != 0 {
-            let e = self.fail_invalid(CallKind::Reserve, format!("{bytes} bytes is not a positive multiple of the granularity {gran}"));
+            let e = self.fail_invalid(
+                CallKind::Reserve,
+                format!("{bytes} bytes is not a positive multiple of the granularity {gran}"),
+            );
             return Err(self.fail(&mut s, e));
         }
         // Over-reserve by one granule so the base can be aligned to the granularity.
@@ -475,12 +560,23 @@ impl Driver for SimDevice {
             return Err(self.fail(&mut s, e));
         };
         let Some(p) = host::reserve(host_len) else {
-            let e = DriverError::new(CallKind::Reserve, ErrorCode::OutOfMemory, format!("no host address space for {bytes} bytes"));
+            let e = DriverError::new(
+                CallKind::Reserve,
+                ErrorCode::OutOfMemory,
+                format!("no host address space for {bytes} bytes"),
+            );
             return Err(self.fail(&mut s, e));
         };
         let host_base = p as u64;
         let base = host_base.next_multiple_of(gran as u64);
-        s.reservations.insert(base, Reservation { bytes, host_base, host_len });
+        s.reservations.insert(
+            base,
+            Reservation {
+                bytes,
+                host_base,
+                host_len,
+            },
+        );
         Ok(base)
     }
 
@@ -488,15 +584,24 @@ impl Driver for SimDevice {
         let mut s = self.state.lock();
         self.enter(&mut s, CallKind::ReleaseReservation, bytes)?;
         let Some(r) = s.reservations.get(&base).copied() else {
-            let e = self.fail_invalid(CallKind::ReleaseReservation, format!("{base:#x} is not a reservation"));
+            let e = self.fail_invalid(
+                CallKind::ReleaseReservation,
+                format!("{base:#x} is not a reservation"),
+            );
             return Err(self.fail(&mut s, e));
         };
         if r.bytes != bytes {
-            let e = self.fail_invalid(CallKind::ReleaseReservation, format!("reservation at {base:#x} is {} bytes, not {bytes}", r.bytes));
+            let e = self.fail_invalid(
+                CallKind::ReleaseReservation,
+                format!("reservation at {base:#x} is {} bytes, not {bytes}", r.bytes),
+            );
             return Err(self.fail(&mut s, e));
         }
         if s.mappings.range(base..base + bytes as u64).next().is_some() {
-            let e = self.fail_invalid(CallKind::ReleaseReservation, format!("reservation at {base:#x} still has mappings"));
+            let e = self.fail_invalid(
+                CallKind::ReleaseReservation,
+                format!("reservation at {base:#x} still has mappings"),
+            );
             return Err(self.fail(&mut s, e));
         }
         s.reservations.remove(&base);
@@ -511,11 +616,18 @@ impl Driver for SimDevice {
         self.enter(&mut s, CallKind::Create, bytes)?;
         let gran = self.config.granularity;
         if !self.config.vmm {
-            let e = DriverError::new(CallKind::Create, ErrorCode::NotSupported, "VMM is off on this simulated device");
+            let e = DriverError::new(
+                CallKind::Create,
+                ErrorCode::NotSupported,
+                "VMM is off on this simulated device",
+            );
             return Err(self.fail(&mut s, e));
         }
         if bytes == 0 || bytes % gran != 0 {
-            let e = self.fail_invalid(CallKind::Create, format!("{bytes} bytes is not a positive multiple of the granularity {gran}"));
+            let e = self.fail_invalid(
+                CallKind::Create,
+                format!("{bytes} bytes is not a positive multiple of the granularity {gran}"),
+            );
             return Err(self.fail(&mut s, e));
         }
         let free = self.config.capacity.saturating_sub(s.device_used);
@@ -533,14 +645,26 @@ impl Driver for SimDevice {
             .reservations
             .range(..=at)
             .next_back()
-            .is_some_and(|(&b, r)| end.is_some_and(|e| e <= b + r.bytes as u64) && (at - b) % gran as u64 == 0);
+            .is_some_and(|(&b, r)| {
+                end.is_some_and(|e| e <= b + r.bytes as u64) && (at - b) % gran as u64 == 0
+            });
         let overlaps = end.is_none_or(|e| {
-            s.mappings.range(..e).next_back().is_some_and(|(&b, m)| b + m.bytes as u64 > at)
+            s.mappings
+                .range(..e)
+                .next_back()
+                .is_some_and(|(&b, m)| b + m.bytes as u64 > at)
         });
         if !inside || overlaps {
             let e = self.fail_invalid(
                 CallKind::Map,
-                format!("{bytes} bytes at {at:#x}: {}", if inside { "overlaps a mapping" } else { "not an aligned range of one reservation" }),
+                format!(
+                    "{bytes} bytes at {at:#x}: {}",
+                    if inside {
+                        "overlaps a mapping"
+                    } else {
+                        "not an aligned range of one reservation"
+                    }
+                ),
             );
             let e = self.fail(&mut s, e);
             self.unwind(&mut s, CallKind::Release, bytes);
@@ -555,7 +679,11 @@ impl Driver for SimDevice {
         // SAFETY: the range lies inside one of our reservations (checked above) and is aligned
         // to the granularity, itself a multiple of the page size.
         if !unsafe { host::commit(at as *mut u8, bytes) } {
-            let e = DriverError::new(CallKind::SetAccess, ErrorCode::OutOfMemory, "host refused to commit the range");
+            let e = DriverError::new(
+                CallKind::SetAccess,
+                ErrorCode::OutOfMemory,
+                "host refused to commit the range",
+            );
             let e = self.fail(&mut s, e);
             self.unwind(&mut s, CallKind::Unmap, bytes);
             self.unwind(&mut s, CallKind::Release, bytes);
@@ -573,7 +701,13 @@ impl Driver for SimDevice {
         match s.mappings.get(&at).copied() {
             Some(m) if m.bytes == bytes && m.handle == handle.0 => {}
             _ => {
-                let e = self.fail_invalid(CallKind::Unmap, format!("no mapping of {bytes} bytes with handle {} at {at:#x}", handle.0));
+                let e = self.fail_invalid(
+                    CallKind::Unmap,
+                    format!(
+                        "no mapping of {bytes} bytes with handle {} at {at:#x}",
+                        handle.0
+                    ),
+                );
                 return Err(self.fail(&mut s, e));
             }
         }
@@ -597,7 +731,11 @@ impl SimDevice {
     fn unwind(&self, s: &mut State, kind: CallKind, bytes: usize) {
         s.counts[idx(kind)] += 1;
         if self.config.record_calls {
-            s.log.push(CallRecord { kind, bytes, ok: true });
+            s.log.push(CallRecord {
+                kind,
+                bytes,
+                ok: true,
+            });
         }
     }
 }

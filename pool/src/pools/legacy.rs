@@ -16,7 +16,7 @@
 
 use super::{checked_request, oom_report, Pool, PoolKind, Purge, Released};
 use crate::block::{Block, PoolId};
-use crate::driver::{DevicePtr, Driver, DriverError, ErrorCode, CallKind};
+use crate::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode};
 use crate::error::{FreeError, PoolError};
 use crate::stats::{PhaseStats, PoolStats, Tracker};
 use crate::sync::{synchronize, SyncToken};
@@ -81,7 +81,13 @@ struct Slots {
 
 impl Slots {
     fn new(n: usize) -> Self {
-        Self { ptr: vec![0; n], size: vec![0; n], freed_at: vec![0; n], occupied: vec![0; n.div_ceil(64)], count: 0 }
+        Self {
+            ptr: vec![0; n],
+            size: vec![0; n],
+            freed_at: vec![0; n],
+            occupied: vec![0; n.div_ceil(64)],
+            count: 0,
+        }
     }
 
     fn capacity(&self) -> usize {
@@ -124,7 +130,10 @@ impl Slots {
     fn take(&mut self, i: usize) -> (DevicePtr, usize) {
         self.occupied[i / 64] &= !(1 << (i % 64));
         self.count -= 1;
-        (std::mem::take(&mut self.ptr[i]), std::mem::take(&mut self.size[i]))
+        (
+            std::mem::take(&mut self.ptr[i]),
+            std::mem::take(&mut self.size[i]),
+        )
     }
 }
 
@@ -164,8 +173,18 @@ impl LegacyPool {
             Backing::Device => PoolKind::Legacy,
             Backing::Managed { .. } => PoolKind::Managed,
         };
-        let inner = Inner { slots: Slots::new(config.slots), tracker: Tracker::default(), pending: Vec::new() };
-        Self { id: PoolId::fresh(), kind, driver, config, inner: Mutex::new(inner) }
+        let inner = Inner {
+            slots: Slots::new(config.slots),
+            tracker: Tracker::default(),
+            pending: Vec::new(),
+        };
+        Self {
+            id: PoolId::fresh(),
+            kind,
+            driver,
+            config,
+            inner: Mutex::new(inner),
+        }
     }
 
     /// The policy in force.
@@ -217,7 +236,9 @@ impl LegacyPool {
                 }
                 r
             }
-            Backing::Managed { allow_oversubscription } => {
+            Backing::Managed {
+                allow_oversubscription,
+            } => {
                 if !allow_oversubscription {
                     let headroom = self.driver.managed_headroom()?;
                     if bytes > headroom {
@@ -252,7 +273,12 @@ impl LegacyPool {
     }
 
     /// Releases the cached buffers `token` covers and `keep` does not protect.
-    fn release(&self, g: &mut Inner, token: &SyncToken, smaller_than: usize) -> Result<Released, PoolError> {
+    fn release(
+        &self,
+        g: &mut Inner,
+        token: &SyncToken,
+        smaller_than: usize,
+    ) -> Result<Released, PoolError> {
         let mut out = Released::default();
         let mut first_err = None;
         // Retry buffers the driver refused earlier.
@@ -269,7 +295,11 @@ impl LegacyPool {
                 }
             }
         }
-        let candidates: Vec<usize> = g.slots.iter().filter(|&i| g.slots.size[i] < smaller_than).collect();
+        let candidates: Vec<usize> = g
+            .slots
+            .iter()
+            .filter(|&i| g.slots.size[i] < smaller_than)
+            .collect();
         for i in candidates {
             if !token.covers(g.slots.freed_at[i]) {
                 out.deferred_bytes += g.slots.size[i];
@@ -298,7 +328,11 @@ impl LegacyPool {
     }
 
     fn stranded(slots: &Slots, size: usize) -> usize {
-        slots.iter().map(|i| slots.size[i]).filter(|&s| s < size).sum()
+        slots
+            .iter()
+            .map(|i| slots.size[i])
+            .filter(|&s| s < size)
+            .sum()
     }
 
     #[cold]
@@ -328,12 +362,25 @@ impl LegacyPool {
                 g.tracker.on_reserve(look_ahead);
                 g.tracker.on_alloc(size, look_ahead);
                 tracing::trace!(pool = %self.kind, requested = size, bytes = look_ahead, reserved = g.tracker.s.reserved_bytes, "grew");
-                Ok(Block { ptr, size, capacity: look_ahead, pool: self.id, managed_fallback: false })
+                Ok(Block {
+                    ptr,
+                    size,
+                    capacity: look_ahead,
+                    pool: self.id,
+                    managed_fallback: false,
+                })
             }
             Err(e) if e.is_oom() => {
                 g.tracker.s.ooms += 1;
                 let stranded = Self::stranded(&g.slots, size);
-                let report = oom_report(self.driver.as_ref(), self.kind, size, &g.tracker.snapshot(), stranded, e.to_string());
+                let report = oom_report(
+                    self.driver.as_ref(),
+                    self.kind,
+                    size,
+                    &g.tracker.snapshot(),
+                    stranded,
+                    e.to_string(),
+                );
                 tracing::warn!(pool = %self.kind, "{report}");
                 Err(PoolError::OutOfMemory(Box::new(report)))
             }
@@ -361,14 +408,23 @@ impl Pool for LegacyPool {
         if let Some(i) = self.best_fit(&g.slots, size) {
             let (ptr, capacity) = g.slots.take(i);
             g.tracker.on_alloc(size, capacity);
-            return Ok(Block { ptr, size, capacity, pool: self.id, managed_fallback: false });
+            return Ok(Block {
+                ptr,
+                size,
+                capacity,
+                pool: self.id,
+                managed_fallback: false,
+            });
         }
         self.grow(&mut g, size)
     }
 
     fn free(&self, block: Block) -> Result<(), FreeError> {
         if block.pool != self.id {
-            let error = PoolError::WrongPool { owner: block.pool, given_to: self.id };
+            let error = PoolError::WrongPool {
+                owner: block.pool,
+                given_to: self.id,
+            };
             return Err(FreeError { error, block });
         }
         let freed_at = self.driver.epoch().current();
@@ -392,7 +448,9 @@ impl Pool for LegacyPool {
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
         if !token.is_for(self.driver.epoch()) {
-            return Err(PoolError::WrongDevice { device: self.driver.ordinal() });
+            return Err(PoolError::WrongDevice {
+                device: self.driver.ordinal(),
+            });
         }
         let limit = match what {
             Purge::All => usize::MAX,

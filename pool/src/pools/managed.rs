@@ -22,7 +22,9 @@ pub fn managed_pool(driver: Arc<dyn Driver>, config: ManagedConfig) -> LegacyPoo
     LegacyPool::with_config(
         driver,
         LegacyConfig {
-            backing: Backing::Managed { allow_oversubscription: config.allow_oversubscription },
+            backing: Backing::Managed {
+                allow_oversubscription: config.allow_oversubscription,
+            },
             drop_smaller_on_grow: true,
             ..LegacyConfig::default()
         },

@@ -158,7 +158,10 @@ pub(crate) fn oom_report(
 #[inline]
 pub(crate) fn checked_request(bytes: usize) -> Result<usize, PoolError> {
     if bytes > MAX_REQUEST {
-        Err(PoolError::InvalidSize { requested: bytes, max: MAX_REQUEST })
+        Err(PoolError::InvalidSize {
+            requested: bytes,
+            max: MAX_REQUEST,
+        })
     } else {
         Ok(bytes.max(1))
     }

@@ -35,7 +35,10 @@ pub struct VmmConfig {
 
 impl Default for VmmConfig {
     fn default() -> Self {
-        Self { reserve_bytes: None, min_grow: 16 << 20 }
+        Self {
+            reserve_bytes: None,
+            min_grow: 16 << 20,
+        }
     }
 }
 
@@ -81,7 +84,12 @@ impl VmmPool {
 
     /// A pool with the given settings. Nothing is reserved until the first allocation.
     pub fn with_config(driver: Arc<dyn Driver>, config: VmmConfig) -> Self {
-        Self { id: PoolId::fresh(), driver, config, inner: Mutex::new(Inner::default()) }
+        Self {
+            id: PoolId::fresh(),
+            driver,
+            config,
+            inner: Mutex::new(Inner::default()),
+        }
     }
 
     /// The settings in force.
@@ -107,7 +115,12 @@ impl VmmPool {
         g.base = base;
         g.reserve_len = len;
         g.granularity = gran;
-        tracing::debug!(base = format_args!("{base:#x}"), bytes = len, granularity = gran, "vmm reserved address space");
+        tracing::debug!(
+            base = format_args!("{base:#x}"),
+            bytes = len,
+            granularity = gran,
+            "vmm reserved address space"
+        );
         Ok(())
     }
 
@@ -117,7 +130,10 @@ impl VmmPool {
         let gran = g.granularity;
         let exact = need.next_multiple_of(gran);
         let room = g.reserve_len - g.mapped;
-        let preferred = need.max(self.config.min_grow).next_multiple_of(gran).min(room);
+        let preferred = need
+            .max(self.config.min_grow)
+            .next_multiple_of(gran)
+            .min(room);
         if exact > room {
             g.tracker.s.ooms += 1;
             let cause = format!(
@@ -136,7 +152,11 @@ impl VmmPool {
         }
         match result {
             Ok((handle, len)) => {
-                g.chunks.push(Chunk { offset: g.mapped, len, handle });
+                g.chunks.push(Chunk {
+                    offset: g.mapped,
+                    len,
+                    handle,
+                });
                 g.mapped += len;
                 g.tracker.s.calls.maps += 1;
                 g.tracker.on_reserve(len);
@@ -153,14 +173,24 @@ impl VmmPool {
 
     fn oom(&self, g: &Inner, request: usize, cause: String) -> PoolError {
         let stranded = g.holes.values().filter(|&&l| l < request).sum();
-        let report = oom_report(self.driver.as_ref(), PoolKind::Vmm, request, &g.tracker.snapshot(), stranded, cause);
+        let report = oom_report(
+            self.driver.as_ref(),
+            PoolKind::Vmm,
+            request,
+            &g.tracker.snapshot(),
+            stranded,
+            cause,
+        );
         tracing::warn!(pool = "vmm", "{report}");
         PoolError::OutOfMemory(Box::new(report))
     }
 
     /// Best-fit hole for `n` bytes: smallest, then lowest offset.
     fn take_hole(holes: &mut BTreeMap<usize, usize>, n: usize) -> Option<usize> {
-        let (&off, &len) = holes.iter().filter(|(_, &l)| l >= n).min_by_key(|(&o, &l)| (l, o))?;
+        let (&off, &len) = holes
+            .iter()
+            .filter(|(_, &l)| l >= n)
+            .min_by_key(|(&o, &l)| (l, o))?;
         holes.remove(&off);
         if len > n {
             holes.insert(off + n, len - n);
@@ -185,7 +215,12 @@ impl VmmPool {
 
     fn release_chunks(&self, g: &mut Inner, token: &SyncToken) -> Result<Released, PoolError> {
         let mut out = Released::default();
-        let above_top: usize = g.chunks.iter().filter(|c| c.offset >= g.top).map(|c| c.len).sum();
+        let above_top: usize = g
+            .chunks
+            .iter()
+            .filter(|c| c.offset >= g.top)
+            .map(|c| c.len)
+            .sum();
         if !token.covers(g.last_free) {
             out.deferred_bytes = above_top;
             return Ok(out);
@@ -194,7 +229,8 @@ impl VmmPool {
             if c.offset < g.top {
                 break;
             }
-            self.driver.unmap(g.base + c.offset as u64, c.len, c.handle)?;
+            self.driver
+                .unmap(g.base + c.offset as u64, c.len, c.handle)?;
             g.chunks.pop();
             g.mapped -= c.len;
             g.tracker.s.calls.unmaps += 1;
@@ -231,7 +267,13 @@ impl Pool for VmmPool {
             if let Some(off) = Self::take_hole(&mut g.holes, n) {
                 g.tracker.on_alloc(size, n);
                 let ptr = g.base + off as u64;
-                return Ok(Block { ptr, size, capacity: n, pool: self.id, managed_fallback: false });
+                return Ok(Block {
+                    ptr,
+                    size,
+                    capacity: n,
+                    pool: self.id,
+                    managed_fallback: false,
+                });
             }
         }
         if g.base == 0 {
@@ -245,12 +287,21 @@ impl Pool for VmmPool {
         let off = g.top;
         g.top = end;
         g.tracker.on_alloc(size, n);
-        Ok(Block { ptr: g.base + off as u64, size, capacity: n, pool: self.id, managed_fallback: false })
+        Ok(Block {
+            ptr: g.base + off as u64,
+            size,
+            capacity: n,
+            pool: self.id,
+            managed_fallback: false,
+        })
     }
 
     fn free(&self, block: Block) -> Result<(), FreeError> {
         if block.pool != self.id {
-            let error = PoolError::WrongPool { owner: block.pool, given_to: self.id };
+            let error = PoolError::WrongPool {
+                owner: block.pool,
+                given_to: self.id,
+            };
             return Err(FreeError { error, block });
         }
         let freed_at = self.driver.epoch().current();
@@ -276,7 +327,9 @@ impl Pool for VmmPool {
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
         if !token.is_for(self.driver.epoch()) {
-            return Err(PoolError::WrongDevice { device: self.driver.ordinal() });
+            return Err(PoolError::WrongDevice {
+                device: self.driver.ordinal(),
+            });
         }
         match what {
             // Contiguous space never strands: a growing request reuses all of it.
@@ -285,7 +338,14 @@ impl Pool for VmmPool {
                 let mut g = self.inner.lock();
                 let r = self.release_chunks(&mut g, token)?;
                 if r.bytes > 0 || r.deferred_bytes > 0 {
-                    tracing::debug!(pool = "vmm", released = r.bytes, chunks = r.buffers, deferred = r.deferred_bytes, mapped = g.mapped, "trimmed");
+                    tracing::debug!(
+                        pool = "vmm",
+                        released = r.bytes,
+                        chunks = r.buffers,
+                        deferred = r.deferred_bytes,
+                        mapped = g.mapped,
+                        "trimmed"
+                    );
                 }
                 Ok(r)
             }
@@ -320,7 +380,11 @@ impl Drop for VmmPool {
             return;
         }
         if g.tracker.s.live_blocks > 0 {
-            tracing::warn!(pool = "vmm", blocks = g.tracker.s.live_blocks, "pool dropped with live blocks; their memory is unmapped");
+            tracing::warn!(
+                pool = "vmm",
+                blocks = g.tracker.s.live_blocks,
+                "pool dropped with live blocks; their memory is unmapped"
+            );
         }
         if let Err(e) = synchronize(self.driver.as_ref()) {
             tracing::error!(pool = "vmm", error = %e, "synchronize failed while dropping the pool");

@@ -1,0 +1,19 @@
+#![allow(dead_code)]
+use cupool_pool::driver::sim::{SimConfig, SimDevice};
+use cupool_pool::driver::Driver;
+use std::sync::Arc;
+
+pub const MIB: usize = 1 << 20;
+pub const GIB: usize = 1 << 30;
+
+pub fn sim(gib: f64) -> Arc<SimDevice> {
+    Arc::new(SimDevice::new(SimConfig::gib(gib)))
+}
+
+pub fn sim_with(config: SimConfig) -> Arc<SimDevice> {
+    Arc::new(SimDevice::new(config))
+}
+
+pub fn as_driver(d: &Arc<SimDevice>) -> Arc<dyn Driver> {
+    d.clone()
+}

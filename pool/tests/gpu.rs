@@ -1,0 +1,179 @@
+//! The pools on a real GPU: every block is written by one kernel and checked by another, so an
+//! overlap, a bad mapping or a premature release shows up as a mismatch or a fault.
+//! Run on a machine with CUDA: `cargo test -p cupool-pool --test gpu -- --ignored`.
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cupool_pool::adaptors::ManagedFallback;
+use cupool_pool::driver::cuda::{is_available, CudaDriver};
+use cupool_pool::driver::limit::LimitedDriver;
+use cupool_pool::driver::Driver;
+use cupool_pool::pools::legacy::{LegacyConfig, LegacyPool};
+use cupool_pool::pools::managed::{managed_pool, ManagedConfig};
+use cupool_pool::pools::vmm::VmmPool;
+use cupool_pool::{synchronize, Pool, PoolBuffer, Purge};
+use std::sync::Arc;
+
+const SRC: &str = r#"
+extern "C" __global__ void fill(unsigned int *p, unsigned int v, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
+        p[i] = v ^ (unsigned int)i;
+}
+extern "C" __global__ void check(const unsigned int *p, unsigned int v, unsigned long long n, unsigned int *bad) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
+        if (p[i] != (v ^ (unsigned int)i)) atomicAdd(bad, 1u);
+}
+"#;
+
+const MIB: usize = 1 << 20;
+
+fn cfg(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(256).clamp(1, 4096), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+struct Kernels {
+    stream: Arc<CudaStream>,
+    fill: CudaFunction,
+    check: CudaFunction,
+}
+
+fn kernels(drv: &CudaDriver) -> Kernels {
+    let ptx = compile_ptx_with_opts(
+        SRC,
+        CompileOptions {
+            arch: Some("compute_90"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let module = drv.context().load_module(ptx).unwrap();
+    Kernels {
+        stream: drv.context().default_stream(),
+        fill: module.load_function("fill").unwrap(),
+        check: module.load_function("check").unwrap(),
+    }
+}
+
+fn exercise(name: &str, pool: Arc<dyn Pool>, k: &Kernels) {
+    let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
+    let mut live: Vec<(PoolBuffer<u32>, u32)> = Vec::new();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for step in 0..400u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let free = x % 5 < 2 && !live.is_empty();
+        if free {
+            let (buf, tag) = live.swap_remove((x >> 8) as usize % live.len());
+            let n = buf.len() as u64;
+            let mut b = k.stream.launch_builder(&k.check);
+            b.arg(&buf).arg(&tag).arg(&n).arg(&bad);
+            // SAFETY: the kernel reads `n` u32 from a live buffer of that length and adds to a one-element counter.
+            unsafe { b.launch(cfg(buf.len())) }.unwrap();
+            drop(buf); // returned while the check may still be queued: reuse is stream-ordered
+        } else {
+            let elems = match x % 3 {
+                0 => 1 + (x >> 20) as usize % 1024,
+                1 => 1 + (x >> 20) as usize % (256 << 10),
+                _ => 1 + (x >> 20) as usize % (8 * MIB),
+            };
+            let buf = PoolBuffer::<u32>::alloc(&pool, elems).unwrap();
+            assert_eq!(buf.ptr() % pool.alignment() as u64, 0);
+            let n = elems as u64;
+            let mut b = k.stream.launch_builder(&k.fill);
+            b.arg(&buf).arg(&step).arg(&n);
+            // SAFETY: writes `n` u32 into a live buffer of exactly that length.
+            unsafe { b.launch(cfg(elems)) }.unwrap();
+            live.push((buf, step));
+        }
+        if step % 97 == 0 {
+            let token = synchronize(pool.driver().as_ref()).unwrap();
+            pool.purge(&token, Purge::All).unwrap();
+        }
+    }
+    for (buf, tag) in live.drain(..) {
+        let n = buf.len() as u64;
+        let mut b = k.stream.launch_builder(&k.check);
+        b.arg(&buf).arg(&tag).arg(&n).arg(&bad);
+        // SAFETY: as above.
+        unsafe { b.launch(cfg(buf.len())) }.unwrap();
+    }
+    let mismatches = k.stream.clone_dtoh(&bad).unwrap()[0];
+    let s = pool.stats();
+    eprintln!(
+        "{name}: mismatches {mismatches}, peak live {} MiB, peak reserved {} MiB, calls {:?}",
+        s.live_peak_bytes / MIB,
+        s.reserved_peak_bytes / MIB,
+        s.calls
+    );
+    assert_eq!(mismatches, 0, "{name}: a block was overwritten");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_pool_on_cuda_with_kernels() {
+    assert!(is_available(), "libcuda not found");
+    let drv = Arc::new(CudaDriver::new(0).unwrap());
+    let d: Arc<dyn Driver> = drv.clone();
+    assert!(d.vmm_supported());
+    eprintln!(
+        "device {}: granularity {} bytes, {:?}",
+        d.name(),
+        d.granularity().unwrap(),
+        d.mem_info().unwrap()
+    );
+    let k = kernels(&drv);
+    let free_before = d.mem_info().unwrap().free;
+    exercise("vmm", Arc::new(VmmPool::new(d.clone())), &k);
+    exercise("legacy", Arc::new(LegacyPool::new(d.clone())), &k);
+    exercise(
+        "legacy-4-slots-retry",
+        Arc::new(LegacyPool::with_config(
+            d.clone(),
+            LegacyConfig {
+                slots: 4,
+                flush_and_retry: true,
+                ..Default::default()
+            },
+        )),
+        &k,
+    );
+    exercise(
+        "managed",
+        Arc::new(managed_pool(d.clone(), ManagedConfig::default())),
+        &k,
+    );
+    let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(d.clone(), 64 * MIB));
+    exercise(
+        "vmm-64MiB-limit+managed-fallback",
+        Arc::new(ManagedFallback::new(Arc::new(VmmPool::new(limited)), false)),
+        &k,
+    );
+    k.stream.synchronize().unwrap();
+    let free_after = d.mem_info().unwrap().free;
+    // Every pool was dropped: the card has its memory back (a little slack for the module).
+    assert!(
+        free_after + 64 * MIB >= free_before,
+        "free before {free_before}, after {free_after}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_vmm_trim_returns_memory_to_the_card() {
+    let drv: Arc<dyn Driver> = Arc::new(CudaDriver::new(0).unwrap());
+    let pool = VmmPool::new(drv.clone());
+    let before = drv.mem_info().unwrap().free;
+    let b = pool.alloc(512 * MIB).unwrap();
+    let during = drv.mem_info().unwrap().free;
+    assert!(before - during >= 512 * MIB);
+    pool.free(b).unwrap();
+    let token = synchronize(drv.as_ref()).unwrap();
+    let r = pool.purge(&token, Purge::All).unwrap();
+    assert!(r.bytes >= 512 * MIB);
+    let after = drv.mem_info().unwrap().free;
+    assert!(after + 4 * MIB >= before, "before {before}, after {after}");
+}
