@@ -126,13 +126,18 @@ fn every_pool_on_cuda_with_kernels() {
         d.mem_info().unwrap()
     );
     let k = kernels(&drv);
+    // Every pool allocates through one counting wrapper with no effective limit, so what they
+    // still hold at the end is known exactly (mem_info also moves with the context's own
+    // allocations, such as the kernels' local memory on first launch).
+    let counted = Arc::new(LimitedDriver::new(d.clone(), usize::MAX));
+    let c: Arc<dyn Driver> = counted.clone();
     let free_before = d.mem_info().unwrap().free;
-    exercise("vmm", Arc::new(VmmPool::new(d.clone())), &k);
-    exercise("legacy", Arc::new(LegacyPool::new(d.clone())), &k);
+    exercise("vmm", Arc::new(VmmPool::new(c.clone())), &k);
+    exercise("legacy", Arc::new(LegacyPool::new(c.clone())), &k);
     exercise(
         "legacy-4-slots-retry",
         Arc::new(LegacyPool::with_config(
-            d.clone(),
+            c.clone(),
             LegacyConfig {
                 slots: 4,
                 flush_and_retry: true,
@@ -143,10 +148,10 @@ fn every_pool_on_cuda_with_kernels() {
     );
     exercise(
         "managed",
-        Arc::new(managed_pool(d.clone(), ManagedConfig::default())),
+        Arc::new(managed_pool(c.clone(), ManagedConfig::default())),
         &k,
     );
-    let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(d.clone(), 64 * MIB));
+    let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(c.clone(), 64 * MIB));
     exercise(
         "vmm-64MiB-limit+managed-fallback",
         Arc::new(ManagedFallback::new(Arc::new(VmmPool::new(limited)), false)),
@@ -154,10 +159,13 @@ fn every_pool_on_cuda_with_kernels() {
     );
     k.stream.synchronize().unwrap();
     let free_after = d.mem_info().unwrap().free;
-    // Every pool was dropped: the card has its memory back (a little slack for the module).
-    assert!(
-        free_after + 64 * MIB >= free_before,
-        "free before {free_before}, after {free_after}"
+    eprintln!(
+        "device free before {free_before}, after {free_after} (the context's own use included)"
+    );
+    assert_eq!(
+        counted.used(),
+        0,
+        "the dropped pools still hold device memory"
     );
 }
 
