@@ -1,0 +1,252 @@
+//! The CUDA kernels: sources, NVRTC compilation, and launches.
+//!
+//! Sources are compiled once per context ([`Kernels::load`]). Every launch takes raw device
+//! addresses, so pool buffers ([`cupool_pool::PoolBuffer`] pushes its pointer) and plain
+//! allocations are passed alike.
+
+use crate::cpu::FaParams;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+use std::sync::Arc;
+
+const COMMON: &str = include_str!("cuda/common.cuh");
+
+/// The kernel sources: (module name, full source with the shared header).
+pub fn sources() -> Vec<(&'static str, String)> {
+    [("quant", include_str!("cuda/quant.cu")), ("fattn", include_str!("cuda/fattn.cu")), ("layer", include_str!("cuda/layer.cu"))]
+        .into_iter()
+        .map(|(n, s)| (n, format!("{COMMON}\n{s}")))
+        .collect()
+}
+
+/// Whether NVRTC can be loaded on this machine.
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to open the shared library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Compiles every source for `arch` (e.g. `compute_90`).
+pub fn compile(arch: &'static str) -> Result<Vec<(&'static str, Ptx)>, (String, CompileError)> {
+    sources()
+        .into_iter()
+        .map(|(name, src)| {
+            let opts = CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
+            compile_ptx_with_opts(src, opts).map(|p| (name, p)).map_err(|e| (name.to_string(), e))
+        })
+        .collect()
+}
+
+/// Why kernels could not be loaded or launched.
+#[derive(Debug)]
+pub enum KernelError {
+    /// NVRTC is missing or rejected a source.
+    Compile(String),
+    /// The driver failed.
+    Driver(DriverError),
+    /// Shapes the kernels do not support.
+    Unsupported(String),
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelError::Compile(s) => write!(f, "kernel compilation failed: {s}"),
+            KernelError::Driver(e) => write!(f, "kernel launch failed: {e}"),
+            KernelError::Unsupported(s) => write!(f, "unsupported kernel shape: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+impl From<DriverError> for KernelError {
+    fn from(e: DriverError) -> Self {
+        KernelError::Driver(e)
+    }
+}
+
+/// The loaded kernels of one context.
+#[derive(Debug)]
+pub struct Kernels {
+    stream: Arc<CudaStream>,
+    quantize_q8_0: CudaFunction,
+    store_f16: CudaFunction,
+    dequantize_q8_0: CudaFunction,
+    fattn: CudaFunction,
+    fattn_combine: CudaFunction,
+    embed: CudaFunction,
+    rms_norm: CudaFunction,
+    matmul: CudaFunction,
+    silu: CudaFunction,
+    init_weights: CudaFunction,
+}
+
+fn grid(n: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: ((n as u64).div_ceil(threads as u64).max(1) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl Kernels {
+    /// Compiles the sources for the context's compute capability and loads them.
+    pub fn load(ctx: &Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self, KernelError> {
+        if !nvrtc_available() {
+            return Err(KernelError::Compile("libnvrtc could not be loaded".into()));
+        }
+        let (major, minor) = ctx.compute_capability()?;
+        let arch: &'static str = match (major, minor) {
+            (9, _) => "compute_90",
+            (8, 9) => "compute_89",
+            (8, 6) => "compute_86",
+            (8, _) => "compute_80",
+            (10, _) => "compute_100",
+            (12, _) => "compute_120",
+            _ => "compute_75",
+        };
+        let mut modules = std::collections::HashMap::new();
+        for (name, ptx) in compile(arch).map_err(|(n, e)| KernelError::Compile(format!("{n}: {e:?}")))? {
+            modules.insert(name, ctx.load_module(ptx)?);
+        }
+        let f = |m: &str, name: &str| modules[m].load_function(name);
+        let fattn = f("fattn", "fattn")?;
+        let max_smem = crate::fa::shared_bytes(crate::fa::MAX_D_K, crate::fa::MAX_D_V) as i32;
+        fattn.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
+        Ok(Self {
+            quantize_q8_0: f("quant", "quantize_q8_0")?,
+            store_f16: f("quant", "store_f16")?,
+            dequantize_q8_0: f("quant", "dequantize_q8_0")?,
+            fattn,
+            fattn_combine: f("fattn", "fattn_combine")?,
+            embed: f("layer", "embed")?,
+            rms_norm: f("layer", "rms_norm")?,
+            matmul: f("layer", "matmul")?,
+            silu: f("layer", "silu")?,
+            init_weights: f("layer", "init_weights")?,
+            stream,
+        })
+    }
+
+    /// The stream every launch goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// f32 rows into q8_0 rows `[row0, row0 + n_rows)` of `dst`.
+    pub fn quantize_q8_0(&self, src: u64, dst: u64, n_rows: usize, row_len: usize, row0: usize) -> Result<(), KernelError> {
+        let blocks = n_rows * row_len / crate::QK8_0;
+        let (n, rl, r0) = (n_rows as i64, row_len as i64, row0 as i64);
+        let mut b = self.stream.launch_builder(&self.quantize_q8_0);
+        b.arg(&src).arg(&dst).arg(&n).arg(&rl).arg(&r0);
+        // SAFETY: src holds n_rows*row_len floats; dst holds at least row0+n_rows q8_0 rows.
+        unsafe { b.launch(grid(blocks * 32, 256)) }?;
+        Ok(())
+    }
+
+    /// f32 rows into f16 rows `[row0, row0 + n_rows)` of `dst`.
+    pub fn store_f16(&self, src: u64, dst: u64, n_rows: usize, row_len: usize, row0: usize) -> Result<(), KernelError> {
+        let (n, rl, r0) = (n_rows as i64, row_len as i64, row0 as i64);
+        let mut b = self.stream.launch_builder(&self.store_f16);
+        b.arg(&src).arg(&dst).arg(&n).arg(&rl).arg(&r0);
+        // SAFETY: as above, for f16 rows.
+        unsafe { b.launch(grid(n_rows * row_len, 256)) }?;
+        Ok(())
+    }
+
+    /// q8_0 rows `[0, n_rows)` into f16.
+    pub fn dequantize_q8_0(&self, src: u64, dst: u64, n_rows: usize, row_len: usize) -> Result<(), KernelError> {
+        let (n, rl) = (n_rows as i64, row_len as i64);
+        let mut b = self.stream.launch_builder(&self.dequantize_q8_0);
+        b.arg(&src).arg(&dst).arg(&n).arg(&rl);
+        // SAFETY: src holds n_rows q8_0 rows; dst n_rows*row_len halves.
+        unsafe { b.launch(grid(n_rows * row_len, 256)) }?;
+        Ok(())
+    }
+
+    /// Flash attention (and the combine when split).
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn(&self, p: &FaParams, q: u64, k: u64, v: u64, dst: u64, dst_tmp: u64, dst_meta: u64) -> Result<(), KernelError> {
+        if p.d_k > crate::fa::MAX_D_K || p.d_v > crate::fa::MAX_D_V || p.n_head % p.n_head_kv != 0 {
+            return Err(KernelError::Unsupported(format!("D_K {} D_V {} heads {}/{}", p.d_k, p.d_v, p.n_head, p.n_head_kv)));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (p.n_tokens.div_ceil(crate::fa::QUERIES_PER_BLOCK) as u32, p.n_head as u32, p.parallel_blocks as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: crate::fa::shared_bytes(p.d_k, p.d_v) as u32,
+        };
+        let ints = [p.n_tokens, p.n_head, p.n_head_kv, p.d_k, p.d_v, p.n_kv, p.pos0].map(|v| v as i32);
+        let strides = [p.k_row, p.k_head, p.v_row, p.v_head].map(|v| v as i64);
+        let pb = p.parallel_blocks as i32;
+        let mut b = self.stream.launch_builder(&self.fattn);
+        b.arg(&q).arg(&k).arg(&v).arg(&dst).arg(&dst_tmp).arg(&dst_meta);
+        for i in &ints {
+            b.arg(i);
+        }
+        for s in &strides {
+            b.arg(s);
+        }
+        b.arg(&p.scale).arg(&pb);
+        // SAFETY: buffers sized by `fa::scratch` and the caller's q/dst for these parameters.
+        unsafe { b.launch(cfg) }?;
+        if p.parallel_blocks > 1 {
+            let rows = (p.n_tokens * p.n_head) as i32;
+            let dv = p.d_v as i32;
+            let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let mut b = self.stream.launch_builder(&self.fattn_combine);
+            b.arg(&dst_tmp).arg(&dst_meta).arg(&dst).arg(&rows).arg(&dv).arg(&pb);
+            // SAFETY: partials written above; dst holds rows*d_v floats.
+            unsafe { b.launch(cfg) }?;
+        }
+        Ok(())
+    }
+
+    /// Token embeddings into `x`.
+    pub fn embed(&self, tokens: u64, x: u64, n_tokens: usize, n_embd: usize) -> Result<(), KernelError> {
+        let (n, e) = (n_tokens as i32, n_embd as i32);
+        let mut b = self.stream.launch_builder(&self.embed);
+        b.arg(&tokens).arg(&x).arg(&n).arg(&e);
+        // SAFETY: tokens holds n_tokens ints, x n_tokens*n_embd floats.
+        unsafe { b.launch(grid(n_tokens * n_embd, 256)) }?;
+        Ok(())
+    }
+
+    /// RMSNorm of `rows` rows of `n`.
+    pub fn rms_norm(&self, x: u64, w: u64, y: u64, rows: usize, n: usize, eps: f32) -> Result<(), KernelError> {
+        let nn = n as i32;
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.rms_norm);
+        b.arg(&x).arg(&w).arg(&y).arg(&nn).arg(&eps);
+        // SAFETY: x, y hold rows*n floats; w n halves.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// y (+)= x . w.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize, accumulate: bool) -> Result<(), KernelError> {
+        let (mm, nn, kk, acc) = (m as i32, n as i32, k as i32, accumulate as i32);
+        let cfg = LaunchConfig { grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = self.stream.launch_builder(&self.matmul);
+        b.arg(&x).arg(&w).arg(&y).arg(&mm).arg(&nn).arg(&kk).arg(&acc);
+        // SAFETY: x holds m*k floats, w k*n halves, y m*n floats.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// x = silu(x) over `n` floats.
+    pub fn silu(&self, x: u64, n: usize) -> Result<(), KernelError> {
+        let nn = n as i64;
+        let mut b = self.stream.launch_builder(&self.silu);
+        b.arg(&x).arg(&nn);
+        // SAFETY: x holds n floats.
+        unsafe { b.launch(grid(n, 256)) }?;
+        Ok(())
+    }
+
+    /// Deterministic weights into `n` halves.
+    pub fn init_weights(&self, w: u64, n: usize, seed: u32, scale: f32) -> Result<(), KernelError> {
+        let nn = n as i64;
+        let mut b = self.stream.launch_builder(&self.init_weights);
+        b.arg(&w).arg(&nn).arg(&seed).arg(&scale);
+        // SAFETY: w holds n halves.
+        unsafe { b.launch(grid(n, 256)) }?;
+        Ok(())
+    }
+}

@@ -1,0 +1,100 @@
+//! What one flash-attention call takes from the pool, as ggml's `launch_fattn` sizes it.
+//!
+//! | buffer | when | elements |
+//! |---|---|---|
+//! | `K_f16` | K cache not f16 | D_K · n_kv · n_head_kv halves |
+//! | `V_f16` | V cache not f16 and V is not a view of K | D_V · n_kv · n_head_kv halves |
+//! | `dst_tmp` | split-KV (parallel_blocks > 1) | parallel_blocks · D_V · n_head · n_tokens floats |
+//! | `dst_tmp_meta` | same | parallel_blocks · n_head · n_tokens float2 |
+//!
+//! They are taken in that order and returned in reverse when the call ends.
+
+use crate::KvType;
+
+/// Queries one block of the CUDA kernel handles (`QPB` in `fattn.cu`).
+pub const QUERIES_PER_BLOCK: usize = 32;
+/// Keys per tile (`BK` in `fattn.cu`).
+pub const KEYS_PER_TILE: usize = 32;
+/// The KV length ggml pads to.
+pub const KV_PAD: usize = 256;
+/// Largest supported head dimensions.
+pub const MAX_D_K: usize = 576;
+/// Largest supported V head dimension.
+pub const MAX_D_V: usize = 512;
+
+/// The attention shape of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads (n_head is a multiple).
+    pub n_head_kv: usize,
+    /// K (and Q) head dimension.
+    pub d_k: usize,
+    /// V head dimension.
+    pub d_v: usize,
+    /// V is the first D_V dimensions of K (MLA as ggml runs it).
+    pub v_is_k: bool,
+}
+
+/// The scratch one call takes, in elements of each buffer's type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaScratch {
+    /// Splits of the KV range; 1 means no split.
+    pub parallel_blocks: usize,
+    /// `K_f16` halves (0: not taken).
+    pub k_f16: usize,
+    /// `V_f16` halves (0: not taken).
+    pub v_f16: usize,
+    /// `dst_tmp` floats (0: not taken).
+    pub dst_tmp: usize,
+    /// `dst_tmp_meta` float pairs (0: not taken).
+    pub dst_meta: usize,
+}
+
+impl FaScratch {
+    /// The byte sizes of the buffers taken, in allocation order.
+    pub fn request_bytes(&self) -> Vec<usize> {
+        [self.k_f16 * 2, self.v_f16 * 2, self.dst_tmp * 4, self.dst_meta * 8].into_iter().filter(|&b| b > 0).collect()
+    }
+
+    /// All scratch bytes of one call.
+    pub fn total_bytes(&self) -> usize {
+        self.request_bytes().iter().sum()
+    }
+}
+
+/// The KV length a call sees: the used length padded to 256, at most the context.
+pub fn n_kv(kv_used: usize, n_ctx: usize) -> usize {
+    kv_used.next_multiple_of(KV_PAD).min(n_ctx).max(kv_used.min(n_ctx))
+}
+
+/// How many splits of the KV range keep `sms` multiprocessors busy, as ggml's split-KV does:
+/// none when the query tiles alone fill the device twice over.
+pub fn parallel_blocks(shape: &AttnShape, n_tokens: usize, n_kv: usize, sms: usize) -> usize {
+    let blocks = n_tokens.div_ceil(QUERIES_PER_BLOCK) * shape.n_head;
+    let want = 2 * sms.max(1);
+    if blocks >= want {
+        return 1;
+    }
+    want.div_ceil(blocks.max(1)).min(n_kv.div_ceil(KV_PAD)).clamp(1, 32)
+}
+
+/// The scratch of one flash-attention call.
+pub fn scratch(shape: &AttnShape, kv: KvType, n_tokens: usize, n_kv: usize, sms: usize) -> FaScratch {
+    let quantized = kv != KvType::F16;
+    let pb = parallel_blocks(shape, n_tokens, n_kv, sms);
+    FaScratch {
+        parallel_blocks: pb,
+        k_f16: if quantized { shape.d_k * n_kv * shape.n_head_kv } else { 0 },
+        v_f16: if quantized && !shape.v_is_k { shape.d_v * n_kv * shape.n_head_kv } else { 0 },
+        dst_tmp: if pb > 1 { pb * shape.d_v * shape.n_head * n_tokens } else { 0 },
+        dst_meta: if pb > 1 { pb * shape.n_head * n_tokens } else { 0 },
+    }
+}
+
+/// Dynamic shared memory the CUDA kernel needs for these head dimensions.
+pub fn shared_bytes(d_k: usize, d_v: usize) -> usize {
+    let kv = KEYS_PER_TILE * (d_k + 2) * 2 + KEYS_PER_TILE * d_v * 2;
+    kv.next_multiple_of(4) + QUERIES_PER_BLOCK * d_k * 4
+}
