@@ -7,7 +7,10 @@ use half::f16;
 
 /// Rows of f32 into q8_0 blocks (`src.len()` a multiple of 32), as ggml quantizes.
 pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
-    for (x, blk) in src.chunks_exact(QK8_0).zip(dst.chunks_exact_mut(Q8_0_BLOCK_BYTES)) {
+    for (x, blk) in src
+        .chunks_exact(QK8_0)
+        .zip(dst.chunks_exact_mut(Q8_0_BLOCK_BYTES))
+    {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -20,7 +23,10 @@ pub fn quantize_q8_0(src: &[f32], dst: &mut [u8]) {
 
 /// q8_0 blocks into f16 values.
 pub fn dequantize_q8_0(src: &[u8], dst: &mut [f16]) {
-    for (blk, out) in src.chunks_exact(Q8_0_BLOCK_BYTES).zip(dst.chunks_exact_mut(QK8_0)) {
+    for (blk, out) in src
+        .chunks_exact(Q8_0_BLOCK_BYTES)
+        .zip(dst.chunks_exact_mut(QK8_0))
+    {
         let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
         for (o, &q) in out.iter_mut().zip(&blk[2..]) {
             *o = f16::from_f32(q as i8 as f32 * d);
@@ -68,20 +74,36 @@ pub struct FaParams {
 
 /// Flash attention for one split: partial outputs normalised by their own sum, and (max, sum).
 /// Splits divide the key tiles of each 32-query block the way the CUDA kernel does.
-fn attend_split(p: &FaParams, q: &[f32], k: &[f16], v: &[f16], t: usize, head: usize, split: usize, out: &mut [f32]) -> (f32, f32) {
+fn attend_split(
+    p: &FaParams,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    t: usize,
+    head: usize,
+    split: usize,
+    out: &mut [f32],
+) -> (f32, f32) {
     let head_kv = head / (p.n_head / p.n_head_kv);
     let block_t0 = t / crate::fa::QUERIES_PER_BLOCK * crate::fa::QUERIES_PER_BLOCK;
     let block_last = (block_t0 + crate::fa::QUERIES_PER_BLOCK).min(p.n_tokens) - 1;
     let last_pos = (p.pos0 + block_last).min(p.n_kv - 1);
     let n_tiles = last_pos / KEYS_PER_TILE + 1;
     let per = n_tiles.div_ceil(p.parallel_blocks);
-    let (kb, ke) = ((split * per).min(n_tiles) * KEYS_PER_TILE, ((split + 1) * per).min(n_tiles) * KEYS_PER_TILE);
+    let (kb, ke) = (
+        (split * per).min(n_tiles) * KEYS_PER_TILE,
+        ((split + 1) * per).min(n_tiles) * KEYS_PER_TILE,
+    );
     let qrow = &q[(t * p.n_head + head) * p.d_k..][..p.d_k];
     let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
     out.iter_mut().for_each(|o| *o = 0.0);
     for pos in kb..ke.min(p.n_kv).min(p.pos0 + t + 1) {
         let krow = &k[pos * p.k_row + head_kv * p.k_head..][..p.d_k];
-        let s: f32 = qrow.iter().zip(krow).map(|(a, b)| a * p.scale * b.to_f32()).sum();
+        let s: f32 = qrow
+            .iter()
+            .zip(krow)
+            .map(|(a, b)| a * p.scale * b.to_f32())
+            .sum();
         let m_new = m.max(s);
         let corr = (m - m_new).exp();
         let w = (s - m_new).exp();
@@ -100,7 +122,15 @@ fn attend_split(p: &FaParams, q: &[f32], k: &[f16], v: &[f16], t: usize, head: u
 
 /// Flash attention: `dst` [n_tokens][n_head][D_V]; with splits, partials go through `dst_tmp`
 /// and `dst_meta` and are combined into `dst`, as on the GPU.
-pub fn flash_attn(p: &FaParams, q: &[f32], k: &[f16], v: &[f16], dst: &mut [f32], dst_tmp: &mut [f32], dst_meta: &mut [[f32; 2]]) {
+pub fn flash_attn(
+    p: &FaParams,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    dst: &mut [f32],
+    dst_tmp: &mut [f32],
+    dst_meta: &mut [[f32; 2]],
+) {
     let rows = p.n_tokens * p.n_head;
     for t in 0..p.n_tokens {
         for h in 0..p.n_head {
@@ -110,7 +140,8 @@ pub fn flash_attn(p: &FaParams, q: &[f32], k: &[f16], v: &[f16], dst: &mut [f32]
             } else {
                 for s in 0..p.parallel_blocks {
                     let r = s * rows + row;
-                    let (m, l) = attend_split(p, q, k, v, t, h, s, &mut dst_tmp[r * p.d_v..][..p.d_v]);
+                    let (m, l) =
+                        attend_split(p, q, k, v, t, h, s, &mut dst_tmp[r * p.d_v..][..p.d_v]);
                     dst_meta[r] = [m, l];
                 }
             }
@@ -122,9 +153,18 @@ pub fn flash_attn(p: &FaParams, q: &[f32], k: &[f16], v: &[f16], dst: &mut [f32]
 }
 
 /// Merges split partials into `dst`.
-pub fn combine(dst_tmp: &[f32], dst_meta: &[[f32; 2]], dst: &mut [f32], n_rows: usize, d_v: usize, parallel_blocks: usize) {
+pub fn combine(
+    dst_tmp: &[f32],
+    dst_meta: &[[f32; 2]],
+    dst: &mut [f32],
+    n_rows: usize,
+    d_v: usize,
+    parallel_blocks: usize,
+) {
     for row in 0..n_rows {
-        let mx = (0..parallel_blocks).map(|s| dst_meta[s * n_rows + row][0]).fold(f32::NEG_INFINITY, f32::max);
+        let mx = (0..parallel_blocks)
+            .map(|s| dst_meta[s * n_rows + row][0])
+            .fold(f32::NEG_INFINITY, f32::max);
         for d in 0..d_v {
             let (mut num, mut den) = (0.0f32, 0.0f32);
             for s in 0..parallel_blocks {

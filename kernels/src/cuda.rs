@@ -5,7 +5,9 @@
 //! allocations are passed alike.
 
 use crate::cpu::FaParams;
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use std::sync::Arc;
 
@@ -13,10 +15,14 @@ const COMMON: &str = include_str!("cuda/common.cuh");
 
 /// The kernel sources: (module name, full source with the shared header).
 pub fn sources() -> Vec<(&'static str, String)> {
-    [("quant", include_str!("cuda/quant.cu")), ("fattn", include_str!("cuda/fattn.cu")), ("layer", include_str!("cuda/layer.cu"))]
-        .into_iter()
-        .map(|(n, s)| (n, format!("{COMMON}\n{s}")))
-        .collect()
+    [
+        ("quant", include_str!("cuda/quant.cu")),
+        ("fattn", include_str!("cuda/fattn.cu")),
+        ("layer", include_str!("cuda/layer.cu")),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n, format!("{COMMON}\n{s}")))
+    .collect()
 }
 
 /// Whether NVRTC can be loaded on this machine.
@@ -30,8 +36,14 @@ pub fn compile(arch: &'static str) -> Result<Vec<(&'static str, Ptx)>, (String, 
     sources()
         .into_iter()
         .map(|(name, src)| {
-            let opts = CompileOptions { arch: Some(arch), options: vec!["--std=c++17".into()], ..Default::default() };
-            compile_ptx_with_opts(src, opts).map(|p| (name, p)).map_err(|e| (name.to_string(), e))
+            let opts = CompileOptions {
+                arch: Some(arch),
+                options: vec!["--std=c++17".into()],
+                ..Default::default()
+            };
+            compile_ptx_with_opts(src, opts)
+                .map(|p| (name, p))
+                .map_err(|e| (name.to_string(), e))
         })
         .collect()
 }
@@ -82,7 +94,11 @@ pub struct Kernels {
 }
 
 fn grid(n: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: ((n as u64).div_ceil(threads as u64).max(1) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: ((n as u64).div_ceil(threads as u64).max(1) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 impl Kernels {
@@ -102,7 +118,9 @@ impl Kernels {
             _ => "compute_75",
         };
         let mut modules = std::collections::HashMap::new();
-        for (name, ptx) in compile(arch).map_err(|(n, e)| KernelError::Compile(format!("{n}: {e:?}")))? {
+        for (name, ptx) in
+            compile(arch).map_err(|(n, e)| KernelError::Compile(format!("{n}: {e:?}")))?
+        {
             modules.insert(name, ctx.load_module(ptx)?);
         }
         let f = |m: &str, name: &str| modules[m].load_function(name);
@@ -130,7 +148,14 @@ impl Kernels {
     }
 
     /// f32 rows into q8_0 rows `[row0, row0 + n_rows)` of `dst`.
-    pub fn quantize_q8_0(&self, src: u64, dst: u64, n_rows: usize, row_len: usize, row0: usize) -> Result<(), KernelError> {
+    pub fn quantize_q8_0(
+        &self,
+        src: u64,
+        dst: u64,
+        n_rows: usize,
+        row_len: usize,
+        row0: usize,
+    ) -> Result<(), KernelError> {
         let blocks = n_rows * row_len / crate::QK8_0;
         let (n, rl, r0) = (n_rows as i64, row_len as i64, row0 as i64);
         let mut b = self.stream.launch_builder(&self.quantize_q8_0);
@@ -141,7 +166,14 @@ impl Kernels {
     }
 
     /// f32 rows into f16 rows `[row0, row0 + n_rows)` of `dst`.
-    pub fn store_f16(&self, src: u64, dst: u64, n_rows: usize, row_len: usize, row0: usize) -> Result<(), KernelError> {
+    pub fn store_f16(
+        &self,
+        src: u64,
+        dst: u64,
+        n_rows: usize,
+        row_len: usize,
+        row0: usize,
+    ) -> Result<(), KernelError> {
         let (n, rl, r0) = (n_rows as i64, row_len as i64, row0 as i64);
         let mut b = self.stream.launch_builder(&self.store_f16);
         b.arg(&src).arg(&dst).arg(&n).arg(&rl).arg(&r0);
@@ -151,7 +183,13 @@ impl Kernels {
     }
 
     /// q8_0 rows `[0, n_rows)` into f16.
-    pub fn dequantize_q8_0(&self, src: u64, dst: u64, n_rows: usize, row_len: usize) -> Result<(), KernelError> {
+    pub fn dequantize_q8_0(
+        &self,
+        src: u64,
+        dst: u64,
+        n_rows: usize,
+        row_len: usize,
+    ) -> Result<(), KernelError> {
         let (n, rl) = (n_rows as i64, row_len as i64);
         let mut b = self.stream.launch_builder(&self.dequantize_q8_0);
         b.arg(&src).arg(&dst).arg(&n).arg(&rl);
@@ -162,20 +200,50 @@ impl Kernels {
 
     /// Flash attention (and the combine when split).
     #[allow(clippy::too_many_arguments)]
-    pub fn flash_attn(&self, p: &FaParams, q: u64, k: u64, v: u64, dst: u64, dst_tmp: u64, dst_meta: u64) -> Result<(), KernelError> {
+    pub fn flash_attn(
+        &self,
+        p: &FaParams,
+        q: u64,
+        k: u64,
+        v: u64,
+        dst: u64,
+        dst_tmp: u64,
+        dst_meta: u64,
+    ) -> Result<(), KernelError> {
         if p.d_k > crate::fa::MAX_D_K || p.d_v > crate::fa::MAX_D_V || p.n_head % p.n_head_kv != 0 {
-            return Err(KernelError::Unsupported(format!("D_K {} D_V {} heads {}/{}", p.d_k, p.d_v, p.n_head, p.n_head_kv)));
+            return Err(KernelError::Unsupported(format!(
+                "D_K {} D_V {} heads {}/{}",
+                p.d_k, p.d_v, p.n_head, p.n_head_kv
+            )));
         }
         let cfg = LaunchConfig {
-            grid_dim: (p.n_tokens.div_ceil(crate::fa::QUERIES_PER_BLOCK) as u32, p.n_head as u32, p.parallel_blocks as u32),
+            grid_dim: (
+                p.n_tokens.div_ceil(crate::fa::QUERIES_PER_BLOCK) as u32,
+                p.n_head as u32,
+                p.parallel_blocks as u32,
+            ),
             block_dim: (256, 1, 1),
             shared_mem_bytes: crate::fa::shared_bytes(p.d_k, p.d_v) as u32,
         };
-        let ints = [p.n_tokens, p.n_head, p.n_head_kv, p.d_k, p.d_v, p.n_kv, p.pos0].map(|v| v as i32);
+        let ints = [
+            p.n_tokens,
+            p.n_head,
+            p.n_head_kv,
+            p.d_k,
+            p.d_v,
+            p.n_kv,
+            p.pos0,
+        ]
+        .map(|v| v as i32);
         let strides = [p.k_row, p.k_head, p.v_row, p.v_head].map(|v| v as i64);
         let pb = p.parallel_blocks as i32;
         let mut b = self.stream.launch_builder(&self.fattn);
-        b.arg(&q).arg(&k).arg(&v).arg(&dst).arg(&dst_tmp).arg(&dst_meta);
+        b.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&dst)
+            .arg(&dst_tmp)
+            .arg(&dst_meta);
         for i in &ints {
             b.arg(i);
         }
@@ -188,9 +256,18 @@ impl Kernels {
         if p.parallel_blocks > 1 {
             let rows = (p.n_tokens * p.n_head) as i32;
             let dv = p.d_v as i32;
-            let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let mut b = self.stream.launch_builder(&self.fattn_combine);
-            b.arg(&dst_tmp).arg(&dst_meta).arg(&dst).arg(&rows).arg(&dv).arg(&pb);
+            b.arg(&dst_tmp)
+                .arg(&dst_meta)
+                .arg(&dst)
+                .arg(&rows)
+                .arg(&dv)
+                .arg(&pb);
             // SAFETY: partials written above; dst holds rows*d_v floats.
             unsafe { b.launch(cfg) }?;
         }
@@ -198,7 +275,13 @@ impl Kernels {
     }
 
     /// Token embeddings into `x`.
-    pub fn embed(&self, tokens: u64, x: u64, n_tokens: usize, n_embd: usize) -> Result<(), KernelError> {
+    pub fn embed(
+        &self,
+        tokens: u64,
+        x: u64,
+        n_tokens: usize,
+        n_embd: usize,
+    ) -> Result<(), KernelError> {
         let (n, e) = (n_tokens as i32, n_embd as i32);
         let mut b = self.stream.launch_builder(&self.embed);
         b.arg(&tokens).arg(&x).arg(&n).arg(&e);
@@ -208,9 +291,21 @@ impl Kernels {
     }
 
     /// RMSNorm of `rows` rows of `n`.
-    pub fn rms_norm(&self, x: u64, w: u64, y: u64, rows: usize, n: usize, eps: f32) -> Result<(), KernelError> {
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
         let nn = n as i32;
-        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&self.rms_norm);
         b.arg(&x).arg(&w).arg(&y).arg(&nn).arg(&eps);
         // SAFETY: x, y hold rows*n floats; w n halves.
@@ -220,11 +315,30 @@ impl Kernels {
 
     /// y (+)= x . w.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(&self, x: u64, w: u64, y: u64, m: usize, n: usize, k: usize, accumulate: bool) -> Result<(), KernelError> {
+    pub fn matmul(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<(), KernelError> {
         let (mm, nn, kk, acc) = (m as i32, n as i32, k as i32, accumulate as i32);
-        let cfg = LaunchConfig { grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut b = self.stream.launch_builder(&self.matmul);
-        b.arg(&x).arg(&w).arg(&y).arg(&mm).arg(&nn).arg(&kk).arg(&acc);
+        b.arg(&x)
+            .arg(&w)
+            .arg(&y)
+            .arg(&mm)
+            .arg(&nn)
+            .arg(&kk)
+            .arg(&acc);
         // SAFETY: x holds m*k floats, w k*n halves, y m*n floats.
         unsafe { b.launch(cfg) }?;
         Ok(())

@@ -55,7 +55,15 @@ pub struct FaScratch {
 impl FaScratch {
     /// The byte sizes of the buffers taken, in allocation order.
     pub fn request_bytes(&self) -> Vec<usize> {
-        [self.k_f16 * 2, self.v_f16 * 2, self.dst_tmp * 4, self.dst_meta * 8].into_iter().filter(|&b| b > 0).collect()
+        [
+            self.k_f16 * 2,
+            self.v_f16 * 2,
+            self.dst_tmp * 4,
+            self.dst_meta * 8,
+        ]
+        .into_iter()
+        .filter(|&b| b > 0)
+        .collect()
     }
 
     /// All scratch bytes of one call.
@@ -66,7 +74,10 @@ impl FaScratch {
 
 /// The KV length a call sees: the used length padded to 256, at most the context.
 pub fn n_kv(kv_used: usize, n_ctx: usize) -> usize {
-    kv_used.next_multiple_of(KV_PAD).min(n_ctx).max(kv_used.min(n_ctx))
+    kv_used
+        .next_multiple_of(KV_PAD)
+        .min(n_ctx)
+        .max(kv_used.min(n_ctx))
 }
 
 /// How many splits of the KV range keep `sms` multiprocessors busy, as ggml's split-KV does:
@@ -77,19 +88,43 @@ pub fn parallel_blocks(shape: &AttnShape, n_tokens: usize, n_kv: usize, sms: usi
     if blocks >= want {
         return 1;
     }
-    want.div_ceil(blocks.max(1)).min(n_kv.div_ceil(KV_PAD)).clamp(1, 32)
+    want.div_ceil(blocks.max(1))
+        .min(n_kv.div_ceil(KV_PAD))
+        .clamp(1, 32)
 }
 
 /// The scratch of one flash-attention call.
-pub fn scratch(shape: &AttnShape, kv: KvType, n_tokens: usize, n_kv: usize, sms: usize) -> FaScratch {
+pub fn scratch(
+    shape: &AttnShape,
+    kv: KvType,
+    n_tokens: usize,
+    n_kv: usize,
+    sms: usize,
+) -> FaScratch {
     let quantized = kv != KvType::F16;
     let pb = parallel_blocks(shape, n_tokens, n_kv, sms);
     FaScratch {
         parallel_blocks: pb,
-        k_f16: if quantized { shape.d_k * n_kv * shape.n_head_kv } else { 0 },
-        v_f16: if quantized && !shape.v_is_k { shape.d_v * n_kv * shape.n_head_kv } else { 0 },
-        dst_tmp: if pb > 1 { pb * shape.d_v * shape.n_head * n_tokens } else { 0 },
-        dst_meta: if pb > 1 { pb * shape.n_head * n_tokens } else { 0 },
+        k_f16: if quantized {
+            shape.d_k * n_kv * shape.n_head_kv
+        } else {
+            0
+        },
+        v_f16: if quantized && !shape.v_is_k {
+            shape.d_v * n_kv * shape.n_head_kv
+        } else {
+            0
+        },
+        dst_tmp: if pb > 1 {
+            pb * shape.d_v * shape.n_head * n_tokens
+        } else {
+            0
+        },
+        dst_meta: if pb > 1 {
+            pb * shape.n_head * n_tokens
+        } else {
+            0
+        },
     }
 }
 

@@ -8,10 +8,25 @@ fn every_kernel_source_compiles_for_hopper() {
         eprintln!("skipped: libnvrtc not found (install nvidia-cuda-nvrtc and put its lib folder on LD_LIBRARY_PATH)");
         return;
     }
-    let ptx = compile("compute_90").unwrap_or_else(|(name, e)| panic!("{name}.cu does not compile: {e:?}"));
+    let ptx = compile("compute_90")
+        .unwrap_or_else(|(name, e)| panic!("{name}.cu does not compile: {e:?}"));
     assert_eq!(ptx.len(), sources().len());
     let all: String = ptx.iter().map(|(_, p)| p.to_src()).collect();
-    for entry in ["quantize_q8_0", "store_f16", "dequantize_q8_0", "fattn", "fattn_combine", "embed", "rms_norm", "matmul", "silu", "init_weights"] {
-        assert!(all.contains(&format!(".entry {entry}(")), "{entry} missing from the PTX");
+    for entry in [
+        "quantize_q8_0",
+        "store_f16",
+        "dequantize_q8_0",
+        "fattn",
+        "fattn_combine",
+        "embed",
+        "rms_norm",
+        "matmul",
+        "silu",
+        "init_weights",
+    ] {
+        assert!(
+            all.contains(&format!(".entry {entry}(")),
+            "{entry} missing from the PTX"
+        );
     }
 }

@@ -135,6 +135,10 @@ impl Pool for ManagedFallback {
         self.inner.purge(token, what)
     }
 
+    fn releasable(&self, what: &Purge) -> usize {
+        self.inner.releasable(what)
+    }
+
     fn stats(&self) -> PoolStats {
         let mut s = self.inner.stats();
         let c = self.counters.lock();

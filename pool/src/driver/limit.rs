@@ -80,6 +80,10 @@ impl Driver for LimitedDriver {
         self.inner.epoch()
     }
 
+    fn host_accessible(&self) -> bool {
+        self.inner.host_accessible()
+    }
+
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         let real = self.inner.mem_info()?;
         let used = self.state.lock().used;

@@ -55,6 +55,12 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// The device's synchronize counter; see [`crate::sync`].
     fn epoch(&self) -> &SyncEpoch;
 
+    /// Whether device addresses are host addresses this process can read and write (the
+    /// simulated device with backing). CPU executors need it.
+    fn host_accessible(&self) -> bool {
+        false
+    }
+
     /// Free and total device memory.
     fn mem_info(&self) -> Result<MemInfo, DriverError>;
 

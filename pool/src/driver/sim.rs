@@ -30,6 +30,9 @@ pub struct SimConfig {
     pub ordinal: usize,
     /// Keep a log entry for every call (counts are always kept).
     pub record_calls: bool,
+    /// Back addresses with host memory. Off: addresses are unique but fake (nothing can read
+    /// or write them), for dry runs of cards far larger than this machine.
+    pub backed: bool,
 }
 
 impl SimConfig {
@@ -48,7 +51,14 @@ impl SimConfig {
             managed_capacity: 256 << 30,
             ordinal: 0,
             record_calls: true,
+            backed: true,
         }
+    }
+
+    /// Sets whether addresses are backed by host memory.
+    pub fn backed(mut self, on: bool) -> Self {
+        self.backed = on;
+        self
     }
 
     /// Sets VMM support.
@@ -142,6 +152,8 @@ struct Fault {
 
 #[derive(Default)]
 struct State {
+    /// Next fake address when the device is not backed.
+    next_fake: u64,
     device_used: usize,
     managed_used: usize,
     allocs: BTreeMap<u64, Alloc>,
@@ -295,6 +307,13 @@ impl SimDevice {
     }
 
     fn check_range(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
+        if !self.config.backed {
+            return Err(DriverError::new(
+                CallKind::MemInfo,
+                ErrorCode::NotSupported,
+                "this simulated device is not backed by host memory (a dry-run device): nothing can be read or written",
+            ));
+        }
         if self.contains(ptr, len) {
             Ok(())
         } else {
@@ -368,6 +387,18 @@ impl SimDevice {
     ) -> Result<DevicePtr, DriverError> {
         let host_len = host::round_to_page(bytes)
             .ok_or_else(|| self.fail_invalid(kind, format!("size {bytes} overflows")))?;
+        if !self.config.backed {
+            let ptr = Self::fake(s, host_len, host::PAGE);
+            s.allocs.insert(
+                ptr,
+                Alloc {
+                    bytes,
+                    host_len,
+                    managed,
+                },
+            );
+            return Ok(ptr);
+        }
         let p = host::alloc(host_len).ok_or_else(|| {
             DriverError::new(
                 kind,
@@ -387,6 +418,16 @@ impl SimDevice {
         Ok(ptr)
     }
 
+    /// A fresh fake address range of `len` bytes aligned to `align`.
+    fn fake(s: &mut State, len: usize, align: usize) -> u64 {
+        if s.next_fake == 0 {
+            s.next_fake = 1 << 44;
+        }
+        let at = s.next_fake.next_multiple_of(align as u64);
+        s.next_fake = at + len as u64 + host::PAGE as u64;
+        at
+    }
+
     fn fail_invalid(&self, kind: CallKind, detail: String) -> DriverError {
         DriverError::new(kind, ErrorCode::InvalidValue, detail)
     }
@@ -402,8 +443,10 @@ impl SimDevice {
                 } else {
                     s.device_used -= a.bytes;
                 }
-                // SAFETY: `ptr`/`host_len` is exactly a live range we mapped; the caller gave it up.
-                unsafe { host::release(ptr as *mut u8, a.host_len) };
+                if self.config.backed {
+                    // SAFETY: `ptr`/`host_len` is exactly a live range we mapped; the caller gave it up.
+                    unsafe { host::release(ptr as *mut u8, a.host_len) };
+                }
                 Ok(())
             }
             Some(_) => {
@@ -447,6 +490,10 @@ impl Driver for SimDevice {
 
     fn epoch(&self) -> &SyncEpoch {
         &self.epoch
+    }
+
+    fn host_accessible(&self) -> bool {
+        self.config.backed
     }
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
@@ -559,6 +606,18 @@ impl Driver for SimDevice {
             let e = self.fail_invalid(CallKind::Reserve, format!("{bytes} bytes overflows"));
             return Err(self.fail(&mut s, e));
         };
+        if !self.config.backed {
+            let base = Self::fake(&mut s, bytes, gran);
+            s.reservations.insert(
+                base,
+                Reservation {
+                    bytes,
+                    host_base: base,
+                    host_len,
+                },
+            );
+            return Ok(base);
+        }
         let Some(p) = host::reserve(host_len) else {
             let e = DriverError::new(
                 CallKind::Reserve,
@@ -605,8 +664,10 @@ impl Driver for SimDevice {
             return Err(self.fail(&mut s, e));
         }
         s.reservations.remove(&base);
-        // SAFETY: exactly the range `reserve` mapped; nothing is mapped inside it any more.
-        unsafe { host::release(r.host_base as *mut u8, r.host_len) };
+        if self.config.backed {
+            // SAFETY: exactly the range `reserve` mapped; nothing is mapped inside it any more.
+            unsafe { host::release(r.host_base as *mut u8, r.host_len) };
+        }
         Ok(())
     }
 
@@ -678,7 +739,7 @@ impl Driver for SimDevice {
         }
         // SAFETY: the range lies inside one of our reservations (checked above) and is aligned
         // to the granularity, itself a multiple of the page size.
-        if !unsafe { host::commit(at as *mut u8, bytes) } {
+        if self.config.backed && !unsafe { host::commit(at as *mut u8, bytes) } {
             let e = DriverError::new(
                 CallKind::SetAccess,
                 ErrorCode::OutOfMemory,
@@ -711,8 +772,10 @@ impl Driver for SimDevice {
                 return Err(self.fail(&mut s, e));
             }
         }
-        // SAFETY: exactly a live mapping of ours; the caller no longer uses it.
-        unsafe { host::decommit(at as *mut u8, bytes) };
+        if self.config.backed {
+            // SAFETY: exactly a live mapping of ours; the caller no longer uses it.
+            unsafe { host::decommit(at as *mut u8, bytes) };
+        }
         s.mappings.remove(&at);
         // cuMemRelease: only now is the physical memory gone.
         self.enter(&mut s, CallKind::Release, bytes)?;
@@ -750,6 +813,9 @@ impl Drop for SimDevice {
                 reservations = s.reservations.len(),
                 "simulated device dropped with memory still held"
             );
+        }
+        if !self.config.backed {
+            return;
         }
         for (&p, a) in &s.allocs {
             // SAFETY: a range we mapped; the device is going away, nobody may use it now.

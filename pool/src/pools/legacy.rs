@@ -272,12 +272,44 @@ impl LegacyPool {
         Ok(())
     }
 
-    /// Releases the cached buffers `token` covers and `keep` does not protect.
+    /// The occupied slots a purge of `what` would release, ignoring the token.
+    fn candidates(&self, slots: &Slots, what: &Purge) -> Vec<usize> {
+        match what {
+            Purge::All => slots.iter().collect(),
+            Purge::SmallerThan(n) => slots.iter().filter(|&i| slots.size[i] < *n).collect(),
+            Purge::KeepFor(requests) => {
+                let mut free: Vec<usize> = slots.iter().collect();
+                for &r in requests {
+                    let r = r.max(1);
+                    // The choice `best_fit` makes, over the buffers not yet claimed.
+                    let mut best: Option<(usize, usize)> = None;
+                    for (pos, &i) in free.iter().enumerate() {
+                        let s = slots.size[i];
+                        if s >= r
+                            && s - r < self.config.max_excess
+                            && best.is_none_or(|(_, d)| s - r < d)
+                        {
+                            best = Some((pos, s - r));
+                            if s == r {
+                                break;
+                            }
+                        }
+                    }
+                    if let Some((pos, _)) = best {
+                        free.remove(pos);
+                    }
+                }
+                free
+            }
+        }
+    }
+
+    /// Releases the cached buffers of `what` that `token` covers, and retries refused frees.
     fn release(
         &self,
         g: &mut Inner,
         token: &SyncToken,
-        smaller_than: usize,
+        what: &Purge,
     ) -> Result<Released, PoolError> {
         let mut out = Released::default();
         let mut first_err = None;
@@ -295,11 +327,7 @@ impl LegacyPool {
                 }
             }
         }
-        let candidates: Vec<usize> = g
-            .slots
-            .iter()
-            .filter(|&i| g.slots.size[i] < smaller_than)
-            .collect();
+        let candidates = self.candidates(&g.slots, what);
         for i in candidates {
             if !token.covers(g.slots.freed_at[i]) {
                 out.deferred_bytes += g.slots.size[i];
@@ -341,7 +369,7 @@ impl LegacyPool {
         if self.config.drop_smaller_on_grow && g.slots.count > 0 {
             let token = synchronize(self.driver.as_ref())?;
             g.tracker.s.calls.syncs += 1;
-            let r = self.release(g, &token, size)?;
+            let r = self.release(g, &token, &Purge::SmallerThan(size))?;
             if r.bytes > 0 {
                 tracing::debug!(pool = %self.kind, bytes = r.bytes, buffers = r.buffers, "dropped idle smaller buffers before growing");
             }
@@ -351,7 +379,7 @@ impl LegacyPool {
             if e.is_oom() && self.config.flush_and_retry && g.slots.count > 0 {
                 let token = synchronize(self.driver.as_ref())?;
                 g.tracker.s.calls.syncs += 1;
-                let r = self.release(g, &token, usize::MAX)?;
+                let r = self.release(g, &token, &Purge::All)?;
                 g.tracker.s.retries += 1;
                 tracing::warn!(pool = %self.kind, requested = size, flushed = r.bytes, "allocation failed; flushed the cache and retrying once");
                 result = self.driver_alloc(g, look_ahead);
@@ -452,16 +480,23 @@ impl Pool for LegacyPool {
                 device: self.driver.ordinal(),
             });
         }
-        let limit = match what {
-            Purge::All => usize::MAX,
-            Purge::SmallerThan(n) => n,
-        };
         let mut g = self.inner.lock();
-        let r = self.release(&mut g, token, limit)?;
+        let r = self.release(&mut g, token, &what)?;
         if r.bytes > 0 || r.deferred_bytes > 0 {
             tracing::debug!(pool = %self.kind, released = r.bytes, buffers = r.buffers, deferred = r.deferred_bytes, reserved = g.tracker.s.reserved_bytes, "purged");
         }
         Ok(r)
+    }
+
+    fn releasable(&self, what: &Purge) -> usize {
+        let g = self.inner.lock();
+        let pending: usize = g.pending.iter().map(|p| p.1).sum();
+        pending
+            + self
+                .candidates(&g.slots, what)
+                .iter()
+                .map(|&i| g.slots.size[i])
+                .sum::<usize>()
     }
 
     fn stats(&self) -> PoolStats {
@@ -498,7 +533,7 @@ impl Drop for LegacyPool {
         if g.tracker.s.live_blocks > 0 {
             tracing::warn!(pool = %self.kind, blocks = g.tracker.s.live_blocks, bytes = g.tracker.s.live_bytes, "pool dropped with live blocks; they are not freed");
         }
-        if let Err(e) = self.release(&mut g, &token, usize::MAX) {
+        if let Err(e) = self.release(&mut g, &token, &Purge::All) {
             tracing::error!(pool = %self.kind, error = %e, "could not free every cached buffer while dropping the pool");
         }
     }

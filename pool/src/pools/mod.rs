@@ -58,7 +58,7 @@ impl fmt::Display for PoolKind {
 }
 
 /// What a purge returns to the driver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Purge {
     /// Everything cached: every idle legacy buffer; every VMM chunk above the live top.
     All,
@@ -66,6 +66,10 @@ pub enum Purge {
     /// longer use. The VMM pool never strands memory (its space is contiguous), so for it this
     /// releases nothing.
     SmallerThan(usize),
+    /// Keep the cached legacy buffers that best fit would hand to these requests (made while
+    /// all are live, in this order), release every other one: what the next ubatch will reuse
+    /// stays, what it has outgrown goes. The VMM pool releases nothing.
+    KeepFor(Vec<usize>),
 }
 
 /// What a purge did.
@@ -106,6 +110,10 @@ pub trait Pool: Send + Sync + fmt::Debug {
     /// that synchronize began is kept and counted as deferred. For the VMM pool this is the
     /// trim: chunks above the live top are unmapped.
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError>;
+
+    /// Cached bytes [`Pool::purge`] would release for `what` under a fresh token: lets a caller
+    /// skip the synchronize when there is nothing to release.
+    fn releasable(&self, what: &Purge) -> usize;
 
     /// Current counters.
     fn stats(&self) -> PoolStats;

@@ -333,7 +333,7 @@ impl Pool for VmmPool {
         }
         match what {
             // Contiguous space never strands: a growing request reuses all of it.
-            Purge::SmallerThan(_) => Ok(Released::default()),
+            Purge::SmallerThan(_) | Purge::KeepFor(_) => Ok(Released::default()),
             Purge::All => {
                 let mut g = self.inner.lock();
                 let r = self.release_chunks(&mut g, token)?;
@@ -349,6 +349,20 @@ impl Pool for VmmPool {
                 }
                 Ok(r)
             }
+        }
+    }
+
+    fn releasable(&self, what: &Purge) -> usize {
+        match what {
+            Purge::All => {
+                let g = self.inner.lock();
+                g.chunks
+                    .iter()
+                    .filter(|c| c.offset >= g.top)
+                    .map(|c| c.len)
+                    .sum()
+            }
+            Purge::SmallerThan(_) | Purge::KeepFor(_) => 0,
         }
     }
 

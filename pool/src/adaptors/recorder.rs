@@ -1,0 +1,218 @@
+//! Records every allocation, free and phase of a pool as a trace that can be replayed.
+//!
+//! The trace is the JSON-lines format `repro-prefill replay` reads, one event a line:
+//! `{"op":"alloc","id":7,"size":1048576,"stream":0}`, `{"op":"free","id":7}`,
+//! `{"op":"phase_begin","name":"ubatch 3"}`, `{"op":"phase_end","name":"ubatch 3","prefill":true}`,
+//! `{"op":"sync"}`. Ids number allocations in order; failed allocations are not recorded.
+
+use crate::block::{Block, PoolId};
+use crate::driver::{DevicePtr, Driver};
+use crate::error::{FreeError, PoolError};
+use crate::pools::{Pool, PoolKind, Purge, Released};
+use crate::stats::{PhaseStats, PoolStats};
+use crate::sync::SyncToken;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// One traced event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TraceEvent {
+    /// A successful allocation.
+    Alloc {
+        /// Sequence number of the allocation.
+        id: u64,
+        /// Bytes asked for.
+        size: usize,
+        /// The stream whose pool served it.
+        stream: u64,
+    },
+    /// A free of allocation `id`.
+    Free {
+        /// The allocation's id.
+        id: u64,
+    },
+    /// A phase opened.
+    PhaseBegin {
+        /// Its name.
+        name: String,
+    },
+    /// A phase closed.
+    PhaseEnd {
+        /// Its name.
+        name: String,
+        /// Whether it was a prefill ubatch (a purge boundary).
+        prefill: bool,
+    },
+    /// The device was synchronized.
+    Sync,
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl TraceEvent {
+    /// The event as one JSON line (no newline).
+    pub fn to_json(&self) -> String {
+        match self {
+            TraceEvent::Alloc { id, size, stream } => {
+                format!(r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream}}}"#)
+            }
+            TraceEvent::Free { id } => format!(r#"{{"op":"free","id":{id}}}"#),
+            TraceEvent::PhaseBegin { name } => {
+                format!(r#"{{"op":"phase_begin","name":{}}}"#, json_str(name))
+            }
+            TraceEvent::PhaseEnd { name, prefill } => {
+                format!(
+                    r#"{{"op":"phase_end","name":{},"prefill":{prefill}}}"#,
+                    json_str(name)
+                )
+            }
+            TraceEvent::Sync => r#"{"op":"sync"}"#.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Log {
+    events: Vec<TraceEvent>,
+    ids: HashMap<DevicePtr, u64>,
+    next: u64,
+    open_phase: Option<String>,
+}
+
+/// A pool that records what passes through it.
+#[derive(Debug)]
+pub struct Recorder {
+    inner: Arc<dyn Pool>,
+    stream: u64,
+    log: Mutex<Log>,
+}
+
+impl Recorder {
+    /// Records the traffic of `inner`, the pool of `stream`.
+    pub fn new(inner: Arc<dyn Pool>, stream: u64) -> Self {
+        Self {
+            inner,
+            stream,
+            log: Mutex::new(Log::default()),
+        }
+    }
+
+    /// The events so far.
+    pub fn events(&self) -> Vec<TraceEvent> {
+        self.log.lock().events.clone()
+    }
+
+    /// Records a device synchronize.
+    pub fn record_sync(&self) {
+        self.log.lock().events.push(TraceEvent::Sync);
+    }
+
+    /// Closes the open phase like [`Pool::end_phase`], marking whether it was a prefill ubatch.
+    pub fn end_phase_marked(&self, prefill: bool) -> Option<PhaseStats> {
+        let stats = self.inner.end_phase();
+        let mut log = self.log.lock();
+        if let Some(name) = log.open_phase.take() {
+            log.events.push(TraceEvent::PhaseEnd { name, prefill });
+        }
+        stats
+    }
+
+    /// The whole trace as JSON lines.
+    pub fn to_jsonl(&self) -> String {
+        let log = self.log.lock();
+        let mut out = String::new();
+        for e in &log.events {
+            out.push_str(&e.to_json());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+impl Pool for Recorder {
+    fn id(&self) -> PoolId {
+        self.inner.id()
+    }
+
+    fn kind(&self) -> PoolKind {
+        self.inner.kind()
+    }
+
+    fn driver(&self) -> &Arc<dyn Driver> {
+        self.inner.driver()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
+        let block = self.inner.alloc(bytes)?;
+        let mut log = self.log.lock();
+        let id = log.next;
+        log.next += 1;
+        log.ids.insert(block.ptr(), id);
+        log.events.push(TraceEvent::Alloc {
+            id,
+            size: bytes,
+            stream: self.stream,
+        });
+        Ok(block)
+    }
+
+    fn free(&self, block: Block) -> Result<(), FreeError> {
+        let ptr = block.ptr();
+        self.inner.free(block)?;
+        let mut log = self.log.lock();
+        if let Some(id) = log.ids.remove(&ptr) {
+            log.events.push(TraceEvent::Free { id });
+        }
+        Ok(())
+    }
+
+    fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
+        self.inner.purge(token, what)
+    }
+
+    fn releasable(&self, what: &Purge) -> usize {
+        self.inner.releasable(what)
+    }
+
+    fn stats(&self) -> PoolStats {
+        self.inner.stats()
+    }
+
+    fn reset_peaks(&self) {
+        self.inner.reset_peaks()
+    }
+
+    fn begin_phase(&self, name: &str) {
+        self.inner.begin_phase(name);
+        let mut log = self.log.lock();
+        log.open_phase = Some(name.to_owned());
+        log.events.push(TraceEvent::PhaseBegin {
+            name: name.to_owned(),
+        });
+    }
+
+    fn end_phase(&self) -> Option<PhaseStats> {
+        self.end_phase_marked(false)
+    }
+
+    fn alignment(&self) -> usize {
+        self.inner.alignment()
+    }
+}

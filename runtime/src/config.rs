@@ -1,0 +1,83 @@
+//! Everything a run is configured with.
+
+use crate::error::RuntimeError;
+use crate::model::ModelShape;
+use crate::policy::{BudgetMode, PurgePolicy};
+use cupool_kernels::KvType;
+use cupool_pool::PoolConfig;
+
+/// A run's configuration. [`RunConfig::new`] gives llama.cpp-like defaults.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The model's shape.
+    pub model: ModelShape,
+    /// KV cache type.
+    pub kv_type: KvType,
+    /// Context length (KV cache positions).
+    pub n_ctx: usize,
+    /// Logical batch (`-b`).
+    pub n_batch: usize,
+    /// Physical batch (`-ub`): tokens per graph evaluation.
+    pub n_ubatch: usize,
+    /// Resident weights in bytes (at least what the executor's one layer of weights needs).
+    pub weights_bytes: usize,
+    /// Multiprocessors the split-KV heuristic targets (132 on an H100/H200).
+    pub sms: usize,
+    /// Seed of the prompt tokens.
+    pub seed: u64,
+    /// Pool choice.
+    pub pool: PoolConfig,
+    /// Purge policy at prefill ubatch boundaries.
+    pub purge: PurgePolicy,
+    /// Budget mode.
+    pub budget: BudgetMode,
+    /// Extra bytes reserved on top of the compute buffer in `ggml` mode (ik's `--fit-margin`).
+    pub margin_bytes: usize,
+    /// Record the pool's allocation trace.
+    pub record_trace: bool,
+}
+
+impl RunConfig {
+    /// Defaults: q8_0 KV, `-b 2048 -ub 512`, the model's weights, vmm/legacy by device,
+    /// no purge, the ggml budget.
+    pub fn new(model: ModelShape, n_ctx: usize) -> Self {
+        let weights_bytes = model.weights_bytes;
+        Self {
+            model,
+            kv_type: KvType::Q8_0,
+            n_ctx,
+            n_batch: 2048,
+            n_ubatch: 512,
+            weights_bytes,
+            sms: 132,
+            seed: 42,
+            pool: PoolConfig::default(),
+            purge: PurgePolicy::Never,
+            budget: BudgetMode::Ggml,
+            margin_bytes: 0,
+            record_trace: false,
+        }
+    }
+
+    /// Checks the settings; the error says which and what is accepted.
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        self.model.validate(self.kv_type)?;
+        let bad = |s: String| Err(RuntimeError::Invalid(s));
+        if self.n_ctx == 0 {
+            return bad("context length is 0: it must be at least 1 token".into());
+        }
+        if self.n_ubatch == 0 || self.n_batch == 0 {
+            return bad(format!(
+                "batch {} and ubatch {} must both be at least 1",
+                self.n_batch, self.n_ubatch
+            ));
+        }
+        if self.n_ubatch > self.n_batch {
+            return bad(format!("ubatch {} is larger than batch {}: the physical batch must be at most the logical batch", self.n_ubatch, self.n_batch));
+        }
+        if self.sms == 0 {
+            return bad("sms is 0: it must be at least 1".into());
+        }
+        Ok(())
+    }
+}
