@@ -72,8 +72,9 @@ pub struct FaParams {
     pub parallel_blocks: usize,
 }
 
-/// Flash attention for one split: partial outputs normalised by their own sum, and (max, sum).
+/// Flash attention for one split (one query row, one head, one share of the KV tiles): partial outputs normalised by their own sum, and (max, sum).
 /// Splits divide the key tiles of each 32-query block the way the CUDA kernel does.
+#[allow(clippy::too_many_arguments)] // the kernel's own parameters, kept flat to mirror it
 fn attend_split(
     p: &FaParams,
     q: &[f32],

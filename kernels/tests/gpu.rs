@@ -68,6 +68,9 @@ fn rand(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// (n_tokens, pos0, n_head, n_head_kv, d_k, d_v, v_is_k, parallel_blocks)
+type Case = (usize, usize, usize, usize, usize, usize, bool, usize);
+
 fn close(name: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len());
     let mut worst = 0f32;
@@ -84,7 +87,7 @@ fn close(name: &str, got: &[f32], want: &[f32], tol: f32) {
 #[ignore = "needs a CUDA GPU"]
 fn flash_attention_matches_the_cpu_reference() {
     let mut g = Gpu::new();
-    let cases = [
+    let cases: [Case; 7] = [
         // (n_tokens, pos0, n_head, n_head_kv, d_k, d_v, v_is_k, parallel_blocks)
         (70, 0, 4, 4, 64, 64, false, 1),
         (33, 200, 8, 2, 96, 96, false, 1),

@@ -84,6 +84,9 @@ pub struct RunReport {
     pub seconds: f64,
 }
 
+/// Called with each ubatch's row as it ends.
+type Observer = Box<dyn FnMut(&UbatchRow) + Send>;
+
 /// See the module docs.
 pub struct Runtime {
     cfg: RunConfig,
@@ -101,6 +104,7 @@ pub struct Runtime {
     warnings: usize,
     ubatch_index: usize,
     prev_reserved: usize,
+    observer: Option<Observer>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -227,7 +231,13 @@ impl Runtime {
             warnings: 0,
             ubatch_index: 0,
             prev_reserved: 0,
+            observer: None,
         })
+    }
+
+    /// Calls `f` with each ubatch's row as soon as the ubatch ends (progress reporting).
+    pub fn set_observer(&mut self, f: impl FnMut(&UbatchRow) + Send + 'static) {
+        self.observer = Some(Box::new(f));
     }
 
     /// The pool the flash-attention scratch comes from.
@@ -315,7 +325,12 @@ impl Runtime {
                 .get(i + 1)
                 .map_or((pos0 + toks.len(), 1), |&(p, t)| (p, t.len()));
             match self.ubatch(pos0, toks, next)? {
-                Ok(row) => rows.push(row),
+                Ok(row) => {
+                    if let Some(f) = self.observer.as_mut() {
+                        f(&row);
+                    }
+                    rows.push(row)
+                }
                 Err(report) => {
                     oom = Some((pos0, report));
                     break;
@@ -376,7 +391,12 @@ impl Runtime {
             Ok(()) => {}
             Err(RuntimeError::OutOfMemory(report)) => {
                 self.failed = true;
-                tracing::error!(ubatch = index, pos0, "{report}");
+                tracing::error!(
+                    ubatch = index,
+                    tokens_done = pos0,
+                    requested = report.requested,
+                    "run ended: out of memory in ubatch {index} after {pos0} tokens"
+                );
                 return Ok(Err(report));
             }
             Err(e) => {

@@ -74,6 +74,8 @@ fn pool_peaks(
 ) -> Result<(usize, usize, u64), RuntimeError> {
     let mut c = cfg.clone();
     c.budget = BudgetMode::Ggml;
+    // The dry run measures; it has no budget to warn about.
+    c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;
     c.pool.kind = Some(cfg.pool.resolve(target.vmm).map_err(RuntimeError::Config)?);
     let sim = SimConfig::gib((1u64 << 20) as f64)

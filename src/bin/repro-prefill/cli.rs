@@ -1,0 +1,192 @@
+//! Command-line arguments.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Reproduces the long-context prefill OOM of llama.cpp-style engines and shows each fix.
+///
+/// With no pool chosen (no --pool, no GGML_POOL), runs the seed-001 scenario once per
+/// configuration (legacy/never, legacy/always, legacy/auto, vmm, managed, vmm with the
+/// planned budget) and prints a table. Exit codes: 0 success (a comparison that ran, even
+/// if some configurations ran out of memory), 1 error, 2 bad arguments, 3 a single run that
+/// ran out of memory.
+#[derive(Parser, Debug)]
+#[command(
+    name = "repro-prefill",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a prefill (the default).
+    Run(RunArgs),
+    /// Print the memory budget without running: weights, KV, compute buffer, the pool's reserve
+    /// over the whole prefill, whether it fits, and the largest context that fits.
+    Plan(RunArgs),
+    /// Replay an allocation trace (JSON lines) through a pool on the simulated device.
+    Replay(ReplayArgs),
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// CUDA when a GPU is usable, else the simulated device.
+    Auto,
+    Cuda,
+    Sim,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ComputeArg {
+    /// No maths: allocations only (the default on the simulated device).
+    DryRun,
+    /// Reference maths on the simulated device (small shapes).
+    Cpu,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PoolArg {
+    Vmm,
+    Legacy,
+    Managed,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PurgeArg {
+    Never,
+    Always,
+    Auto,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BudgetArg {
+    Ggml,
+    Planned,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvArg {
+    F16,
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FormatArg {
+    Table,
+    Json,
+    Csv,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Device: cuda, the simulated device, or auto (cuda when usable).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
+    /// Maths on the simulated device.
+    #[arg(long, value_enum)]
+    pub compute: Option<ComputeArg>,
+    /// Model preset: phi3-mini, llama3-8b, qwen3-30b-a3b, deepseek-v3.
+    #[arg(long, default_value = "phi3-mini")]
+    pub model: String,
+    /// Layers (overrides the preset).
+    #[arg(long)]
+    pub n_layer: Option<usize>,
+    /// Embedding width.
+    #[arg(long)]
+    pub n_embd: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    pub n_head: Option<usize>,
+    /// KV heads.
+    #[arg(long)]
+    pub n_head_kv: Option<usize>,
+    /// K head dimension.
+    #[arg(long)]
+    pub head_dim_k: Option<usize>,
+    /// V head dimension.
+    #[arg(long)]
+    pub head_dim_v: Option<usize>,
+    /// V is a view of K (MLA).
+    #[arg(long)]
+    pub v_is_k: bool,
+    /// FFN width.
+    #[arg(long)]
+    pub n_ff: Option<usize>,
+    /// KV cache type.
+    #[arg(long, value_enum, default_value = "q8_0")]
+    pub kv_type: KvArg,
+    /// Context length.
+    #[arg(long, default_value_t = 20480)]
+    pub ctx: usize,
+    /// Prompt tokens.
+    #[arg(long, default_value_t = 20000)]
+    pub prompt: usize,
+    /// Logical batch.
+    #[arg(long, default_value_t = 2048)]
+    pub batch: usize,
+    /// Physical batch (ubatch).
+    #[arg(long, default_value_t = 512)]
+    pub ubatch: usize,
+    /// Resident weights in GiB (default: the scenario's Phi-3-mini in f16, 7.1 GiB; for other
+    /// models their q8_0 size).
+    #[arg(long)]
+    pub weights: Option<f64>,
+    /// The card in GiB: the simulated device's capacity, or a limit the pool enforces on a
+    /// real GPU (default 12, the seed-001 RTX 3060; on cuda without it, the whole GPU).
+    #[arg(long)]
+    pub vram: Option<f64>,
+    /// Pool (default: GGML_POOL, else the comparison).
+    #[arg(long, value_enum)]
+    pub pool: Option<PoolArg>,
+    /// Purge policy at prefill ubatch boundaries.
+    #[arg(long, value_enum, default_value = "never")]
+    pub purge: PurgeArg,
+    /// Budget mode.
+    #[arg(long, value_enum, default_value = "ggml")]
+    pub budget: BudgetArg,
+    /// Serve allocations from managed memory when the device is full.
+    #[arg(long)]
+    pub fallback_managed: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: FormatArg,
+    /// Write an SVG timeline.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Record the pool's allocation trace (JSON lines).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Only errors on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// The trace file.
+    pub trace: PathBuf,
+    /// Pool.
+    #[arg(long, value_enum, default_value = "vmm")]
+    pub pool: PoolArg,
+    /// Purge policy at prefill phase ends.
+    #[arg(long, value_enum, default_value = "never")]
+    pub purge: PurgeArg,
+    /// The simulated card in GiB (default: large enough never to run out).
+    #[arg(long)]
+    pub vram: Option<f64>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: FormatArg,
+    /// Only errors on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}

@@ -1,0 +1,265 @@
+//! `repro-prefill`: reproduces the long-context prefill OOM and shows each fix.
+
+mod cli;
+mod output;
+mod plot;
+mod replay;
+mod scenario;
+
+use clap::Parser;
+use cli::{Cli, Command, FormatArg, ReplayArgs, RunArgs};
+use cupool::pool::PoolConfig;
+use cupool::runtime::planner::{plan, PlanTarget};
+use scenario::{Device, Outcome};
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+const EXIT_ERROR: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_OOM: u8 = 3;
+
+fn init_logging(quiet: bool) {
+    let default = if quiet { "error" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Run(a)) => run(a),
+        None => run(cli.run),
+        Some(Command::Plan(a)) => plan_cmd(a),
+        Some(Command::Replay(a)) => replay_cmd(a),
+    }
+}
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(EXIT_ERROR)
+}
+
+/// The pool settings: `--pool` over the environment; `None` when neither chose a pool.
+fn pool_choice(a: &RunArgs) -> Result<Option<PoolConfig>, String> {
+    let mut env = PoolConfig::from_env().map_err(|e| e.to_string())?;
+    if let Some(p) = a.pool {
+        env.kind = Some(scenario::pool_kind(p));
+    }
+    env.fallback_managed |= a.fallback_managed;
+    Ok(if env.kind.is_some() || a.fallback_managed {
+        Some(env)
+    } else {
+        None
+    })
+}
+
+fn run(a: RunArgs) -> ExitCode {
+    init_logging(a.quiet);
+    let model = match scenario::model_from_args(&a) {
+        Ok(m) => m,
+        Err(e) => return usage(e),
+    };
+    let base = match scenario::run_config(&a, &model) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let choice = match pool_choice(&a) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    let dev = match Device::from_args(&a) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    let configs = match &choice {
+        Some(pool) => {
+            let mut c = base.clone();
+            c.pool = pool.clone();
+            vec![c]
+        }
+        None => scenario::comparison(&base),
+    };
+    let single = choice.is_some();
+    let progress = (std::io::stderr().is_terminal() && !a.quiet).then(|| {
+        let pb = indicatif::ProgressBar::new(a.prompt as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:>22} [{bar:40}] {pos}/{len} tokens {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    });
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for mut c in configs {
+        c.record_trace = a.trace.is_some();
+        let o = scenario::run_one(&dev, c, a.prompt, progress.as_ref());
+        if let (Some(path), Some(trace)) = (&a.trace, &o.trace) {
+            let path = if single {
+                path.clone()
+            } else {
+                path.with_extension(format!("{}.jsonl", o.label.replace(['/', '+'], "-")))
+            };
+            if let Err(e) = std::fs::write(&path, trace) {
+                return fail(format!("writing the trace {}: {e}", path.display()));
+            }
+        }
+        outcomes.push(o);
+    }
+    if let Some(pb) = &progress {
+        pb.finish_and_clear();
+    }
+    let header = format!(
+        "{} on {}: prompt {} / ctx {}, {} KV, -b {} -ub {}",
+        base.model.name,
+        dev.describe(),
+        a.prompt,
+        base.n_ctx,
+        base.kv_type.name(),
+        base.n_batch,
+        base.n_ubatch
+    );
+    match a.format {
+        FormatArg::Table => print!("{}", output::run_table(&outcomes, &header)),
+        FormatArg::Csv => print!("{}", output::run_csv(&outcomes)),
+        FormatArg::Json => {
+            let v = serde_json::json!({
+                "scenario": output::scenario_json(&base, a.prompt, &dev.describe(), dev.executor_name(), dev.card_bytes()),
+                "runs": outcomes.iter().map(output::run_json).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+    }
+    if let Some(path) = &a.plot {
+        if let Err(e) = plot::write(path, &outcomes, dev.card_bytes(), &header) {
+            return fail(e);
+        }
+    }
+    if single {
+        match &outcomes[0].report {
+            Ok(r) if r.completed => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::from(EXIT_OOM),
+            Err(_) => ExitCode::from(EXIT_ERROR),
+        }
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn plan_cmd(a: RunArgs) -> ExitCode {
+    init_logging(a.quiet);
+    let model = match scenario::model_from_args(&a) {
+        Ok(m) => m,
+        Err(e) => return usage(e),
+    };
+    let mut cfg = match scenario::run_config(&a, &model) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
+    match pool_choice(&a) {
+        Ok(Some(p)) => cfg.pool = p,
+        Ok(None) => {}
+        Err(e) => return usage(e),
+    }
+    let dev = match Device::from_args(&a) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    let driver = dev.driver();
+    let target = match PlanTarget::of(driver.as_ref()) {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    drop(driver);
+    let p = match plan(&cfg, &target, a.prompt) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    match a.format {
+        FormatArg::Json => {
+            let scen =
+                output::scenario_json(&cfg, a.prompt, &dev.describe(), "dry-run", dev.card_bytes());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&output::plan_json(&p, &cfg, scen))
+                    .unwrap_or_default()
+            );
+        }
+        _ => print!("{}", output::plan_table(&p, &cfg)),
+    }
+    ExitCode::SUCCESS
+}
+
+fn replay_cmd(a: ReplayArgs) -> ExitCode {
+    init_logging(a.quiet);
+    let text = match std::fs::read_to_string(&a.trace) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("reading {}: {e}", a.trace.display())),
+    };
+    let ops = match replay::parse(&text) {
+        Ok(o) => o,
+        Err(e) => return usage(format!("{}: {e}", a.trace.display())),
+    };
+    let vram = match a.vram.map(scenario::gib_bytes).transpose() {
+        Ok(v) => v,
+        Err(e) => return usage(e),
+    };
+    let r = match replay::replay(
+        &ops,
+        scenario::pool_kind(a.pool),
+        scenario::purge_policy(a.purge),
+        vram,
+    ) {
+        Ok(r) => r,
+        Err(e) => return usage(format!("{}: {e}", a.trace.display())),
+    };
+    match a.format {
+        FormatArg::Json => println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default()),
+        FormatArg::Csv => {
+            println!("pool,purge,events,peak_live_bytes,peak_reserved_bytes,end_reserved_bytes,driver_mallocs,driver_frees,driver_maps,driver_unmaps,ooms");
+            println!(
+                "{},{},{},{},{},{},{},{},{},{},{}",
+                r.pool,
+                r.purge,
+                r.events,
+                r.peak_live_bytes,
+                r.peak_reserved_bytes,
+                r.end_reserved_bytes,
+                r.driver_mallocs,
+                r.driver_frees,
+                r.driver_maps,
+                r.driver_unmaps,
+                r.ooms
+            );
+        }
+        FormatArg::Table => {
+            println!(
+                "replay of {} ({} events) through {} / purge {}",
+                a.trace.display(),
+                r.events,
+                r.pool,
+                r.purge
+            );
+            println!("  peak live      {:>14} bytes", r.peak_live_bytes);
+            println!("  peak reserved  {:>14} bytes", r.peak_reserved_bytes);
+            println!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
+            println!(
+                "  driver calls   {} mallocs, {} frees, {} maps, {} unmaps",
+                r.driver_mallocs, r.driver_frees, r.driver_maps, r.driver_unmaps
+            );
+            println!("  OOMs           {}", r.ooms);
+        }
+    }
+    ExitCode::SUCCESS
+}

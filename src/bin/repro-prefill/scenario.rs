@@ -1,0 +1,302 @@
+//! Building devices, models and runtimes from the arguments, and running them.
+
+use crate::cli::{BudgetArg, ComputeArg, DeviceArg, KvArg, PoolArg, PurgeArg, RunArgs};
+use cupool::kernels::KvType;
+use cupool::pool::driver::cuda::CudaDriver;
+use cupool::pool::driver::limit::LimitedDriver;
+use cupool::pool::driver::sim::{SimConfig, SimDevice};
+use cupool::pool::driver::Driver;
+use cupool::pool::{PoolConfig, PoolKind};
+use cupool::runtime::executor::{cpu::CpuExecutor, cuda::CudaExecutor, dry_run::DryRun, Executor};
+use cupool::runtime::memory::{ComputeLayout, KvLayout, WeightLayout};
+use cupool::runtime::{
+    BudgetMode, ModelShape, PurgePolicy, RunConfig, RunReport, Runtime, RuntimeError,
+};
+use std::sync::Arc;
+
+pub const GIB: f64 = (1u64 << 30) as f64;
+/// Phi-3-mini's weights in f16: with a 20k q8_0 KV cache it fills a 12 GiB card like the report's.
+const SCENARIO_WEIGHTS: f64 = 7_640_000_000.0;
+
+/// What the runs execute on.
+pub enum Device {
+    Sim {
+        vram: usize,
+        backed: bool,
+    },
+    Cuda {
+        driver: Arc<CudaDriver>,
+        vram: Option<usize>,
+    },
+}
+
+impl Device {
+    pub fn from_args(a: &RunArgs) -> Result<Self, String> {
+        let vram = a.vram.map(gib_bytes).transpose()?;
+        let want_cuda = match a.device {
+            DeviceArg::Sim => false,
+            DeviceArg::Cuda => true,
+            DeviceArg::Auto => {
+                cupool::pool::driver::cuda::is_available() && CudaDriver::new(0).is_ok()
+            }
+        };
+        if want_cuda {
+            if a.compute.is_some() {
+                return Err(
+                    "--compute applies to the simulated device; on cuda the kernels run on the GPU"
+                        .into(),
+                );
+            }
+            let driver = CudaDriver::new(0).map_err(|e| format!("--device cuda: {e}"))?;
+            Ok(Device::Cuda {
+                driver: Arc::new(driver),
+                vram,
+            })
+        } else {
+            if a.device == DeviceArg::Auto {
+                tracing::info!("no usable CUDA device: running on the simulated device");
+            }
+            let backed = a.compute == Some(ComputeArg::Cpu);
+            Ok(Device::Sim {
+                vram: vram.unwrap_or((12.0 * GIB) as usize),
+                backed,
+            })
+        }
+    }
+
+    /// A fresh driver for one run (the simulated card starts empty every time).
+    pub fn driver(&self) -> Arc<dyn Driver> {
+        match self {
+            Device::Sim { vram, backed } => Arc::new(SimDevice::new(
+                SimConfig::gib(*vram as f64 / GIB)
+                    .backed(*backed)
+                    .record_calls(false),
+            )),
+            Device::Cuda {
+                driver,
+                vram: Some(v),
+            } => Arc::new(LimitedDriver::new(driver.clone(), *v)),
+            Device::Cuda { driver, vram: None } => driver.clone(),
+        }
+    }
+
+    pub fn executor(&self, m: &ModelShape, kv: KvType) -> Result<Box<dyn Executor>, RuntimeError> {
+        Ok(match self {
+            Device::Sim { backed: false, .. } => Box::new(DryRun),
+            Device::Sim { backed: true, .. } => Box::new(CpuExecutor::new(m.clone(), kv)),
+            Device::Cuda { driver, .. } => {
+                Box::new(CudaExecutor::new(m.clone(), kv, driver.context().clone())?)
+            }
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Device::Sim { vram, backed } => format!(
+                "simulated {:.1} GiB card, {} executor",
+                *vram as f64 / GIB,
+                if *backed { "cpu" } else { "dry-run" }
+            ),
+            Device::Cuda { driver, vram } => match vram {
+                Some(v) => format!(
+                    "{} limited to {:.1} GiB, cuda executor",
+                    driver.name(),
+                    *v as f64 / GIB
+                ),
+                None => format!("{}, cuda executor", driver.name()),
+            },
+        }
+    }
+
+    pub fn card_bytes(&self) -> Option<usize> {
+        match self {
+            Device::Sim { vram, .. } => Some(*vram),
+            Device::Cuda { vram, .. } => *vram,
+        }
+    }
+
+    pub fn executor_name(&self) -> &'static str {
+        match self {
+            Device::Sim { backed: false, .. } => "dry-run",
+            Device::Sim { backed: true, .. } => "cpu",
+            Device::Cuda { .. } => "cuda",
+        }
+    }
+}
+
+pub fn gib_bytes(g: f64) -> Result<usize, String> {
+    if g.is_finite() && g > 0.0 && g < 1e6 {
+        Ok((g * GIB) as usize)
+    } else {
+        Err(format!(
+            "{g} GiB is not a usable size: give a positive number of GiB"
+        ))
+    }
+}
+
+pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
+    let mut m = ModelShape::preset(&a.model).map_err(|e| e.to_string())?;
+    let custom = a.n_layer.is_some()
+        || a.n_embd.is_some()
+        || a.n_head.is_some()
+        || a.n_head_kv.is_some()
+        || a.head_dim_k.is_some()
+        || a.head_dim_v.is_some()
+        || a.n_ff.is_some()
+        || a.v_is_k;
+    m.n_layer = a.n_layer.unwrap_or(m.n_layer);
+    m.n_embd = a.n_embd.unwrap_or(m.n_embd);
+    m.n_head = a.n_head.unwrap_or(m.n_head);
+    m.n_head_kv = a.n_head_kv.unwrap_or(m.n_head_kv);
+    m.head_dim_k = a.head_dim_k.unwrap_or(m.head_dim_k);
+    m.head_dim_v = a.head_dim_v.unwrap_or(m.head_dim_v);
+    m.n_ff = a.n_ff.unwrap_or(m.n_ff);
+    m.v_is_k |= a.v_is_k;
+    if custom {
+        m.name = format!("{} (custom)", m.name);
+    }
+    m.validate(kv_type(a.kv_type)).map_err(|e| e.to_string())?;
+    Ok(m)
+}
+
+pub fn kv_type(k: KvArg) -> KvType {
+    match k {
+        KvArg::F16 => KvType::F16,
+        KvArg::Q8_0 => KvType::Q8_0,
+    }
+}
+
+pub fn pool_kind(p: PoolArg) -> PoolKind {
+    match p {
+        PoolArg::Vmm => PoolKind::Vmm,
+        PoolArg::Legacy => PoolKind::Legacy,
+        PoolArg::Managed => PoolKind::Managed,
+    }
+}
+
+pub fn purge_policy(p: PurgeArg) -> PurgePolicy {
+    match p {
+        PurgeArg::Never => PurgePolicy::Never,
+        PurgeArg::Always => PurgePolicy::Always,
+        PurgeArg::Auto => PurgePolicy::Auto,
+    }
+}
+
+pub fn budget_mode(b: BudgetArg) -> BudgetMode {
+    match b {
+        BudgetArg::Ggml => BudgetMode::Ggml,
+        BudgetArg::Planned => BudgetMode::Planned,
+    }
+}
+
+/// The base configuration from the arguments (pool settings filled in by the caller).
+pub fn run_config(a: &RunArgs, m: &ModelShape) -> Result<RunConfig, String> {
+    let mut c = RunConfig::new(m.clone(), a.ctx);
+    c.kv_type = kv_type(a.kv_type);
+    c.n_batch = a.batch;
+    c.n_ubatch = a.ubatch;
+    c.weights_bytes = match a.weights {
+        Some(g) => gib_bytes(g)?,
+        None if a.model == "phi3-mini" => SCENARIO_WEIGHTS as usize,
+        None => m.weights_bytes,
+    };
+    c.purge = purge_policy(a.purge);
+    c.budget = budget_mode(a.budget);
+    c.validate().map_err(|e| e.to_string())?;
+    if let Some(v) = a.vram {
+        gib_bytes(v)?;
+    }
+    if a.prompt == 0 || a.prompt > a.ctx {
+        return Err(format!(
+            "--prompt {} must be between 1 and --ctx {}",
+            a.prompt, a.ctx
+        ));
+    }
+    Ok(c)
+}
+
+/// Startup bytes outside the pool: weights, KV cache, compute buffer.
+pub fn static_bytes(c: &RunConfig) -> (usize, usize, usize) {
+    let m = &c.model;
+    (
+        c.weights_bytes.max(WeightLayout::new(m).bytes),
+        KvLayout::new(m, c.kv_type, c.n_ctx).bytes,
+        ComputeLayout::new(m, c.n_ubatch).bytes,
+    )
+}
+
+/// One configuration's outcome.
+pub struct Outcome {
+    pub label: String,
+    pub config: RunConfig,
+    pub report: Result<RunReport, String>,
+    pub trace: Option<String>,
+}
+
+/// Runs one configuration on a fresh driver.
+pub fn run_one(
+    dev: &Device,
+    cfg: RunConfig,
+    prompt: usize,
+    progress: Option<&indicatif::ProgressBar>,
+) -> Outcome {
+    let label = label(&cfg);
+    let run = || -> Result<(RunReport, Option<String>), RuntimeError> {
+        let exec = dev.executor(&cfg.model, cfg.kv_type)?;
+        let mut rt = Runtime::new(dev.driver(), cfg.clone(), exec)?;
+        if let Some(pb) = progress {
+            let pb = pb.clone();
+            pb.set_position(0);
+            pb.set_message(label.clone());
+            rt.set_observer(move |row| pb.inc(row.n_tokens as u64));
+        }
+        let report = rt.prefill(prompt)?;
+        let trace = rt.recorder().map(|r| r.to_jsonl());
+        Ok((report, trace))
+    };
+    match run() {
+        Ok((report, trace)) => Outcome {
+            label,
+            config: cfg,
+            report: Ok(report),
+            trace,
+        },
+        Err(e) => Outcome {
+            label,
+            config: cfg,
+            report: Err(e.to_string()),
+            trace: None,
+        },
+    }
+}
+
+pub fn label(c: &RunConfig) -> String {
+    let kind = c.pool.kind.map_or("auto", |k| k.name());
+    let mut l = format!("{kind}/{}", c.purge.name());
+    if c.budget == BudgetMode::Planned {
+        l.push_str("+planned");
+    }
+    if c.pool.fallback_managed {
+        l.push_str("+fallback");
+    }
+    l
+}
+
+/// The comparison's configurations.
+pub fn comparison(base: &RunConfig) -> Vec<RunConfig> {
+    let mk = |kind: PoolKind, purge: PurgePolicy, budget: BudgetMode| {
+        let mut c = base.clone();
+        c.pool = PoolConfig::default().kind(kind);
+        c.purge = purge;
+        c.budget = budget;
+        c
+    };
+    vec![
+        mk(PoolKind::Legacy, PurgePolicy::Never, BudgetMode::Ggml),
+        mk(PoolKind::Legacy, PurgePolicy::Always, BudgetMode::Ggml),
+        mk(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml),
+        mk(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Ggml),
+        mk(PoolKind::Managed, PurgePolicy::Never, BudgetMode::Ggml),
+        mk(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Planned),
+    ]
+}

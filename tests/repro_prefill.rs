@@ -1,0 +1,314 @@
+//! The repro-prefill binary, end to end on the simulated device.
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_repro-prefill"));
+    c.env_remove("GGML_POOL")
+        .env_remove("GGML_CUDA_NO_VMM")
+        .env_remove("GGML_CUDA_POOL_USE_MANAGED")
+        .env_remove("GGML_CUDA_ALLOC_FALLBACK_MANAGED");
+    c.env("RUST_LOG", "off");
+    c
+}
+
+fn json(args: &[&str]) -> (Value, i32) {
+    let out = bin()
+        .args(args)
+        .args(["--device", "sim", "--format", "json"])
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    (v, out.status.code().unwrap())
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cupool-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn default_comparison_shows_the_oom_and_its_fixes() {
+    let plot = tmp("timeline.svg");
+    let (v, code) = json(&["--plot", plot.to_str().unwrap()]);
+    assert_eq!(code, 0, "a comparison that ran exits 0");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 6);
+    let by = |label: &str| {
+        runs.iter()
+            .find(|r| r["label"] == label)
+            .unwrap_or_else(|| panic!("{label}"))
+    };
+    let never = by("legacy/never");
+    assert_eq!(never["completed"], false);
+    let at = never["oom_at_token"].as_u64().unwrap();
+    assert!(at > 0 && at < 20000);
+    for label in [
+        "legacy/always",
+        "legacy/auto",
+        "vmm/never",
+        "managed/never",
+        "vmm/never+planned",
+    ] {
+        assert_eq!(by(label)["completed"], true, "{label}");
+        let ub = by(label)["ubatches"].as_array().unwrap();
+        assert_eq!(ub.len(), 40);
+        for key in [
+            "index",
+            "n_tokens",
+            "n_kv",
+            "live_peak_bytes",
+            "reserved_bytes",
+            "cached_bytes",
+            "device_used_bytes",
+            "seconds",
+        ] {
+            assert!(!ub[0][key].is_null(), "{key}");
+        }
+    }
+    for key in [
+        "pool",
+        "purge",
+        "budget_mode",
+        "peak_live_bytes",
+        "peak_reserved_bytes",
+        "budget_bytes",
+        "budget_warnings",
+        "driver_mallocs",
+        "driver_frees",
+    ] {
+        assert!(!by("vmm/never")[key].is_null(), "{key}");
+    }
+    assert_eq!(by("vmm/never+planned")["budget_warnings"], 0);
+    assert_eq!(v["scenario"]["vram_bytes"], 12u64 << 30);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("legacy/never") && svg.contains("card"),
+        "an SVG with the configurations"
+    );
+}
+
+#[test]
+fn plan_equals_what_the_run_measures() {
+    for (pool, purge) in [
+        ("vmm", "never"),
+        ("legacy", "never"),
+        ("legacy", "always"),
+        ("legacy", "auto"),
+        ("managed", "never"),
+    ] {
+        for model in ["llama3-8b", "qwen3-30b-a3b"] {
+            let args = [
+                "--model", model, "--ctx", "16384", "--prompt", "12000", "--vram", "200", "--pool",
+                pool, "--purge", purge,
+            ];
+            let (p, code) = json(&[&["plan"][..], &args[..]].concat());
+            assert_eq!(code, 0);
+            let (r, code) = json(&args);
+            assert_eq!(code, 0, "{model} {pool}/{purge} completes on 200 GiB");
+            assert_eq!(
+                p["pool_peak_reserved_bytes"], r["runs"][0]["peak_reserved_bytes"],
+                "{model} {pool}/{purge}"
+            );
+            assert_eq!(p["fits"], true);
+            for key in [
+                "kv_bytes",
+                "compute_bytes",
+                "weights_bytes",
+                "total_bytes",
+                "device_bytes",
+                "max_ctx_that_fits",
+            ] {
+                assert!(!p[key].is_null(), "{key}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_single_run_that_runs_out_exits_3() {
+    let (v, code) = json(&["--pool", "legacy"]);
+    assert_eq!(code, 3);
+    assert_eq!(v["runs"][0]["completed"], false);
+    assert!(v["runs"][0]["oom_report"]
+        .as_str()
+        .unwrap()
+        .contains("stranded"));
+    let (_, code) = json(&["--pool", "legacy", "--purge", "auto"]);
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn replay_of_a_recorded_trace_reproduces_the_run() {
+    for (pool, purge) in [
+        ("legacy", "never"),
+        ("legacy", "auto"),
+        ("legacy", "always"),
+        ("vmm", "never"),
+    ] {
+        let trace = tmp(&format!("trace-{pool}-{purge}.jsonl"));
+        let (r, _) = json(&[
+            "--pool",
+            pool,
+            "--purge",
+            purge,
+            "--vram",
+            "64",
+            "--trace",
+            trace.to_str().unwrap(),
+        ]);
+        let out = bin()
+            .args([
+                "replay",
+                trace.to_str().unwrap(),
+                "--pool",
+                pool,
+                "--purge",
+                purge,
+                "--format",
+                "json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            rep["peak_reserved_bytes"], r["runs"][0]["peak_reserved_bytes"],
+            "{pool}/{purge}"
+        );
+        assert_eq!(
+            rep["peak_live_bytes"], r["runs"][0]["peak_live_bytes"],
+            "{pool}/{purge}"
+        );
+        assert_eq!(rep["ooms"], 0);
+        let calls = rep["driver_mallocs"].as_u64().unwrap() + rep["driver_maps"].as_u64().unwrap();
+        assert_eq!(
+            calls,
+            r["runs"][0]["driver_mallocs"].as_u64().unwrap(),
+            "{pool}/{purge}"
+        );
+    }
+}
+
+#[test]
+fn hand_written_trace_and_its_errors() {
+    let good = tmp("hand.jsonl");
+    std::fs::write(&good, "# a comment\n{\"op\":\"phase_begin\",\"name\":\"ubatch 0\"}\n{\"op\":\"alloc\",\"id\":1,\"size\":1048576}\n{\"op\":\"alloc\",\"id\":2,\"size\":4096,\"stream\":1}\n{\"op\":\"free\",\"id\":2}\n{\"op\":\"free\",\"id\":1}\n{\"op\":\"phase_end\",\"name\":\"ubatch 0\",\"prefill\":true}\n{\"op\":\"sync\"}\n").unwrap();
+    let out = bin()
+        .args([
+            "replay",
+            good.to_str().unwrap(),
+            "--pool",
+            "legacy",
+            "--purge",
+            "always",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["peak_live_bytes"], 1048576 + 4096);
+    assert_eq!(
+        v["end_reserved_bytes"], 0,
+        "purged at the prefill phase end"
+    );
+    assert_eq!(v["driver_mallocs"], 2);
+
+    for (text, expect) in [
+        (
+            "{\"op\":\"alloc\",\"id\":1}\n",
+            "line 1: \"alloc\" needs a non-negative integer \"size\"",
+        ),
+        ("\n\n{\"op\":\"grow\"}\n", "line 3: unknown op \"grow\""),
+        ("not json\n", "line 1: not JSON"),
+        ("[1,2]\n", "line 1: expected a JSON object"),
+        (
+            "{\"op\":\"free\",\"id\":9}\n",
+            "free of id 9, which is not live",
+        ),
+        (
+            "{\"op\":\"phase_end\",\"name\":\"x\",\"prefill\":\"yes\"}\n",
+            "\"prefill\" must be true or false",
+        ),
+    ] {
+        let bad = tmp("bad.jsonl");
+        std::fs::write(&bad, text).unwrap();
+        let out = bin()
+            .args(["replay", bad.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{text:?}: {err}");
+    }
+}
+
+#[test]
+fn bad_values_are_clear_errors() {
+    for (args, expect) in [
+        (vec!["--pool", "bogus"], "invalid value 'bogus'"),
+        (vec!["--model", "gpt5"], "accepted presets are phi3-mini"),
+        (vec!["--n-head", "0"], "n_head is 0"),
+        (vec!["--n-head-kv", "7"], "not a multiple of n_head_kv"),
+        (vec!["--ubatch", "4096"], "larger than batch"),
+        (vec!["--prompt", "30000"], "must be between 1 and --ctx"),
+        (vec!["--vram=-3"], "not a usable size"),
+    ] {
+        let out = bin()
+            .args(&args)
+            .args(["--device", "sim"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    let out = bin()
+        .env("GGML_POOL", "bogus")
+        .args(["--device", "sim"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("GGML_POOL=\"bogus\" is not valid: accepted values are vmm, legacy, managed"));
+}
+
+#[test]
+fn help_documents_every_option() {
+    let out = bin().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for opt in [
+        "--device",
+        "--compute",
+        "--model",
+        "--n-layer",
+        "--kv-type",
+        "--ctx",
+        "--prompt",
+        "--batch",
+        "--ubatch",
+        "--weights",
+        "--vram",
+        "--pool",
+        "--purge",
+        "--budget",
+        "--fallback-managed",
+        "--format",
+        "--plot",
+        "--trace",
+        "--quiet",
+        "plan",
+        "replay",
+    ] {
+        assert!(help.contains(opt), "{opt} missing from --help");
+    }
+}
