@@ -7,13 +7,15 @@ rm -rf .bundle && mkdir -p .bundle
 { cargo test --release --workspace --no-run --message-format=json 2>/dev/null
   cargo bench --workspace --no-run --message-format=json 2>/dev/null; } \
   | python3 -c '
-import json, sys, shutil
+import json, os, sys, shutil
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] in (["test"], ["lib"], ["bench"]):
         kind = m["target"]["kind"][0]
         prefix = "bench-" if kind == "bench" else "test-"
-        name = m["target"]["name"] + ("-lib" if kind == "lib" else "")
+        crate = os.path.basename(os.path.dirname(m["manifest_path"])) or "cupool"
+        crate = "cupool" if crate == os.path.basename(os.getcwd()) else crate
+        name = crate + "-" + m["target"]["name"] + ("-lib" if kind == "lib" else "")
         shutil.copy(m["executable"], ".bundle/" + prefix + name)
 '
 for bin in $(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(" ".join(t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if t["kind"]==["bin"]))'); do

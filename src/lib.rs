@@ -15,3 +15,8 @@ pub use cupool_runtime as runtime;
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The runtime guide's example, compiled and run as a test.
+#[doc = include_str!("../docs/runtime.md")]
+#[cfg(doctest)]
+pub struct RuntimeDocDoctests;
