@@ -28,6 +28,7 @@
 pub mod adaptors;
 mod block;
 mod buffer;
+pub mod check;
 pub mod config;
 pub mod driver;
 mod error;

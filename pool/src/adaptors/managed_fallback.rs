@@ -20,6 +20,8 @@ struct Counters {
     fallbacks: u64,
     live_bytes: usize,
     frees: u64,
+    /// Managed blocks the driver refused to free: (pointer, size), retried later.
+    pending: Vec<(u64, usize)>,
 }
 
 /// See the module docs.
@@ -45,6 +47,13 @@ impl ManagedFallback {
     /// The wrapped pool.
     pub fn inner(&self) -> &Arc<dyn Pool> {
         &self.inner
+    }
+
+    /// Retries frees the driver refused earlier.
+    fn retry_pending(&self) {
+        let mut c = self.counters.lock();
+        let driver = self.inner.driver();
+        c.pending.retain(|&(ptr, _)| driver.free_managed(ptr).is_err());
     }
 
     #[cold]
@@ -81,6 +90,16 @@ impl ManagedFallback {
                 tracing::warn!(error = %e, "managed fallback failed too");
                 Err(original)
             }
+        }
+    }
+}
+
+impl Drop for ManagedFallback {
+    fn drop(&mut self) {
+        self.retry_pending();
+        let c = self.counters.get_mut();
+        if !c.pending.is_empty() {
+            tracing::error!(blocks = c.pending.len(), "managed fallback blocks could not be freed");
         }
     }
 }
@@ -132,6 +151,7 @@ impl Pool for ManagedFallback {
     }
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
+        self.retry_pending();
         self.inner.purge(token, what)
     }
 

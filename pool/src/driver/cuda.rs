@@ -249,9 +249,21 @@ impl Driver for CudaDriver {
             .result()
             .map_err(|e| cuda_err(CallKind::Unmap, e, format!("{bytes} bytes at {at:#x}")))?;
         // SAFETY: the handle's only mapping is gone.
-        unsafe { sys::cuMemRelease(handle.0) }
-            .result()
-            .map_err(|e| cuda_err(CallKind::Release, e, format!("handle of {bytes} bytes")))
+        if let Err(e) = unsafe { sys::cuMemRelease(handle.0) }.result() {
+            // Keep the contract that a failed unmap leaves the range mapped: map the handle back.
+            let access = sys::CUmemAccessDesc {
+                location: self.prop().location,
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: the range is ours, reserved and now unmapped; the handle is still alive.
+            let restored = unsafe {
+                sys::cuMemMap(at, bytes, 0, handle.0, 0).result().is_ok()
+                    && sys::cuMemSetAccess(at, bytes, &access, 1).result().is_ok()
+            };
+            let detail = if restored { "mapping restored" } else { "could not restore the mapping: the handle leaks" };
+            return Err(cuda_err(CallKind::Release, e, format!("handle of {bytes} bytes; {detail}")));
+        }
+        Ok(())
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {

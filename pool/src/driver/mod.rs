@@ -100,7 +100,8 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// readable and writable by the device. A failure in any step undoes the earlier steps.
     fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError>;
 
-    /// Unmaps a range mapped by [`Driver::map`] and releases its physical memory.
+    /// Unmaps a range mapped by [`Driver::map`] and releases its physical memory. On error the
+    /// range is still mapped and may be unmapped again later.
     fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError>;
 
     /// Waits until all work queued on the device has finished (cuCtxSynchronize).

@@ -762,23 +762,18 @@ impl Driver for SimDevice {
         match s.mappings.get(&at).copied() {
             Some(m) if m.bytes == bytes && m.handle == handle.0 => {}
             _ => {
-                let e = self.fail_invalid(
-                    CallKind::Unmap,
-                    format!(
-                        "no mapping of {bytes} bytes with handle {} at {at:#x}",
-                        handle.0
-                    ),
-                );
+                let e = self.fail_invalid(CallKind::Unmap, format!("no mapping of {bytes} bytes with handle {} at {at:#x}", handle.0));
                 return Err(self.fail(&mut s, e));
             }
         }
+        // cuMemRelease. A failure leaves the mapping in place, as the CUDA driver does by
+        // mapping the handle again (see `Driver::unmap`).
+        self.enter(&mut s, CallKind::Release, bytes)?;
         if self.config.backed {
             // SAFETY: exactly a live mapping of ours; the caller no longer uses it.
             unsafe { host::decommit(at as *mut u8, bytes) };
         }
         s.mappings.remove(&at);
-        // cuMemRelease: only now is the physical memory gone.
-        self.enter(&mut s, CallKind::Release, bytes)?;
         s.device_used -= bytes;
         Ok(())
     }

@@ -1,0 +1,311 @@
+//! A checker for pool operation sequences, shared by the property tests and the fuzz targets,
+//! and usable to test a pool configuration of your own.
+//!
+//! [`run`] drives a sequence of [`Op`]s through two pools (two streams) of one flavour on a small
+//! simulated card, writing a tag into every block and checking after every step that live
+//! blocks never overlap, are aligned, lie inside memory the driver handed out and keep their
+//! tags; that the stats equal a recount; that a failed allocation changes nothing; and, once the
+//! pools are dropped, that the device's ledger is empty. It returns the first violation.
+
+use crate::adaptors::ManagedFallback;
+use crate::driver::limit::LimitedDriver;
+use crate::driver::sim::{SimConfig, SimDevice};
+use crate::driver::{CallKind, Driver, ErrorCode};
+use crate::pools::legacy::{LegacyConfig, LegacyPool};
+use crate::pools::managed::{managed_pool, ManagedConfig};
+use crate::pools::vmm::{VmmConfig, VmmPool};
+use crate::{synchronize, Block, Pool, PoolError, Purge};
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+/// A pool configuration to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// VMM, growing by the granularity.
+    Vmm,
+    /// VMM with an 8 MiB minimum grow.
+    VmmAmortised,
+    /// ggml's legacy policy.
+    Legacy,
+    /// Legacy with 3 slots (frequent driver frees) and flush-and-retry.
+    LegacyFewSlotsRetry,
+    /// The managed pool.
+    Managed,
+    /// VMM under a 24 MiB limit with the managed fallback.
+    FallbackOverVmm,
+}
+
+/// Every flavour.
+pub const FLAVORS: [Flavor; 6] =
+    [Flavor::Vmm, Flavor::VmmAmortised, Flavor::Legacy, Flavor::LegacyFewSlotsRetry, Flavor::Managed, Flavor::FallbackOverVmm];
+
+/// Builds a pool of `flavor` on `dev`.
+pub fn build(flavor: Flavor, dev: &Arc<SimDevice>) -> Arc<dyn Pool> {
+    let d: Arc<dyn Driver> = dev.clone();
+    match flavor {
+        Flavor::Vmm => Arc::new(VmmPool::with_config(d, VmmConfig { reserve_bytes: None, min_grow: 0 })),
+        Flavor::VmmAmortised => Arc::new(VmmPool::with_config(d, VmmConfig { reserve_bytes: None, min_grow: 8 * MIB })),
+        Flavor::Legacy => Arc::new(LegacyPool::new(d)),
+        Flavor::LegacyFewSlotsRetry => {
+            Arc::new(LegacyPool::with_config(d, LegacyConfig { slots: 3, flush_and_retry: true, ..LegacyConfig::default() }))
+        }
+        Flavor::Managed => Arc::new(managed_pool(d, ManagedConfig::default())),
+        Flavor::FallbackOverVmm => {
+            let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(d, 24 * MIB));
+            Arc::new(ManagedFallback::new(Arc::new(VmmPool::with_config(limited, VmmConfig::default())), false))
+        }
+    }
+}
+
+/// One step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Allocate this many bytes on the current stream.
+    Alloc(usize),
+    /// Free the live block at this index (modulo the count).
+    Free(usize),
+    /// Synchronize and purge everything.
+    PurgeAll,
+    /// Synchronize and purge cached buffers smaller than this.
+    PurgeSmaller(usize),
+    /// Synchronize and keep only what these requests would reuse.
+    PurgeKeepFor(Vec<usize>),
+    /// Synchronize the device.
+    Sync,
+    /// End the open phase (checking it) and begin another.
+    Phase,
+    /// Switch to stream 0 or 1.
+    Stream(u8),
+    /// Arm a fault on a driver call (only when faults are enabled).
+    Fault(u8),
+}
+
+/// Decodes fuzz input into operations: one opcode byte, then its operands.
+pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let mut i = 0;
+    let take = |n: usize, i: &mut usize| -> u64 {
+        let mut v = 0u64;
+        for k in 0..n {
+            v |= (*data.get(*i + k).unwrap_or(&0) as u64) << (8 * k);
+        }
+        *i += n;
+        v
+    };
+    while i < data.len() && ops.len() < 4096 {
+        let code = data[i];
+        i += 1;
+        let op = match code % 10 {
+            0..=2 => {
+                // Sizes from 0 to beyond any card, biased to the interesting range.
+                let raw = take(4, &mut i);
+                Op::Alloc(match code / 10 % 4 {
+                    0 => (raw % 4096) as usize,
+                    1 => (raw % (16 * MIB as u64)) as usize,
+                    2 => raw as usize,
+                    _ => (raw as usize) << 16,
+                })
+            }
+            3 | 4 => Op::Free(take(2, &mut i) as usize),
+            5 => Op::PurgeAll,
+            6 => Op::PurgeSmaller((take(3, &mut i) as usize) * 64),
+            7 => {
+                let n = (take(1, &mut i) % 5) as usize;
+                Op::PurgeKeepFor((0..n).map(|_| (take(3, &mut i) as usize) * 16).collect())
+            }
+            8 => match code / 10 % 3 {
+                0 => Op::Sync,
+                1 => Op::Phase,
+                _ => Op::Stream((take(1, &mut i) % 2) as u8),
+            },
+            _ => Op::Fault(take(1, &mut i) as u8),
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+/// The driver calls a fault can be armed on.
+pub const FAULT_KINDS: [CallKind; 13] = [
+    CallKind::Malloc,
+    CallKind::Free,
+    CallKind::MallocManaged,
+    CallKind::FreeManaged,
+    CallKind::Reserve,
+    CallKind::Create,
+    CallKind::Map,
+    CallKind::SetAccess,
+    CallKind::Unmap,
+    CallKind::Release,
+    CallKind::Synchronize,
+    CallKind::MemInfo,
+    CallKind::Granularity,
+];
+
+struct Live {
+    block: Block,
+    stream: usize,
+    tag: u8,
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+fn stamp(dev: &SimDevice, b: &Block, tag: u8) -> Result<(), String> {
+    let n = b.size().min(64);
+    dev.write(b.ptr(), &vec![tag; n]).map_err(|e| e.to_string())?;
+    if b.size() > 64 {
+        dev.write(b.ptr() + (b.size() - 64) as u64, &[tag; 64]).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn check_stamp(dev: &SimDevice, b: &Block, tag: u8) -> Result<(), String> {
+    let n = b.size().min(64);
+    let ok = dev.read(b.ptr(), n).map_err(|e| e.to_string())?.iter().all(|&x| x == tag)
+        && (b.size() <= 64 || dev.read(b.ptr() + (b.size() - 64) as u64, 64).map_err(|e| e.to_string())?.iter().all(|&x| x == tag));
+    ensure!(ok, "block {:#x} ({} bytes) was overwritten while live", b.ptr(), b.size());
+    Ok(())
+}
+
+fn invariants(flavor: Flavor, dev: &SimDevice, pools: &[Arc<dyn Pool>; 2], live: &[Live], faults: bool) -> Result<(), String> {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut reserved = 0;
+    let mut fallback_total = 0;
+    for (s, pool) in pools.iter().enumerate() {
+        let st = pool.stats();
+        let (mut bytes, mut blocks, mut fallback) = (0usize, 0usize, 0usize);
+        for l in live.iter().filter(|l| l.stream == s) {
+            let b = &l.block;
+            ensure!(b.capacity() >= b.size(), "{flavor:?}: capacity below size");
+            ensure!(dev.contains(b.ptr(), b.capacity()), "{flavor:?}: block {:#x} outside live device memory", b.ptr());
+            if b.is_managed_fallback() {
+                fallback += b.size();
+            } else {
+                ensure!(b.ptr() % pool.alignment() as u64 == 0, "{flavor:?}: block {:#x} misaligned", b.ptr());
+                bytes += b.size();
+                blocks += 1;
+            }
+            ranges.push((b.ptr(), b.ptr() + b.capacity() as u64));
+        }
+        ensure!(st.live_bytes == bytes, "{flavor:?} stream {s}: live bytes {} but a recount gives {bytes}", st.live_bytes);
+        ensure!(st.live_blocks == blocks, "{flavor:?} stream {s}: live blocks {} but a recount gives {blocks}", st.live_blocks);
+        ensure!(st.fallback_live_bytes == fallback, "{flavor:?} stream {s}: fallback bytes differ from a recount");
+        ensure!(st.live_peak_bytes >= st.live_bytes && st.reserved_peak_bytes >= st.reserved_bytes, "{flavor:?}: a peak below its current value");
+        ensure!(st.cached_bytes <= st.reserved_bytes, "{flavor:?}: cached above reserved");
+        reserved += st.reserved_bytes;
+        fallback_total += fallback;
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        ensure!(w[0].1 <= w[1].0, "{flavor:?}: live blocks {:#x} and {:#x} overlap", w[0].0, w[1].0);
+    }
+    let ledger = dev.ledger();
+    let held = if flavor == Flavor::Managed { ledger.managed_bytes } else { ledger.device_bytes };
+    ensure!(reserved == held, "{flavor:?}: the pools reserve {reserved} bytes but the driver holds {held} for them");
+    let managed_other = if flavor == Flavor::Managed { 0 } else { ledger.managed_bytes };
+    // Under faults a refused managed free is kept for a retry, so the driver may hold more.
+    let consistent = if faults { managed_other >= fallback_total } else { managed_other == fallback_total };
+    ensure!(consistent, "{flavor:?}: managed memory {managed_other} differs from the live fallback blocks {fallback_total}");
+    Ok(())
+}
+
+/// Runs `ops` on two pools of `flavor`; `faults` lets [`Op::Fault`] arm driver faults.
+pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
+    let dev = Arc::new(SimDevice::new(SimConfig::gib(64.0 / 1024.0).record_calls(false)));
+    let pools = [build(flavor, &dev), build(flavor, &dev)];
+    let mut live: Vec<Live> = Vec::new();
+    let mut tag = 0u8;
+    let mut stream = 0usize;
+    for op in ops {
+        match op {
+            Op::Alloc(n) => {
+                let pool = &pools[stream];
+                let before = pool.stats();
+                match pool.alloc(*n) {
+                    Ok(block) => {
+                        tag = tag.wrapping_add(1);
+                        stamp(&dev, &block, tag)?;
+                        live.push(Live { block, stream, tag });
+                    }
+                    Err(e) => {
+                        let expected = matches!(e, PoolError::OutOfMemory(_) | PoolError::InvalidSize { .. }) || (faults && matches!(e, PoolError::Driver(_)));
+                        ensure!(expected, "{flavor:?}: unexpected error {e}");
+                        ensure!(!e.to_string().is_empty(), "an error must say what failed");
+                        let after = pool.stats();
+                        ensure!(after.live_bytes == before.live_bytes && after.live_blocks == before.live_blocks, "{flavor:?}: a failed allocation changed the live state");
+                    }
+                }
+            }
+            Op::Free(k) if !live.is_empty() => {
+                let l = live.swap_remove(k % live.len());
+                check_stamp(&dev, &l.block, l.tag)?;
+                if let Err(e) = pools[l.stream].free(l.block) {
+                    ensure!(faults, "{flavor:?}: free refused: {e}");
+                    live.push(Live { block: e.block, stream: l.stream, tag: l.tag });
+                }
+            }
+            Op::Free(_) => {}
+            Op::PurgeAll | Op::PurgeSmaller(_) | Op::PurgeKeepFor(_) => {
+                let what = match op {
+                    Op::PurgeAll => Purge::All,
+                    Op::PurgeSmaller(n) => Purge::SmallerThan(*n),
+                    Op::PurgeKeepFor(r) => Purge::KeepFor(r.clone()),
+                    _ => unreachable!("matched above"),
+                };
+                if let Ok(token) = synchronize(dev.as_ref()) {
+                    for pool in &pools {
+                        let promised = pool.releasable(&what);
+                        let r = pool.purge(&token, what.clone());
+                        ensure!(faults || r.is_ok(), "{flavor:?}: purge failed: {r:?}");
+                        if let (Ok(r), false) = (&r, faults) {
+                            ensure!(r.bytes <= promised, "{flavor:?}: purge released {} bytes, more than the {promised} it said it would", r.bytes);
+                        }
+                    }
+                }
+            }
+            Op::Sync => {
+                let _ = synchronize(dev.as_ref());
+            }
+            Op::Phase => {
+                for pool in &pools {
+                    if let Some(p) = pool.end_phase() {
+                        ensure!(p.live_peak_bytes >= p.live_end_bytes && p.reserved_peak_bytes >= p.reserved_end_bytes, "{flavor:?}: phase peak below its end");
+                    }
+                    pool.begin_phase("p");
+                }
+            }
+            Op::Stream(s) => stream = *s as usize % 2,
+            Op::Fault(x) if faults => {
+                dev.fail_nth(FAULT_KINDS[*x as usize % FAULT_KINDS.len()], 1 + (*x as u64 / 64), ErrorCode::Injected);
+            }
+            Op::Fault(_) => {}
+        }
+        invariants(flavor, &dev, &pools, &live, faults)?;
+    }
+    dev.clear_faults();
+    for l in live.drain(..) {
+        check_stamp(&dev, &l.block, l.tag)?;
+        pools[l.stream].free(l.block).map_err(|e| format!("{flavor:?}: final free: {e}"))?;
+    }
+    if matches!(flavor, Flavor::Vmm | Flavor::VmmAmortised) {
+        // Everything is free: the whole mapped range must be one reusable run, with no growth.
+        for pool in &pools {
+            let s = pool.stats();
+            if s.reserved_bytes > 0 {
+                let all = pool.alloc(s.reserved_bytes).map_err(|e| format!("{flavor:?}: the free mapped range is not reusable: {e}"))?;
+                ensure!(pool.stats().calls.maps == s.calls.maps, "{flavor:?}: space was lost below the top");
+                pool.free(all).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    drop(pools);
+    ensure!(dev.ledger().is_empty(), "{flavor:?}: leaked {:?}", dev.ledger());
+    Ok(())
+}
