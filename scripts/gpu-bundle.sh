@@ -18,6 +18,15 @@ for line in sys.stdin:
         name = crate + "-" + m["target"]["name"] + ("-lib" if kind == "lib" else "")
         shutil.copy(m["executable"], ".bundle/" + prefix + name)
 '
+# The pool's GPU test once more with the poison feature (use-after-free detection).
+cargo test --release -p cupool-pool --features poison --test gpu --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".bundle/test-pool-gpu-poison")
+'
 for bin in $(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(" ".join(t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if t["kind"]==["bin"]))'); do
   cargo build --release --bin "$bin" 2>/dev/null && cp "target/release/$bin" .bundle/ || true
 done

@@ -3,13 +3,17 @@
 //! This umbrella crate re-exports the workspace members:
 //! - [`pool`]: the allocator (usable alone as `cupool-pool`);
 //! - [`runtime`]: the compact inference runtime;
-//! - [`kernels`]: the NVRTC kernels and their CPU references.
+//! - [`kernels`]: the NVRTC kernels and their CPU references;
+//! - [`trace`]: allocation traces (parse and replay).
 //!
 //! See the README for the environment variables and an example.
 
 pub use cupool_kernels as kernels;
 pub use cupool_pool as pool;
 pub use cupool_runtime as runtime;
+
+pub mod fuzzing;
+pub mod trace;
 
 /// The README's example, compiled and run as a test (it falls back to the simulated device).
 #[doc = include_str!("../README.md")]

@@ -185,3 +185,30 @@ fn cuda_vmm_trim_returns_memory_to_the_card() {
     let after = drv.mem_info().unwrap().free;
     assert!(after + 4 * MIB >= before, "before {before}, after {after}");
 }
+
+#[cfg(feature = "poison")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn poison_makes_a_use_after_free_fail_on_the_gpu() {
+    let drv = Arc::new(CudaDriver::new(0).unwrap());
+    let k = kernels(&drv);
+    for pool in [Arc::new(VmmPool::new(drv.clone())) as Arc<dyn Pool>, Arc::new(LegacyPool::new(drv.clone()))] {
+        let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
+        let n = 1u64 << 20;
+        let buf = PoolBuffer::<u32>::alloc(&pool, n as usize).unwrap();
+        let tag = 7u32;
+        let mut b = k.stream.launch_builder(&k.fill);
+        b.arg(&buf).arg(&tag).arg(&n);
+        // SAFETY: writes n u32 into a live buffer of that length.
+        unsafe { b.launch(cfg(n as usize)) }.unwrap();
+        let ptr = buf.ptr();
+        drop(buf); // poisoned, stream-ordered after the fill
+        let mut b = k.stream.launch_builder(&k.check);
+        b.arg(&ptr).arg(&tag).arg(&n).arg(&bad);
+        // SAFETY: the deliberate bug: reads freed (but still pool-owned, mapped) memory.
+        unsafe { b.launch(cfg(n as usize)) }.unwrap();
+        let mismatches = k.stream.clone_dtoh(&bad).unwrap()[0];
+        eprintln!("{:?}: {mismatches} of {n} stale reads caught", pool.kind());
+        assert_eq!(mismatches as u64, n, "every stale read must see the poison");
+    }
+}

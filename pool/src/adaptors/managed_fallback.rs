@@ -136,18 +136,15 @@ impl Pool for ManagedFallback {
             return Err(FreeError { error, block });
         }
         // cuMemFree waits for the device, so queued work on this block finishes first.
-        match self.inner.driver().free_managed(block.ptr) {
-            Ok(()) => {
-                let mut c = self.counters.lock();
-                c.live_bytes -= block.size;
-                c.frees += 1;
-                Ok(())
-            }
-            Err(e) => Err(FreeError {
-                error: e.into(),
-                block,
-            }),
+        let result = self.inner.driver().free_managed(block.ptr);
+        let mut c = self.counters.lock();
+        c.live_bytes -= block.size;
+        c.frees += 1;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "driver refused to free a managed fallback block; kept for a later retry");
+            c.pending.push((block.ptr, block.size));
         }
+        Ok(())
     }
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {

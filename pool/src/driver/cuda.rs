@@ -266,6 +266,14 @@ impl Driver for CudaDriver {
         Ok(())
     }
 
+    fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.bind(CallKind::MemInfo)?;
+        // SAFETY: the range is pool memory no user holds; the memset is queued on the legacy
+        // default stream, after the kernels that used the block.
+        unsafe { result::memset_d8_async(ptr, 0xFF, bytes, std::ptr::null_mut()) }
+            .map_err(|e| cuda_err(CallKind::MemInfo, e, format!("poisoning {bytes} bytes at {ptr:#x}")))
+    }
+
     fn synchronize_device(&self) -> Result<(), DriverError> {
         self.ctx
             .synchronize()

@@ -154,6 +154,10 @@ impl Driver for LimitedDriver {
         Ok(())
     }
 
+    fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.inner.poison(ptr, bytes)
+    }
+
     fn synchronize_device(&self) -> Result<(), DriverError> {
         self.inner.synchronize_device()
     }

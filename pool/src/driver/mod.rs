@@ -104,6 +104,14 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// range is still mapped and may be unmapped again later.
     fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError>;
 
+    /// Fills `bytes` at `ptr` with 0xFF (NaN as f32, f16 and bf16), ordered after the work
+    /// already queued on the default stream. Used by the `poison` feature on every free, so a
+    /// kernel that reads freed scratch produces NaN instead of stale, plausible numbers.
+    /// The default does nothing.
+    fn poison(&self, _ptr: DevicePtr, _bytes: usize) -> Result<(), DriverError> {
+        Ok(())
+    }
+
     /// Waits until all work queued on the device has finished (cuCtxSynchronize).
     ///
     /// Use [`crate::sync::synchronize`] instead: it hands out the [`crate::SyncToken`] that

@@ -778,6 +778,20 @@ impl Driver for SimDevice {
         Ok(())
     }
 
+    fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        if !self.config.backed {
+            return Ok(());
+        }
+        let s = self.state.lock();
+        if !Self::contains_locked(&s, ptr, bytes) {
+            return Err(self.fail_invalid(CallKind::MemInfo, format!("poison of {bytes} bytes at {ptr:#x}: not live device memory")));
+        }
+        // SAFETY: the range lies inside live, writable host memory of ours (checked above); the
+        // pool that calls this owns it and no user holds it any more.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xFF, bytes) };
+        Ok(())
+    }
+
     fn synchronize_device(&self) -> Result<(), DriverError> {
         let mut s = self.state.lock();
         self.enter(&mut s, CallKind::Synchronize, 0)

@@ -455,6 +455,10 @@ impl Pool for LegacyPool {
             };
             return Err(FreeError { error, block });
         }
+        #[cfg(feature = "poison")]
+        if let Err(e) = self.driver.poison(block.ptr, block.capacity) {
+            tracing::error!(error = %e, "poisoning a freed block failed");
+        }
         let freed_at = self.driver.epoch().current();
         let mut g = self.inner.lock();
         g.tracker.on_free(block.size, block.capacity);

@@ -304,6 +304,10 @@ impl Pool for VmmPool {
             };
             return Err(FreeError { error, block });
         }
+        #[cfg(feature = "poison")]
+        if let Err(e) = self.driver.poison(block.ptr, block.capacity) {
+            tracing::error!(error = %e, "poisoning a freed block failed");
+        }
         let freed_at = self.driver.epoch().current();
         let mut g = self.inner.lock();
         let off = (block.ptr - g.base) as usize;

@@ -3,8 +3,9 @@
 mod cli;
 mod output;
 mod plot;
-mod replay;
 mod scenario;
+
+use cupool::trace as replay;
 
 use clap::Parser;
 use cli::{Cli, Command, FormatArg, ReplayArgs, RunArgs};

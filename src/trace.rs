@@ -1,12 +1,14 @@
-//! Replaying an allocation trace through a pool on the simulated device.
+//! Allocation traces: parsing the JSON-lines format and replaying it through a pool on the
+//! simulated device.
 //!
-//! Format: one JSON object per line (docs/repro-prefill.md). Blank lines and lines starting
-//! with `#` are skipped.
+//! The format is the one [`cupool_pool::adaptors::Recorder`] writes, one JSON object per line
+//! (docs/repro-prefill.md). Blank lines and lines starting with `#` are skipped. Parsing never
+//! panics: a malformed line is an error that names the line and what was expected.
 
-use cupool::pool::driver::sim::{SimConfig, SimDevice};
-use cupool::pool::driver::Driver;
-use cupool::pool::{synchronize, Block, Pool, PoolConfig, PoolError, PoolKind, Purge};
-use cupool::runtime::PurgePolicy;
+use cupool_pool::driver::sim::{SimConfig, SimDevice};
+use cupool_pool::driver::Driver;
+use cupool_pool::{synchronize, Block, Pool, PoolConfig, PoolError, PoolKind, Purge};
+use cupool_runtime::PurgePolicy;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,10 +16,33 @@ use std::sync::Arc;
 /// One parsed event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    Alloc { id: u64, size: usize, stream: u64 },
-    Free { id: u64 },
-    PhaseBegin { name: String },
-    PhaseEnd { name: String, prefill: bool },
+    /// An allocation of `size` bytes, known by `id`, from the pool of `stream`.
+    Alloc {
+        /// The allocation's id.
+        id: u64,
+        /// Bytes.
+        size: usize,
+        /// Stream (0 if absent).
+        stream: u64,
+    },
+    /// The free of allocation `id`.
+    Free {
+        /// The allocation's id.
+        id: u64,
+    },
+    /// A phase opened.
+    PhaseBegin {
+        /// Its name.
+        name: String,
+    },
+    /// A phase closed; `prefill` marks a purge boundary.
+    PhaseEnd {
+        /// Its name.
+        name: String,
+        /// Whether it was a prefill ubatch.
+        prefill: bool,
+    },
+    /// A device synchronize.
     Sync,
 }
 
@@ -80,16 +105,27 @@ pub fn parse(text: &str) -> Result<Vec<Op>, String> {
 /// What a replay measured.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReplayReport {
+    /// Pool kind.
     pub pool: String,
+    /// Purge policy.
     pub purge: String,
+    /// Events replayed.
     pub events: usize,
+    /// Highest live bytes.
     pub peak_live_bytes: usize,
+    /// Highest reserve, all streams' pools together.
     pub peak_reserved_bytes: usize,
+    /// Reserve at the end.
     pub end_reserved_bytes: usize,
+    /// Device and managed mallocs.
     pub driver_mallocs: u64,
+    /// Device and managed frees.
     pub driver_frees: u64,
+    /// VMM maps.
     pub driver_maps: u64,
+    /// VMM unmaps.
     pub driver_unmaps: u64,
+    /// Allocations that ran out of memory.
     pub ooms: u64,
 }
 

@@ -1,0 +1,88 @@
+//! Fuzz entry points: each takes arbitrary bytes and panics only when it finds a bug.
+//!
+//! The cargo-fuzz targets in `fuzz/` call these, and `tests/fuzz_corpus.rs` replays the
+//! committed corpus plus a bounded fresh run through them on stable Rust.
+
+use crate::pool::check::{self, FLAVORS};
+use crate::pool::driver::sim::{SimConfig, SimDevice};
+use crate::pool::driver::Driver;
+use crate::pool::{PoolConfig, PoolKind};
+use crate::runtime::executor::dry_run::DryRun;
+use crate::runtime::{ModelShape, PurgePolicy, RunConfig, Runtime};
+use std::sync::Arc;
+
+/// Operation sequences against every pool flavour; the first byte picks the flavour.
+pub fn pool_ops(data: &[u8]) {
+    run_ops(data, false);
+}
+
+/// The same with driver faults armed by the input.
+pub fn pool_faults(data: &[u8]) {
+    run_ops(data, true);
+}
+
+fn run_ops(data: &[u8], faults: bool) {
+    let Some((&first, rest)) = data.split_first() else { return };
+    let flavor = FLAVORS[first as usize % FLAVORS.len()];
+    let ops = check::ops_from_bytes(rest);
+    if let Err(e) = check::run(flavor, &ops, faults) {
+        panic!("pool invariant broken: {e}\nops: {ops:?}");
+    }
+}
+
+/// The trace parser, and a replay of whatever parses through two pools on a small card.
+pub fn trace_parser(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(ops) = crate::trace::parse(text) else { return };
+    if ops.len() > 20_000 {
+        return;
+    }
+    for (kind, purge) in [(PoolKind::Legacy, PurgePolicy::Auto), (PoolKind::Vmm, PurgePolicy::Always)] {
+        // Errors (double alloc, unknown free, ...) are fine; panics are not.
+        let _ = crate::trace::replay(&ops, kind, purge, Some(256 << 20));
+    }
+}
+
+/// The environment variables and the shape validation that CLI values flow into.
+pub fn env_config(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let vars: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let get = |name: &str| vars.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    if let Ok(config) = PoolConfig::from_lookup(get) {
+        for vmm in [false, true] {
+            let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(SimConfig::gib(0.25).vmm(vmm).record_calls(false)));
+            if let Ok(pool) = config.build(dev) {
+                if let Ok(b) = pool.alloc(4096) {
+                    pool.free(b).expect("a block goes back to its own pool");
+                }
+            }
+        }
+    }
+    // Shapes: small dimensions from the bytes; anything invalid must be an error.
+    let b = |i: usize| *data.get(i).unwrap_or(&1) as usize;
+    let model = ModelShape {
+        name: "fuzz".into(),
+        n_layer: b(0) % 4,
+        n_embd: b(1) * 8,
+        n_head: b(2) % 17,
+        n_head_kv: b(3) % 9,
+        head_dim_k: b(4) * 4,
+        head_dim_v: b(5) * 4,
+        v_is_k: b(6) % 2 == 1,
+        n_ff: b(7) * 8,
+        weights_bytes: b(8) << 20,
+    };
+    let mut cfg = RunConfig::new(model, b(9) * 16);
+    cfg.n_batch = b(10) * 4;
+    cfg.n_ubatch = b(11) * 4;
+    cfg.sms = b(12) % 200;
+    let prompt = b(13) * 16;
+    let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(SimConfig::gib(1.0).backed(false).record_calls(false)));
+    if let Ok(mut rt) = Runtime::new(dev, cfg, Box::new(DryRun)) {
+        let _ = rt.prefill(prompt);
+    }
+}
