@@ -3,6 +3,7 @@
 //! Always on the simulated device; on a CUDA device too when one is present, next to the
 //! driver's own cuMemAlloc+cuMemFree and cuMemAllocAsync+cuMemFreeAsync (warm stream-ordered
 //! pool) in the same run. Goal: a cached pair costs at most a tenth of the async pair.
+//! The threaded variant runs N threads on N per-stream pools and N threads on one pool.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use cupool::pool::driver::cuda::{is_available, CudaDriver};
 use cupool::pool::driver::sim::{SimConfig, SimDevice};
@@ -38,6 +39,50 @@ fn cached_pairs(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
                 b.iter(|| {
                     let blk = pool.alloc(black_box(size)).unwrap();
                     pool.free(blk).unwrap();
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// N threads, each with its own pool (one per stream), and N threads sharing one pool: the
+/// time of one cached pair as each thread sees it.
+fn threaded_pairs(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
+    use cupool::pool::{PoolConfig, PoolKind, Registry, StreamId};
+    let threads = std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .min(8);
+    let mut g = c.benchmark_group(format!("hot_path_threads/{device}"));
+    for kind in [PoolKind::Vmm, PoolKind::Legacy] {
+        for shared in [false, true] {
+            let reg = Registry::new(PoolConfig::default().kind(kind), vec![d.clone()]);
+            let pools: Vec<Arc<dyn Pool>> = (0..threads)
+                .map(|t| {
+                    reg.pool(0, StreamId(if shared { 0 } else { t as u64 }))
+                        .unwrap()
+                })
+                .collect();
+            let name = format!(
+                "{}-{}x{}",
+                kind.name(),
+                threads,
+                if shared { "one-pool" } else { "own-pools" }
+            );
+            g.bench_function(name, |b| {
+                b.iter_custom(|iters| {
+                    let start = std::time::Instant::now();
+                    std::thread::scope(|s| {
+                        for p in &pools {
+                            s.spawn(move || {
+                                for _ in 0..iters {
+                                    let blk = p.alloc(black_box(4096)).unwrap();
+                                    p.free(blk).unwrap();
+                                }
+                            });
+                        }
+                    });
+                    start.elapsed()
                 })
             });
         }
@@ -90,7 +135,8 @@ fn bench(c: &mut Criterion) {
             Ok(drv) => {
                 let drv = Arc::new(drv);
                 cuda_baselines(c, &drv);
-                cached_pairs(c, "cuda", drv);
+                cached_pairs(c, "cuda", drv.clone());
+                threaded_pairs(c, "cuda", drv);
             }
             Err(e) => eprintln!("cuda benches skipped: {e}"),
         }

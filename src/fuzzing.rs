@@ -22,7 +22,9 @@ pub fn pool_faults(data: &[u8]) {
 }
 
 fn run_ops(data: &[u8], faults: bool) {
-    let Some((&first, rest)) = data.split_first() else { return };
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
     let flavor = FLAVORS[first as usize % FLAVORS.len()];
     let ops = check::ops_from_bytes(rest);
     if let Err(e) = check::run(flavor, &ops, faults) {
@@ -32,12 +34,19 @@ fn run_ops(data: &[u8], faults: bool) {
 
 /// The trace parser, and a replay of whatever parses through two pools on a small card.
 pub fn trace_parser(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(ops) = crate::trace::parse(text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(ops) = crate::trace::parse(text) else {
+        return;
+    };
     if ops.len() > 20_000 {
         return;
     }
-    for (kind, purge) in [(PoolKind::Legacy, PurgePolicy::Auto), (PoolKind::Vmm, PurgePolicy::Always)] {
+    for (kind, purge) in [
+        (PoolKind::Legacy, PurgePolicy::Auto),
+        (PoolKind::Vmm, PurgePolicy::Always),
+    ] {
         // Errors (double alloc, unknown free, ...) are fine; panics are not.
         let _ = crate::trace::replay(&ops, kind, purge, Some(256 << 20));
     }
@@ -51,10 +60,17 @@ pub fn env_config(data: &[u8]) {
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let get = |name: &str| vars.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let get = |name: &str| {
+        vars.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
     if let Ok(config) = PoolConfig::from_lookup(get) {
         for vmm in [false, true] {
-            let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(SimConfig::gib(0.25).vmm(vmm).record_calls(false)));
+            let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(
+                SimConfig::gib(0.25).vmm(vmm).record_calls(false),
+            ));
             if let Ok(pool) = config.build(dev) {
                 if let Ok(b) = pool.alloc(4096) {
                     pool.free(b).expect("a block goes back to its own pool");
@@ -81,7 +97,9 @@ pub fn env_config(data: &[u8]) {
     cfg.n_ubatch = b(11) * 4;
     cfg.sms = b(12) % 200;
     let prompt = b(13) * 16;
-    let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(SimConfig::gib(1.0).backed(false).record_calls(false)));
+    let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(
+        SimConfig::gib(1.0).backed(false).record_calls(false),
+    ));
     if let Ok(mut rt) = Runtime::new(dev, cfg, Box::new(DryRun)) {
         let _ = rt.prefill(prompt);
     }

@@ -66,7 +66,11 @@ fn synth_trace(next: &mut impl FnMut() -> u64) -> String {
     for _ in 0..(next() % 60) {
         match next() % 6 {
             0 | 1 => {
-                out.push_str(&format!("{{\"op\":\"alloc\",\"id\":{id},\"size\":{},\"stream\":{}}}\n", next() % (64 << 20), next() % 2));
+                out.push_str(&format!(
+                    "{{\"op\":\"alloc\",\"id\":{id},\"size\":{},\"stream\":{}}}\n",
+                    next() % (64 << 20),
+                    next() % 2
+                ));
                 live.push(id);
                 id += 1;
             }

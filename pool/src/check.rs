@@ -37,23 +37,51 @@ pub enum Flavor {
 }
 
 /// Every flavour.
-pub const FLAVORS: [Flavor; 6] =
-    [Flavor::Vmm, Flavor::VmmAmortised, Flavor::Legacy, Flavor::LegacyFewSlotsRetry, Flavor::Managed, Flavor::FallbackOverVmm];
+pub const FLAVORS: [Flavor; 6] = [
+    Flavor::Vmm,
+    Flavor::VmmAmortised,
+    Flavor::Legacy,
+    Flavor::LegacyFewSlotsRetry,
+    Flavor::Managed,
+    Flavor::FallbackOverVmm,
+];
 
 /// Builds a pool of `flavor` on `dev`.
 pub fn build(flavor: Flavor, dev: &Arc<SimDevice>) -> Arc<dyn Pool> {
     let d: Arc<dyn Driver> = dev.clone();
     match flavor {
-        Flavor::Vmm => Arc::new(VmmPool::with_config(d, VmmConfig { reserve_bytes: None, min_grow: 0 })),
-        Flavor::VmmAmortised => Arc::new(VmmPool::with_config(d, VmmConfig { reserve_bytes: None, min_grow: 8 * MIB })),
+        Flavor::Vmm => Arc::new(VmmPool::with_config(
+            d,
+            VmmConfig {
+                reserve_bytes: None,
+                min_grow: 0,
+                max_grow: 0,
+            },
+        )),
+        Flavor::VmmAmortised => Arc::new(VmmPool::with_config(
+            d,
+            VmmConfig {
+                reserve_bytes: None,
+                min_grow: 2 * MIB,
+                max_grow: 16 * MIB,
+            },
+        )),
         Flavor::Legacy => Arc::new(LegacyPool::new(d)),
-        Flavor::LegacyFewSlotsRetry => {
-            Arc::new(LegacyPool::with_config(d, LegacyConfig { slots: 3, flush_and_retry: true, ..LegacyConfig::default() }))
-        }
+        Flavor::LegacyFewSlotsRetry => Arc::new(LegacyPool::with_config(
+            d,
+            LegacyConfig {
+                slots: 3,
+                flush_and_retry: true,
+                ..LegacyConfig::default()
+            },
+        )),
         Flavor::Managed => Arc::new(managed_pool(d, ManagedConfig::default())),
         Flavor::FallbackOverVmm => {
             let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(d, 24 * MIB));
-            Arc::new(ManagedFallback::new(Arc::new(VmmPool::with_config(limited, VmmConfig::default())), false))
+            Arc::new(ManagedFallback::new(
+                Arc::new(VmmPool::with_config(limited, VmmConfig::default())),
+                false,
+            ))
         }
     }
 }
@@ -159,22 +187,44 @@ macro_rules! ensure {
 
 fn stamp(dev: &SimDevice, b: &Block, tag: u8) -> Result<(), String> {
     let n = b.size().min(64);
-    dev.write(b.ptr(), &vec![tag; n]).map_err(|e| e.to_string())?;
+    dev.write(b.ptr(), &vec![tag; n])
+        .map_err(|e| e.to_string())?;
     if b.size() > 64 {
-        dev.write(b.ptr() + (b.size() - 64) as u64, &[tag; 64]).map_err(|e| e.to_string())?;
+        dev.write(b.ptr() + (b.size() - 64) as u64, &[tag; 64])
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }
 
 fn check_stamp(dev: &SimDevice, b: &Block, tag: u8) -> Result<(), String> {
     let n = b.size().min(64);
-    let ok = dev.read(b.ptr(), n).map_err(|e| e.to_string())?.iter().all(|&x| x == tag)
-        && (b.size() <= 64 || dev.read(b.ptr() + (b.size() - 64) as u64, 64).map_err(|e| e.to_string())?.iter().all(|&x| x == tag));
-    ensure!(ok, "block {:#x} ({} bytes) was overwritten while live", b.ptr(), b.size());
+    let ok = dev
+        .read(b.ptr(), n)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .all(|&x| x == tag)
+        && (b.size() <= 64
+            || dev
+                .read(b.ptr() + (b.size() - 64) as u64, 64)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .all(|&x| x == tag));
+    ensure!(
+        ok,
+        "block {:#x} ({} bytes) was overwritten while live",
+        b.ptr(),
+        b.size()
+    );
     Ok(())
 }
 
-fn invariants(flavor: Flavor, dev: &SimDevice, pools: &[Arc<dyn Pool>; 2], live: &[Live], faults: bool) -> Result<(), String> {
+fn invariants(
+    flavor: Flavor,
+    dev: &SimDevice,
+    pools: &[Arc<dyn Pool>; 2],
+    live: &[Live],
+    faults: bool,
+) -> Result<(), String> {
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let mut reserved = 0;
     let mut fallback_total = 0;
@@ -184,41 +234,88 @@ fn invariants(flavor: Flavor, dev: &SimDevice, pools: &[Arc<dyn Pool>; 2], live:
         for l in live.iter().filter(|l| l.stream == s) {
             let b = &l.block;
             ensure!(b.capacity() >= b.size(), "{flavor:?}: capacity below size");
-            ensure!(dev.contains(b.ptr(), b.capacity()), "{flavor:?}: block {:#x} outside live device memory", b.ptr());
+            ensure!(
+                dev.contains(b.ptr(), b.capacity()),
+                "{flavor:?}: block {:#x} outside live device memory",
+                b.ptr()
+            );
             if b.is_managed_fallback() {
                 fallback += b.size();
             } else {
-                ensure!(b.ptr() % pool.alignment() as u64 == 0, "{flavor:?}: block {:#x} misaligned", b.ptr());
+                ensure!(
+                    b.ptr() % pool.alignment() as u64 == 0,
+                    "{flavor:?}: block {:#x} misaligned",
+                    b.ptr()
+                );
                 bytes += b.size();
                 blocks += 1;
             }
             ranges.push((b.ptr(), b.ptr() + b.capacity() as u64));
         }
-        ensure!(st.live_bytes == bytes, "{flavor:?} stream {s}: live bytes {} but a recount gives {bytes}", st.live_bytes);
-        ensure!(st.live_blocks == blocks, "{flavor:?} stream {s}: live blocks {} but a recount gives {blocks}", st.live_blocks);
-        ensure!(st.fallback_live_bytes == fallback, "{flavor:?} stream {s}: fallback bytes differ from a recount");
-        ensure!(st.live_peak_bytes >= st.live_bytes && st.reserved_peak_bytes >= st.reserved_bytes, "{flavor:?}: a peak below its current value");
-        ensure!(st.cached_bytes <= st.reserved_bytes, "{flavor:?}: cached above reserved");
+        ensure!(
+            st.live_bytes == bytes,
+            "{flavor:?} stream {s}: live bytes {} but a recount gives {bytes}",
+            st.live_bytes
+        );
+        ensure!(
+            st.live_blocks == blocks,
+            "{flavor:?} stream {s}: live blocks {} but a recount gives {blocks}",
+            st.live_blocks
+        );
+        ensure!(
+            st.fallback_live_bytes == fallback,
+            "{flavor:?} stream {s}: fallback bytes differ from a recount"
+        );
+        ensure!(
+            st.live_peak_bytes >= st.live_bytes && st.reserved_peak_bytes >= st.reserved_bytes,
+            "{flavor:?}: a peak below its current value"
+        );
+        ensure!(
+            st.cached_bytes <= st.reserved_bytes,
+            "{flavor:?}: cached above reserved"
+        );
         reserved += st.reserved_bytes;
         fallback_total += fallback;
     }
     ranges.sort_unstable();
     for w in ranges.windows(2) {
-        ensure!(w[0].1 <= w[1].0, "{flavor:?}: live blocks {:#x} and {:#x} overlap", w[0].0, w[1].0);
+        ensure!(
+            w[0].1 <= w[1].0,
+            "{flavor:?}: live blocks {:#x} and {:#x} overlap",
+            w[0].0,
+            w[1].0
+        );
     }
     let ledger = dev.ledger();
-    let held = if flavor == Flavor::Managed { ledger.managed_bytes } else { ledger.device_bytes };
-    ensure!(reserved == held, "{flavor:?}: the pools reserve {reserved} bytes but the driver holds {held} for them");
-    let managed_other = if flavor == Flavor::Managed { 0 } else { ledger.managed_bytes };
+    let held = if flavor == Flavor::Managed {
+        ledger.managed_bytes
+    } else {
+        ledger.device_bytes
+    };
+    ensure!(
+        reserved == held,
+        "{flavor:?}: the pools reserve {reserved} bytes but the driver holds {held} for them"
+    );
+    let managed_other = if flavor == Flavor::Managed {
+        0
+    } else {
+        ledger.managed_bytes
+    };
     // Under faults a refused managed free is kept for a retry, so the driver may hold more.
-    let consistent = if faults { managed_other >= fallback_total } else { managed_other == fallback_total };
+    let consistent = if faults {
+        managed_other >= fallback_total
+    } else {
+        managed_other == fallback_total
+    };
     ensure!(consistent, "{flavor:?}: managed memory {managed_other} differs from the live fallback blocks {fallback_total}");
     Ok(())
 }
 
 /// Runs `ops` on two pools of `flavor`; `faults` lets [`Op::Fault`] arm driver faults.
 pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
-    let dev = Arc::new(SimDevice::new(SimConfig::gib(64.0 / 1024.0).record_calls(false)));
+    let dev = Arc::new(SimDevice::new(
+        SimConfig::gib(64.0 / 1024.0).record_calls(false),
+    ));
     let pools = [build(flavor, &dev), build(flavor, &dev)];
     let mut live: Vec<Live> = Vec::new();
     let mut tag = 0u8;
@@ -235,11 +332,17 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
                         live.push(Live { block, stream, tag });
                     }
                     Err(e) => {
-                        let expected = matches!(e, PoolError::OutOfMemory(_) | PoolError::InvalidSize { .. }) || (faults && matches!(e, PoolError::Driver(_)));
+                        let expected =
+                            matches!(e, PoolError::OutOfMemory(_) | PoolError::InvalidSize { .. })
+                                || (faults && matches!(e, PoolError::Driver(_)));
                         ensure!(expected, "{flavor:?}: unexpected error {e}");
                         ensure!(!e.to_string().is_empty(), "an error must say what failed");
                         let after = pool.stats();
-                        ensure!(after.live_bytes == before.live_bytes && after.live_blocks == before.live_blocks, "{flavor:?}: a failed allocation changed the live state");
+                        ensure!(
+                            after.live_bytes == before.live_bytes
+                                && after.live_blocks == before.live_blocks,
+                            "{flavor:?}: a failed allocation changed the live state"
+                        );
                     }
                 }
             }
@@ -248,7 +351,11 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
                 check_stamp(&dev, &l.block, l.tag)?;
                 if let Err(e) = pools[l.stream].free(l.block) {
                     ensure!(faults, "{flavor:?}: free refused: {e}");
-                    live.push(Live { block: e.block, stream: l.stream, tag: l.tag });
+                    live.push(Live {
+                        block: e.block,
+                        stream: l.stream,
+                        tag: l.tag,
+                    });
                 }
             }
             Op::Free(_) => {}
@@ -276,14 +383,22 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
             Op::Phase => {
                 for pool in &pools {
                     if let Some(p) = pool.end_phase() {
-                        ensure!(p.live_peak_bytes >= p.live_end_bytes && p.reserved_peak_bytes >= p.reserved_end_bytes, "{flavor:?}: phase peak below its end");
+                        ensure!(
+                            p.live_peak_bytes >= p.live_end_bytes
+                                && p.reserved_peak_bytes >= p.reserved_end_bytes,
+                            "{flavor:?}: phase peak below its end"
+                        );
                     }
                     pool.begin_phase("p");
                 }
             }
             Op::Stream(s) => stream = *s as usize % 2,
             Op::Fault(x) if faults => {
-                dev.fail_nth(FAULT_KINDS[*x as usize % FAULT_KINDS.len()], 1 + (*x as u64 / 64), ErrorCode::Injected);
+                dev.fail_nth(
+                    FAULT_KINDS[*x as usize % FAULT_KINDS.len()],
+                    1 + (*x as u64 / 64),
+                    ErrorCode::Injected,
+                );
             }
             Op::Fault(_) => {}
         }
@@ -292,20 +407,31 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
     dev.clear_faults();
     for l in live.drain(..) {
         check_stamp(&dev, &l.block, l.tag)?;
-        pools[l.stream].free(l.block).map_err(|e| format!("{flavor:?}: final free: {e}"))?;
+        pools[l.stream]
+            .free(l.block)
+            .map_err(|e| format!("{flavor:?}: final free: {e}"))?;
     }
     if matches!(flavor, Flavor::Vmm | Flavor::VmmAmortised) {
         // Everything is free: the whole mapped range must be one reusable run, with no growth.
         for pool in &pools {
             let s = pool.stats();
             if s.reserved_bytes > 0 {
-                let all = pool.alloc(s.reserved_bytes).map_err(|e| format!("{flavor:?}: the free mapped range is not reusable: {e}"))?;
-                ensure!(pool.stats().calls.maps == s.calls.maps, "{flavor:?}: space was lost below the top");
+                let all = pool.alloc(s.reserved_bytes).map_err(|e| {
+                    format!("{flavor:?}: the free mapped range is not reusable: {e}")
+                })?;
+                ensure!(
+                    pool.stats().calls.maps == s.calls.maps,
+                    "{flavor:?}: space was lost below the top"
+                );
                 pool.free(all).map_err(|e| e.to_string())?;
             }
         }
     }
     drop(pools);
-    ensure!(dev.ledger().is_empty(), "{flavor:?}: leaked {:?}", dev.ledger());
+    ensure!(
+        dev.ledger().is_empty(),
+        "{flavor:?}: leaked {:?}",
+        dev.ledger()
+    );
     Ok(())
 }

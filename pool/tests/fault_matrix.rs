@@ -13,10 +13,13 @@ const MIB: usize = 1 << 20;
 fn sequence(dev: &SimDevice, pool: &dyn Pool) -> Vec<String> {
     let mut errors = Vec::new();
     let mut live: Vec<Block> = Vec::new();
-    let alloc = |pool: &dyn Pool, n: usize, live: &mut Vec<Block>, errors: &mut Vec<String>| match pool.alloc(n) {
-        Ok(b) => live.push(b),
-        Err(e) => errors.push(e.to_string()),
-    };
+    let alloc =
+        |pool: &dyn Pool, n: usize, live: &mut Vec<Block>, errors: &mut Vec<String>| match pool
+            .alloc(n)
+        {
+            Ok(b) => live.push(b),
+            Err(e) => errors.push(e.to_string()),
+        };
     let purge = |pool: &dyn Pool, what: Purge, errors: &mut Vec<String>| match synchronize(dev) {
         Ok(t) => {
             if let Err(e) = pool.purge(&t, what) {
@@ -58,7 +61,9 @@ fn free(pool: &dyn Pool, b: Block, live: &mut Vec<Block>, errors: &mut Vec<Strin
 }
 
 fn fresh(flavor: Flavor) -> (Arc<SimDevice>, Arc<dyn Pool>) {
-    let dev = Arc::new(SimDevice::new(SimConfig::gib(64.0 / 1024.0).record_calls(false)));
+    let dev = Arc::new(SimDevice::new(
+        SimConfig::gib(64.0 / 1024.0).record_calls(false),
+    ));
     let pool = build(flavor, &dev);
     (dev, pool)
 }
@@ -70,7 +75,10 @@ fn every_call_fails_at_every_position() {
         // How often the clean sequence makes each kind of call.
         let (dev, pool) = fresh(flavor);
         let clean = sequence(&dev, pool.as_ref());
-        assert!(clean.iter().all(|e| e.contains("out of device memory")), "{flavor:?}: {clean:?}");
+        assert!(
+            clean.iter().all(|e| e.contains("out of device memory")),
+            "{flavor:?}: {clean:?}"
+        );
         drop(pool);
         let counts: Vec<(CallKind, u64)> = FAULT_KINDS.iter().map(|&k| (k, dev.calls(k))).collect();
         for (kind, count) in counts {
@@ -81,13 +89,23 @@ fn every_call_fails_at_every_position() {
                 let errors = sequence(&dev, pool.as_ref());
                 for e in &errors {
                     let named = e.contains(kind.cuda_name()) || e.contains("out of device memory");
-                    assert!(named, "{flavor:?}, {kind:?} #{n}: the error does not name the failed call: {e}");
+                    assert!(
+                        named,
+                        "{flavor:?}, {kind:?} #{n}: the error does not name the failed call: {e}"
+                    );
                 }
                 dev.clear_faults();
                 let again = sequence(&dev, pool.as_ref());
-                assert!(again.iter().all(|e| e.contains("out of device memory")), "{flavor:?}, {kind:?} #{n}: not usable afterwards: {again:?}");
+                assert!(
+                    again.iter().all(|e| e.contains("out of device memory")),
+                    "{flavor:?}, {kind:?} #{n}: not usable afterwards: {again:?}"
+                );
                 drop(pool);
-                assert!(dev.ledger().is_empty(), "{flavor:?}, {kind:?} #{n}: leaked {:?}", dev.ledger());
+                assert!(
+                    dev.ledger().is_empty(),
+                    "{flavor:?}, {kind:?} #{n}: leaked {:?}",
+                    dev.ledger()
+                );
             }
         }
     }
@@ -97,15 +115,32 @@ fn every_call_fails_at_every_position() {
 
 #[test]
 fn a_failed_grow_changes_nothing() {
-    for kind in [CallKind::Create, CallKind::Map, CallKind::SetAccess, CallKind::Reserve, CallKind::Granularity] {
+    for kind in [
+        CallKind::Create,
+        CallKind::Map,
+        CallKind::SetAccess,
+        CallKind::Reserve,
+        CallKind::Granularity,
+    ] {
         let (dev, pool) = fresh(Flavor::Vmm);
         dev.fail_nth(kind, 1, ErrorCode::Injected);
         let before = pool.stats();
         let e = pool.alloc(MIB).unwrap_err();
-        assert!(matches!(&e, PoolError::Driver(d) if d.call == kind), "{kind:?}: {e}");
+        assert!(
+            matches!(&e, PoolError::Driver(d) if d.call == kind),
+            "{kind:?}: {e}"
+        );
         let after = pool.stats();
         // The address reservation may stay (it is kept for the next attempt); no memory does.
-        assert_eq!((after.live_bytes, after.reserved_bytes, after.calls.maps), (before.live_bytes, before.reserved_bytes, before.calls.maps), "{kind:?}");
-        assert_eq!((dev.ledger().mappings, dev.ledger().device_bytes), (0, 0), "{kind:?}");
+        assert_eq!(
+            (after.live_bytes, after.reserved_bytes, after.calls.maps),
+            (before.live_bytes, before.reserved_bytes, before.calls.maps),
+            "{kind:?}"
+        );
+        assert_eq!(
+            (dev.ledger().mappings, dev.ledger().device_bytes),
+            (0, 0),
+            "{kind:?}"
+        );
     }
 }

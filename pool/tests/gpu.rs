@@ -192,7 +192,10 @@ fn cuda_vmm_trim_returns_memory_to_the_card() {
 fn poison_makes_a_use_after_free_fail_on_the_gpu() {
     let drv = Arc::new(CudaDriver::new(0).unwrap());
     let k = kernels(&drv);
-    for pool in [Arc::new(VmmPool::new(drv.clone())) as Arc<dyn Pool>, Arc::new(LegacyPool::new(drv.clone()))] {
+    for pool in [
+        Arc::new(VmmPool::new(drv.clone())) as Arc<dyn Pool>,
+        Arc::new(LegacyPool::new(drv.clone())),
+    ] {
         let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
         let n = 1u64 << 20;
         let buf = PoolBuffer::<u32>::alloc(&pool, n as usize).unwrap();

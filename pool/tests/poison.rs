@@ -19,12 +19,16 @@ fn a_use_after_free_reads_nan() {
         let dev = Arc::new(SimDevice::new(SimConfig::gib(1.0)));
         let pool: Arc<dyn Pool> = PoolConfig::default().kind(kind).build(dev.clone()).unwrap();
         let buf = PoolBuffer::<f32>::alloc(&pool, 4096).unwrap();
-        dev.write(buf.ptr(), &1.0f32.to_le_bytes().repeat(4096)).unwrap();
+        dev.write(buf.ptr(), &1.0f32.to_le_bytes().repeat(4096))
+            .unwrap();
         let ptr = buf.ptr();
         assert_eq!(mean(ptr, 4096), 1.0, "{kind:?}: correct use passes");
         drop(buf);
         let stale = mean(ptr, 4096);
-        assert!(stale.is_nan(), "{kind:?}: reading freed scratch must fail loudly, got {stale}");
+        assert!(
+            stale.is_nan(),
+            "{kind:?}: reading freed scratch must fail loudly, got {stale}"
+        );
         // The memory is still the pool's and is handed out again as usual.
         let again = PoolBuffer::<f32>::alloc(&pool, 4096).unwrap();
         assert_eq!(again.ptr(), ptr);

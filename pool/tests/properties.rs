@@ -4,7 +4,11 @@ use cupool_pool::check::{run, Op, FLAVORS};
 use proptest::prelude::*;
 
 fn op() -> impl Strategy<Value = Op> {
-    let size = prop_oneof![0usize..512, 512usize..(256 << 10), (256usize << 10)..(12 << 20)];
+    let size = prop_oneof![
+        0usize..512,
+        512usize..(256 << 10),
+        (256usize << 10)..(12 << 20)
+    ];
     prop_oneof![
         8 => size.prop_map(Op::Alloc),
         6 => any::<usize>().prop_map(Op::Free),

@@ -23,7 +23,12 @@ fn tag(b: &Block, v: u64) {
 fn read(b: &Block) -> (u64, u64) {
     let (p, n) = (b.ptr(), b.size());
     // SAFETY: as in `tag`.
-    unsafe { (std::ptr::read_unaligned(p as *const u64), std::ptr::read_unaligned((p + n as u64 - 8) as *const u64)) }
+    unsafe {
+        (
+            std::ptr::read_unaligned(p as *const u64),
+            std::ptr::read_unaligned((p + n as u64 - 8) as *const u64),
+        )
+    }
 }
 
 fn worker(pool: Arc<dyn Pool>, thread: usize) {
@@ -34,14 +39,23 @@ fn worker(pool: Arc<dyn Pool>, thread: usize) {
         x ^= x >> 7;
         x ^= x << 17;
         if live.len() < 8 || (x % 2 == 0 && live.len() < 64) {
-            let size = 16 + if x % 50 == 0 { (x >> 8) as usize % (1 << 20) } else { (x >> 8) as usize % 4096 };
+            let size = 16
+                + if x % 50 == 0 {
+                    (x >> 8) as usize % (1 << 20)
+                } else {
+                    (x >> 8) as usize % 4096
+                };
             let b = pool.alloc(size).expect("4 GiB is enough");
             let v = (thread as u64) << 48 | i as u64;
             tag(&b, v);
             live.push((b, v));
         } else {
             let (b, v) = live.swap_remove((x >> 16) as usize % live.len());
-            assert_eq!(read(&b), (v, v), "thread {thread}: a block was written by someone else");
+            assert_eq!(
+                read(&b),
+                (v, v),
+                "thread {thread}: a block was written by someone else"
+            );
             pool.free(b).unwrap();
         }
     }
@@ -62,7 +76,10 @@ fn check_quiet(pool: &dyn Pool) {
 fn eight_threads_on_their_own_streams() {
     for kind in [PoolKind::Vmm, PoolKind::Legacy] {
         let dev = Arc::new(SimDevice::new(SimConfig::gib(4.0).record_calls(false)));
-        let reg = Arc::new(Registry::new(PoolConfig::default().kind(kind), vec![dev.clone() as Arc<dyn Driver>]));
+        let reg = Arc::new(Registry::new(
+            PoolConfig::default().kind(kind),
+            vec![dev.clone() as Arc<dyn Driver>],
+        ));
         std::thread::scope(|s| {
             for t in 0..THREADS {
                 let reg = reg.clone();
@@ -84,7 +101,10 @@ fn eight_threads_on_their_own_streams() {
 fn eight_threads_on_one_shared_pool() {
     let dev = Arc::new(SimDevice::new(SimConfig::gib(4.0).record_calls(false)));
     let d: Arc<dyn Driver> = dev.clone();
-    for pool in [Arc::new(VmmPool::new(d.clone())) as Arc<dyn Pool>, Arc::new(LegacyPool::new(d.clone()))] {
+    for pool in [
+        Arc::new(VmmPool::new(d.clone())) as Arc<dyn Pool>,
+        Arc::new(LegacyPool::new(d.clone())),
+    ] {
         std::thread::scope(|s| {
             for t in 0..THREADS {
                 let pool = pool.clone();

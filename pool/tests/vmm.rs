@@ -12,6 +12,7 @@ fn pool(dev: &std::sync::Arc<cupool_pool::driver::sim::SimDevice>, min_grow: usi
         VmmConfig {
             reserve_bytes: None,
             min_grow,
+            max_grow: min_grow,
         },
     )
 }
@@ -112,6 +113,25 @@ fn trim_waits_for_frees_after_the_synchronize() {
 }
 
 #[test]
+fn growth_doubles_in_a_burst_and_resets_after_a_free() {
+    let dev = sim(4.0);
+    let p = VmmPool::new(as_driver(&dev));
+    // 126 MiB in 1 MiB steps with no free: chunks of 2, 4, 8, 16, 32, 64 MiB.
+    let blocks: Vec<_> = (0..126).map(|_| p.alloc(MIB).unwrap()).collect();
+    assert_eq!(p.stats().calls.maps, 6);
+    assert_eq!(p.mapped_bytes(), 126 * MIB);
+    for b in blocks.into_iter().rev() {
+        p.free(b).unwrap();
+    }
+    // After a free, growth is tight again: one more MiB past the mapped end maps 2 MiB.
+    let all = p.alloc(126 * MIB).unwrap();
+    let one = p.alloc(MIB).unwrap();
+    assert_eq!(p.mapped_bytes(), 128 * MIB);
+    p.free(one).unwrap();
+    p.free(all).unwrap();
+}
+
+#[test]
 fn min_grow_amortises_maps() {
     let dev = sim(4.0);
     let p = pool(&dev, 64 * MIB);
@@ -172,6 +192,7 @@ fn reservation_exhaustion_is_an_error() {
         VmmConfig {
             reserve_bytes: Some(8 * MIB),
             min_grow: 0,
+            max_grow: 0,
         },
     );
     let a = p.alloc(6 * MIB).unwrap();

@@ -53,7 +53,8 @@ impl ManagedFallback {
     fn retry_pending(&self) {
         let mut c = self.counters.lock();
         let driver = self.inner.driver();
-        c.pending.retain(|&(ptr, _)| driver.free_managed(ptr).is_err());
+        c.pending
+            .retain(|&(ptr, _)| driver.free_managed(ptr).is_err());
     }
 
     #[cold]
@@ -99,7 +100,10 @@ impl Drop for ManagedFallback {
         self.retry_pending();
         let c = self.counters.get_mut();
         if !c.pending.is_empty() {
-            tracing::error!(blocks = c.pending.len(), "managed fallback blocks could not be freed");
+            tracing::error!(
+                blocks = c.pending.len(),
+                "managed fallback blocks could not be freed"
+            );
         }
     }
 }

@@ -260,8 +260,16 @@ impl Driver for CudaDriver {
                 sys::cuMemMap(at, bytes, 0, handle.0, 0).result().is_ok()
                     && sys::cuMemSetAccess(at, bytes, &access, 1).result().is_ok()
             };
-            let detail = if restored { "mapping restored" } else { "could not restore the mapping: the handle leaks" };
-            return Err(cuda_err(CallKind::Release, e, format!("handle of {bytes} bytes; {detail}")));
+            let detail = if restored {
+                "mapping restored"
+            } else {
+                "could not restore the mapping: the handle leaks"
+            };
+            return Err(cuda_err(
+                CallKind::Release,
+                e,
+                format!("handle of {bytes} bytes; {detail}"),
+            ));
         }
         Ok(())
     }
@@ -270,8 +278,13 @@ impl Driver for CudaDriver {
         self.bind(CallKind::MemInfo)?;
         // SAFETY: the range is pool memory no user holds; the memset is queued on the legacy
         // default stream, after the kernels that used the block.
-        unsafe { result::memset_d8_async(ptr, 0xFF, bytes, std::ptr::null_mut()) }
-            .map_err(|e| cuda_err(CallKind::MemInfo, e, format!("poisoning {bytes} bytes at {ptr:#x}")))
+        unsafe { result::memset_d8_async(ptr, 0xFF, bytes, std::ptr::null_mut()) }.map_err(|e| {
+            cuda_err(
+                CallKind::MemInfo,
+                e,
+                format!("poisoning {bytes} bytes at {ptr:#x}"),
+            )
+        })
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {

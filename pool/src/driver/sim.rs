@@ -762,7 +762,13 @@ impl Driver for SimDevice {
         match s.mappings.get(&at).copied() {
             Some(m) if m.bytes == bytes && m.handle == handle.0 => {}
             _ => {
-                let e = self.fail_invalid(CallKind::Unmap, format!("no mapping of {bytes} bytes with handle {} at {at:#x}", handle.0));
+                let e = self.fail_invalid(
+                    CallKind::Unmap,
+                    format!(
+                        "no mapping of {bytes} bytes with handle {} at {at:#x}",
+                        handle.0
+                    ),
+                );
                 return Err(self.fail(&mut s, e));
             }
         }
@@ -784,7 +790,10 @@ impl Driver for SimDevice {
         }
         let s = self.state.lock();
         if !Self::contains_locked(&s, ptr, bytes) {
-            return Err(self.fail_invalid(CallKind::MemInfo, format!("poison of {bytes} bytes at {ptr:#x}: not live device memory")));
+            return Err(self.fail_invalid(
+                CallKind::MemInfo,
+                format!("poison of {bytes} bytes at {ptr:#x}: not live device memory"),
+            ));
         }
         // SAFETY: the range lies inside live, writable host memory of ours (checked above); the
         // pool that calls this owns it and no user holds it any more.

@@ -5,7 +5,10 @@
 //! 128 bytes. Unlike ggml:
 //! - frees may come in any order. LIFO is the fast path (the top just moves down);
 //!   out-of-order frees leave holes that are coalesced and reused best-fit;
-//! - growth maps at least `min_grow` bytes at a time, amortising the ~45 µs cost of a map;
+//! - growth adapts, like TCP's slow start: each grow maps at least `min_grow`, doubling while
+//!   the pool keeps growing with no free in between, up to `max_grow`; any free resets it. A
+//!   burst of growth amortises the ~45 µs cost of a map over large chunks, while a pool that
+//!   grows once per ubatch (flash-attention scratch) stays within a granule or two of its need;
 //! - [`Pool::purge`] is the trim: after a synchronize, chunks above the live top are unmapped;
 //! - running out of reservation or device memory is an error, never an abort.
 
@@ -28,16 +31,19 @@ pub struct VmmConfig {
     /// Address space to reserve; `None`: the device's total memory (ggml: a fixed 32 GiB,
     /// which caps the pool below the card on large GPUs).
     pub reserve_bytes: Option<usize>,
-    /// Smallest growth, rounded up to the device granularity. Larger values amortise the
-    /// per-map cost; smaller values keep the reserve closer to the high-water.
+    /// Smallest growth (rounded up to the device granularity): what a grow maps after a free.
     pub min_grow: usize,
+    /// Largest amortised growth: consecutive grows double from `min_grow` up to this. Equal to
+    /// `min_grow` for a fixed chunk size. A single larger request still maps what it needs.
+    pub max_grow: usize,
 }
 
 impl Default for VmmConfig {
     fn default() -> Self {
         Self {
             reserve_bytes: None,
-            min_grow: 16 << 20,
+            min_grow: 2 << 20,
+            max_grow: 64 << 20,
         }
     }
 }
@@ -64,6 +70,8 @@ struct Inner {
     holes: BTreeMap<usize, usize>,
     /// Epoch of the latest free, for purge safety.
     last_free: u64,
+    /// Grows since the last free: the amortised chunk is `min_grow << streak`.
+    streak: u32,
     tracker: Tracker,
 }
 
@@ -130,10 +138,14 @@ impl VmmPool {
         let gran = g.granularity;
         let exact = need.next_multiple_of(gran);
         let room = g.reserve_len - g.mapped;
-        let preferred = need
-            .max(self.config.min_grow)
-            .next_multiple_of(gran)
-            .min(room);
+        // Slow start: the chunk doubles with each grow since the last free.
+        let cap = self.config.max_grow.max(self.config.min_grow);
+        let amortised = self
+            .config
+            .min_grow
+            .checked_shl(g.streak.min(20))
+            .map_or(cap, |c| c.min(cap));
+        let preferred = need.max(amortised).next_multiple_of(gran).min(room);
         if exact > room {
             g.tracker.s.ooms += 1;
             let cause = format!(
@@ -158,6 +170,7 @@ impl VmmPool {
                     handle,
                 });
                 g.mapped += len;
+                g.streak += 1;
                 g.tracker.s.calls.maps += 1;
                 g.tracker.on_reserve(len);
                 tracing::trace!(bytes = len, mapped = g.mapped, "vmm grew");
@@ -314,6 +327,7 @@ impl Pool for VmmPool {
         let n = block.capacity;
         g.tracker.on_free(block.size, n);
         g.last_free = g.last_free.max(freed_at);
+        g.streak = 0;
         if off + n == g.top {
             // LIFO: the top moves down, swallowing a hole that now touches it.
             g.top = off;
