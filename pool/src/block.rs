@@ -21,6 +21,22 @@ impl PoolId {
 /// Only pools create blocks, and a block is not `Clone`: freeing one twice does not compile,
 /// and a foreign pointer cannot be freed at all. Free it with [`crate::Pool::free`], or use
 /// [`crate::PoolBuffer`], which does that on drop.
+///
+/// A double free is a compile error:
+/// ```compile_fail,E0382
+/// # use std::sync::Arc;
+/// # use cupool_pool::{driver::sim::{SimConfig, SimDevice}, pools::vmm::VmmPool, Pool};
+/// let pool = VmmPool::new(Arc::new(SimDevice::new(SimConfig::gib(1.0))));
+/// let b = pool.alloc(4096).unwrap();
+/// pool.free(b).unwrap();
+/// pool.free(b).unwrap(); // use of moved value
+/// ```
+/// and so is making a block out of a pointer:
+/// ```compile_fail,E0451
+/// # fn forge(pool: cupool_pool::PoolId) -> cupool_pool::Block {
+/// cupool_pool::Block { ptr: 0x1000, size: 64, capacity: 64, pool, managed_fallback: false }
+/// # }
+/// ```
 #[must_use = "a block that is never freed stays live in its pool"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Block {

@@ -52,7 +52,14 @@ impl Default for SyncEpoch {
 /// Proof that the device finished all work queued before [`synchronize`] was called.
 ///
 /// It cannot be built any other way. A stale token is harmless: pools release only what was
-/// freed before it.
+/// freed before it. A purge without a synchronize does not compile:
+/// ```compile_fail,E0451
+/// # use std::sync::Arc;
+/// # use cupool_pool::{driver::sim::{SimConfig, SimDevice}, pools::vmm::VmmPool, Pool, Purge, SyncToken};
+/// let pool = VmmPool::new(Arc::new(SimDevice::new(SimConfig::gib(1.0))));
+/// let token = SyncToken { epoch_id: 1, epoch: u64::MAX }; // private fields
+/// pool.purge(&token, Purge::All).unwrap();
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyncToken {
     epoch_id: u64,

@@ -321,4 +321,9 @@ fn enormous_sizes_are_errors_not_panics() {
     assert_eq!(dev.ledger().allocations, 0);
     let d: &dyn Driver = dev.as_ref();
     assert!(d.mem_info().unwrap().free == GIB);
+    // An element count whose byte size overflows.
+    let shared: std::sync::Arc<dyn Pool> = std::sync::Arc::new(LegacyPool::new(as_driver(&dev)));
+    let e = cupool_pool::PoolBuffer::<u64>::alloc(&shared, usize::MAX / 2).unwrap_err();
+    assert!(matches!(e, PoolError::InvalidSize { .. }), "{e}");
+    assert!(e.to_string().contains("sizes from 0 to"), "{e}");
 }
