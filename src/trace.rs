@@ -13,38 +13,8 @@ use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// One parsed event.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// An allocation of `size` bytes, known by `id`, from the pool of `stream`.
-    Alloc {
-        /// The allocation's id.
-        id: u64,
-        /// Bytes.
-        size: usize,
-        /// Stream (0 if absent).
-        stream: u64,
-    },
-    /// The free of allocation `id`.
-    Free {
-        /// The allocation's id.
-        id: u64,
-    },
-    /// A phase opened.
-    PhaseBegin {
-        /// Its name.
-        name: String,
-    },
-    /// A phase closed; `prefill` marks a purge boundary.
-    PhaseEnd {
-        /// Its name.
-        name: String,
-        /// Whether it was a prefill ubatch.
-        prefill: bool,
-    },
-    /// A device synchronize.
-    Sync,
-}
+/// One parsed event: the recorder's own type, so recording and replaying cannot drift apart.
+pub use cupool_pool::adaptors::TraceEvent as Op;
 
 fn field_u64(o: &Map<String, Value>, key: &str, line: usize, op: &str) -> Result<u64, String> {
     o.get(key)

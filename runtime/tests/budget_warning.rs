@@ -8,19 +8,10 @@ use cupool_runtime::executor::dry_run::DryRun;
 use cupool_runtime::*;
 use std::sync::{Arc, Mutex};
 
+mod common;
+
 fn small_cfg() -> RunConfig {
-    let m = ModelShape {
-        name: "small".into(),
-        n_layer: 2,
-        n_embd: 64,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim_k: 32,
-        head_dim_v: 32,
-        v_is_k: false,
-        n_ff: 128,
-        weights_bytes: 0,
-    };
+    let m = common::small_model();
     let mut c = RunConfig::new(m, 1024);
     c.n_batch = 128;
     c.n_ubatch = 64;

@@ -11,20 +11,8 @@ use cupool_runtime::planner::{plan, PlanTarget};
 use cupool_runtime::*;
 use std::sync::Arc;
 
-fn small_model() -> ModelShape {
-    ModelShape {
-        name: "small".into(),
-        n_layer: 2,
-        n_embd: 64,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim_k: 32,
-        head_dim_v: 32,
-        v_is_k: false,
-        n_ff: 128,
-        weights_bytes: 0,
-    }
-}
+mod common;
+use common::small_model;
 
 fn small_cfg(kind: PoolKind) -> RunConfig {
     let mut c = RunConfig::new(small_model(), 1024);

@@ -467,6 +467,58 @@ impl SimDevice {
         }
     }
 
+    /// cuMemAlloc or cuMemAllocManaged: device memory counts against the capacity, managed
+    /// memory against the host's.
+    fn allocate(&self, bytes: usize, managed: bool) -> Result<DevicePtr, DriverError> {
+        let kind = if managed {
+            CallKind::MallocManaged
+        } else {
+            CallKind::Malloc
+        };
+        let mut s = self.state.lock();
+        self.enter(&mut s, kind, bytes)?;
+        if managed && !self.config.managed {
+            let e = DriverError::new(
+                kind,
+                ErrorCode::NotSupported,
+                "this simulated device has no managed memory",
+            );
+            return Err(self.fail(&mut s, e));
+        }
+        if let Err(e) = self.check_size(kind, bytes) {
+            return Err(self.fail(&mut s, e));
+        }
+        let (capacity, used) = if managed {
+            (self.config.managed_capacity, s.managed_used)
+        } else {
+            (self.config.capacity, s.device_used)
+        };
+        let free = capacity.saturating_sub(used);
+        if bytes > free {
+            let e = if managed {
+                DriverError::new(
+                    kind,
+                    ErrorCode::OutOfMemory,
+                    format!("asked for {bytes} managed bytes, {free} left"),
+                )
+            } else {
+                self.oom(kind, bytes, free)
+            };
+            return Err(self.fail(&mut s, e));
+        }
+        match self.host_alloc(&mut s, kind, bytes, managed) {
+            Ok(p) => {
+                if managed {
+                    s.managed_used += bytes;
+                } else {
+                    s.device_used += bytes;
+                }
+                Ok(p)
+            }
+            Err(e) => Err(self.fail(&mut s, e)),
+        }
+    }
+
     fn check_size(&self, kind: CallKind, bytes: usize) -> Result<(), DriverError> {
         if bytes == 0 {
             Err(self.fail_invalid(kind, "size 0".into()))
@@ -506,22 +558,7 @@ impl Driver for SimDevice {
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        let mut s = self.state.lock();
-        self.enter(&mut s, CallKind::Malloc, bytes)?;
-        if let Err(e) = self.check_size(CallKind::Malloc, bytes) {
-            return Err(self.fail(&mut s, e));
-        }
-        let free = self.config.capacity.saturating_sub(s.device_used);
-        if bytes > free {
-            return Err(self.fail(&mut s, self.oom(CallKind::Malloc, bytes, free)));
-        }
-        match self.host_alloc(&mut s, CallKind::Malloc, bytes, false) {
-            Ok(p) => {
-                s.device_used += bytes;
-                Ok(p)
-            }
-            Err(e) => Err(self.fail(&mut s, e)),
-        }
+        self.allocate(bytes, false)
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
@@ -529,35 +566,7 @@ impl Driver for SimDevice {
     }
 
     fn malloc_managed(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        let mut s = self.state.lock();
-        self.enter(&mut s, CallKind::MallocManaged, bytes)?;
-        if !self.config.managed {
-            let e = DriverError::new(
-                CallKind::MallocManaged,
-                ErrorCode::NotSupported,
-                "this simulated device has no managed memory",
-            );
-            return Err(self.fail(&mut s, e));
-        }
-        if let Err(e) = self.check_size(CallKind::MallocManaged, bytes) {
-            return Err(self.fail(&mut s, e));
-        }
-        let free = self.config.managed_capacity.saturating_sub(s.managed_used);
-        if bytes > free {
-            let e = DriverError::new(
-                CallKind::MallocManaged,
-                ErrorCode::OutOfMemory,
-                format!("asked for {bytes} managed bytes, {free} left"),
-            );
-            return Err(self.fail(&mut s, e));
-        }
-        match self.host_alloc(&mut s, CallKind::MallocManaged, bytes, true) {
-            Ok(p) => {
-                s.managed_used += bytes;
-                Ok(p)
-            }
-            Err(e) => Err(self.fail(&mut s, e)),
-        }
+        self.allocate(bytes, true)
     }
 
     fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
