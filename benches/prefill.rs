@@ -2,7 +2,7 @@
 //! purge never/always/auto, legacy and vmm pools, in one run, interleaved so drift hits every
 //! configuration alike. Goal: `auto` within 0.5% of `never`; `always` is reported.
 //!
-//! `CUPOOL_PREFILL_LAYERS` (default 8) sets the layers per preset to keep the run short; the
+//! `CUPOOL_PREFILL_LAYERS` (default 2) sets the layers per preset to keep the run short; the
 //! per-layer work and the per-ubatch boundary are those of the full model.
 //! Prints one JSON line per configuration. Run: `cargo bench --bench prefill`.
 use cupool::kernels::KvType;

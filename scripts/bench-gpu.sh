@@ -14,8 +14,9 @@ out="${OUT:-/tmp/out}"; mkdir -p "$out"
   nproc
 } > "$out/machine.txt"
 b=.bundle
-"$b/bench-cupool-hot_path" --bench --output-format bencher --warm-up-time 0.3 --measurement-time 1 > "$out/hot_path.txt" 2> "$out/hot_path.err"
-"$b/bench-cupool-growth" --bench --output-format bencher --warm-up-time 0.5 --measurement-time 2 > "$out/growth.txt" 2> "$out/growth.err"
-CUPOOL_PREFILL_LAYERS="${CUPOOL_PREFILL_LAYERS:-4}" "$b/bench-cupool-prefill" > "$out/prefill.jsonl" 2> "$out/prefill.err"
-{ "$b/bench-cupool-fattn"; python3 scripts/sdpa_bench.py; } > "$out/fattn.jsonl" 2> "$out/fattn.err"
-tail -n 3 "$out"/*.err
+log="$out/bench.log"   # every suite's stderr, in one file (few files come back from the machine)
+"$b/bench-cupool-hot_path" --bench --output-format bencher --warm-up-time 0.3 --measurement-time 1 > "$out/hot_path.txt" 2>> "$log"
+"$b/bench-cupool-growth" --bench --output-format bencher --warm-up-time 0.5 --measurement-time 2 > "$out/growth.txt" 2>> "$log"
+CUPOOL_PREFILL_LAYERS="${CUPOOL_PREFILL_LAYERS:-2}" "$b/bench-cupool-prefill" > "$out/prefill.jsonl" 2>> "$log"
+{ "$b/bench-cupool-fattn"; python3 scripts/sdpa_bench.py; } > "$out/fattn.jsonl" 2>> "$log"
+tail -n 5 "$log"
