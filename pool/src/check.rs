@@ -154,22 +154,14 @@ pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
     ops
 }
 
-/// The driver calls a fault can be armed on.
-pub const FAULT_KINDS: [CallKind; 13] = [
-    CallKind::Malloc,
-    CallKind::Free,
-    CallKind::MallocManaged,
-    CallKind::FreeManaged,
-    CallKind::Reserve,
-    CallKind::Create,
-    CallKind::Map,
-    CallKind::SetAccess,
-    CallKind::Unmap,
-    CallKind::Release,
-    CallKind::Synchronize,
-    CallKind::MemInfo,
-    CallKind::Granularity,
-];
+/// The driver calls a pool makes while it runs, so the calls a fault is armed on: every kind
+/// but initialisation and the address free that only a pool's drop makes.
+pub fn fault_kinds() -> Vec<CallKind> {
+    CallKind::ALL
+        .into_iter()
+        .filter(|k| !matches!(k, CallKind::Init | CallKind::ReleaseReservation))
+        .collect()
+}
 
 struct Live {
     block: Block,
@@ -394,8 +386,9 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
             }
             Op::Stream(s) => stream = *s as usize % 2,
             Op::Fault(x) if faults => {
+                let kinds = fault_kinds();
                 dev.fail_nth(
-                    FAULT_KINDS[*x as usize % FAULT_KINDS.len()],
+                    kinds[*x as usize % kinds.len()],
                     1 + (*x as u64 / 64),
                     ErrorCode::Injected,
                 );

@@ -1,7 +1,7 @@
 //! Every kind of driver call the pools make fails at every position of a representative
 //! sequence, on every pool flavour. Each time: the error names the failed call, the pool stays
 //! usable (the whole sequence then runs clean), and after the drop nothing has leaked.
-use cupool_pool::check::{build, Flavor, FAULT_KINDS, FLAVORS};
+use cupool_pool::check::{build, fault_kinds, Flavor, FLAVORS};
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::{CallKind, ErrorCode};
 use cupool_pool::{synchronize, Block, Pool, PoolError, Purge};
@@ -80,7 +80,10 @@ fn every_call_fails_at_every_position() {
             "{flavor:?}: {clean:?}"
         );
         drop(pool);
-        let counts: Vec<(CallKind, u64)> = FAULT_KINDS.iter().map(|&k| (k, dev.calls(k))).collect();
+        let counts: Vec<(CallKind, u64)> = fault_kinds()
+            .into_iter()
+            .map(|k| (k, dev.calls(k)))
+            .collect();
         for (kind, count) in counts {
             for n in 1..=count {
                 cases += 1;
