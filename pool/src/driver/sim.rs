@@ -387,26 +387,18 @@ impl SimDevice {
     ) -> Result<DevicePtr, DriverError> {
         let host_len = host::round_to_page(bytes)
             .ok_or_else(|| self.fail_invalid(kind, format!("size {bytes} overflows")))?;
-        if !self.config.backed {
-            let ptr = Self::fake(s, host_len, host::PAGE);
-            s.allocs.insert(
-                ptr,
-                Alloc {
-                    bytes,
-                    host_len,
-                    managed,
-                },
-            );
-            return Ok(ptr);
-        }
-        let p = host::alloc(host_len).ok_or_else(|| {
-            DriverError::new(
-                kind,
-                ErrorCode::OutOfMemory,
-                format!("host could not back {bytes} bytes"),
-            )
-        })?;
-        let ptr = p as u64;
+        let ptr = if self.config.backed {
+            let p = host::alloc(host_len).ok_or_else(|| {
+                DriverError::new(
+                    kind,
+                    ErrorCode::OutOfMemory,
+                    format!("host could not back {bytes} bytes"),
+                )
+            })?;
+            p as u64
+        } else {
+            Self::fake(s, host_len, host::PAGE)
+        };
         s.allocs.insert(
             ptr,
             Alloc {

@@ -167,7 +167,8 @@ impl Executor for CudaExecutor {
         let kv_k = b.kv + b.kvl.k(layer) as u64;
         let kv_v = b.kv + b.kvl.v(layer) as u64;
         let (k, v) = match self.kv {
-            KvType::F16 => (kv_k, if m.v_is_k { kv_k } else { kv_v }),
+            // The layout puts V at K when V is a view of K.
+            KvType::F16 => (kv_k, kv_v),
             KvType::Q8_0 => {
                 let k = Scratch::ptr(&s.k_f16);
                 self.k.dequantize_q8_0(kv_k, k, ub.n_kv, m.kv_dim_k())?;
