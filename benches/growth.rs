@@ -9,7 +9,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use cupool::pool::driver::cuda::{is_available, CudaDriver};
 use cupool::pool::driver::sim::{SimConfig, SimDevice};
 use cupool::pool::driver::Driver;
-use cupool::pool::pools::vmm::{VmmConfig, VmmPool};
+use cupool::pool::pools::VmmPool;
+use cupool::pool::upstream::vmm::VmmConfig;
 use cupool::pool::Pool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,7 +43,8 @@ fn grow(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
                                 min_grow,
                                 max_grow,
                             },
-                        );
+                        )
+                        .expect("valid settings");
                         // Reserve outside the timing: it happens once per pool, not per grow.
                         let first = pool.alloc(1).unwrap();
                         pool.free(first).unwrap();
@@ -66,9 +68,10 @@ fn bench(c: &mut Criterion) {
     grow(
         c,
         "sim",
-        Arc::new(SimDevice::new(
-            SimConfig::gib(64.0).backed(false).record_calls(false),
-        )),
+        Arc::new(
+            SimDevice::new(SimConfig::gib(64.0).backed(false).record_calls(false))
+                .expect("a valid card"),
+        ),
     );
     if is_available() {
         if let Ok(d) = CudaDriver::new(0) {

@@ -8,9 +8,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use cupool::pool::driver::cuda::{is_available, CudaDriver};
 use cupool::pool::driver::sim::{SimConfig, SimDevice};
 use cupool::pool::driver::Driver;
-use cupool::pool::pools::legacy::LegacyPool;
-use cupool::pool::pools::managed::{managed_pool, ManagedConfig};
-use cupool::pool::pools::vmm::VmmPool;
+use cupool::pool::pools::{LegacyPool, ManagedConfig, ManagedPool, VmmPool};
 use cupool::pool::Pool;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -23,7 +21,7 @@ fn pools(d: &Arc<dyn Driver>) -> Vec<(&'static str, Arc<dyn Pool>)> {
         ("legacy", Arc::new(LegacyPool::new(d.clone()))),
         (
             "managed",
-            Arc::new(managed_pool(d.clone(), ManagedConfig::default())),
+            Arc::new(ManagedPool::new(d.clone(), ManagedConfig::default())),
         ),
     ]
 }
@@ -90,6 +88,35 @@ fn threaded_pairs(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
     g.finish();
 }
 
+/// A cached VMM pair while the pool has `holes` holes (every other block of a long run
+/// freed): the best-fit search is indexed, so the cost stays flat as holes grow.
+fn vmm_with_holes(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
+    let mut g = c.benchmark_group(format!("hot_path_holes/{device}"));
+    g.throughput(Throughput::Elements(1));
+    for holes in [0usize, 10_000, 100_000] {
+        let pool = VmmPool::new(d.clone());
+        let blocks: Vec<_> = (0..2 * holes + 1)
+            .map(|_| pool.alloc(256).unwrap())
+            .collect();
+        let mut keep = Vec::with_capacity(holes + 1);
+        for (i, b) in blocks.into_iter().enumerate() {
+            if i % 2 == 0 {
+                keep.push(b);
+            } else {
+                pool.free(b).unwrap();
+            }
+        }
+        g.bench_with_input(BenchmarkId::new("vmm-256B", holes), &holes, |b, _| {
+            b.iter(|| {
+                let blk = pool.alloc(black_box(256)).unwrap();
+                pool.free(blk).unwrap();
+            })
+        });
+        keep.into_iter().for_each(|b| pool.free(b).unwrap());
+    }
+    g.finish();
+}
+
 fn cuda_baselines(c: &mut Criterion, drv: &CudaDriver) {
     use cudarc::driver::result;
     let stream = drv.context().new_stream().unwrap();
@@ -125,17 +152,17 @@ fn cuda_baselines(c: &mut Criterion, drv: &CudaDriver) {
 }
 
 fn bench(c: &mut Criterion) {
-    cached_pairs(
-        c,
-        "sim",
-        Arc::new(SimDevice::new(SimConfig::gib(64.0).record_calls(false))),
-    );
+    let sim: Arc<dyn Driver> =
+        Arc::new(SimDevice::new(SimConfig::gib(64.0).record_calls(false)).expect("a valid card"));
+    cached_pairs(c, "sim", sim.clone());
+    vmm_with_holes(c, "sim", sim);
     if is_available() {
         match CudaDriver::new(0) {
             Ok(drv) => {
                 let drv = Arc::new(drv);
                 cuda_baselines(c, &drv);
                 cached_pairs(c, "cuda", drv.clone());
+                vmm_with_holes(c, "cuda", drv.clone());
                 threaded_pairs(c, "cuda", drv);
             }
             Err(e) => eprintln!("cuda benches skipped: {e}"),

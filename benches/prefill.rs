@@ -5,7 +5,6 @@
 //! `CUPOOL_PREFILL_LAYERS` (default 2) sets the layers per preset to keep the run short; the
 //! per-layer work and the per-ubatch boundary are those of the full model.
 //! Prints one JSON line per configuration. Run: `cargo bench --bench prefill`.
-use cupool::kernels::KvType;
 use cupool::pool::driver::cuda::{is_available, CudaDriver};
 use cupool::pool::{PoolConfig, PoolKind};
 use cupool::runtime::executor::cuda::CudaExecutor;
@@ -48,11 +47,11 @@ fn main() {
         for (preset, kind, purge, samples) in configs.iter_mut() {
             let mut m = ModelShape::preset(preset).unwrap();
             m.n_layer = layers;
-            let mut cfg = RunConfig::new(m.clone(), TOKENS);
+            let mut cfg = RunConfig::new(m, TOKENS);
             cfg.weights_bytes = 0;
             cfg.pool = PoolConfig::default().kind(*kind);
             cfg.purge = *purge;
-            let exec = CudaExecutor::new(m, KvType::Q8_0, drv.context().clone()).unwrap();
+            let exec = CudaExecutor::new(drv.context().clone()).unwrap();
             let mut rt = Runtime::new(drv.clone(), cfg, Box::new(exec)).unwrap();
             let r = rt.prefill(TOKENS).unwrap();
             assert!(r.completed);

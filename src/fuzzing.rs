@@ -3,7 +3,7 @@
 //! The cargo-fuzz targets in `fuzz/` call these, and `tests/fuzz_corpus.rs` replays the
 //! committed corpus plus a bounded fresh run through them on stable Rust.
 
-use crate::pool::check::{self, FLAVORS};
+use crate::pool::check::{self, flavors};
 use crate::pool::driver::sim::{SimConfig, SimDevice};
 use crate::pool::driver::Driver;
 use crate::pool::{PoolConfig, PoolKind};
@@ -25,7 +25,8 @@ fn run_ops(data: &[u8], faults: bool) {
     let Some((&first, rest)) = data.split_first() else {
         return;
     };
-    let flavor = FLAVORS[first as usize % FLAVORS.len()];
+    let all = flavors();
+    let flavor = all[first as usize % all.len()];
     let ops = check::ops_from_bytes(rest);
     if let Err(e) = check::run(flavor, &ops, faults) {
         panic!("pool invariant broken: {e}\nops: {ops:?}");
@@ -68,9 +69,10 @@ pub fn env_config(data: &[u8]) {
     };
     if let Ok(config) = PoolConfig::from_lookup(get) {
         for vmm in [false, true] {
-            let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(
-                SimConfig::gib(0.25).vmm(vmm).record_calls(false),
-            ));
+            let dev: Arc<dyn Driver> = Arc::new(
+                SimDevice::new(SimConfig::gib(0.25).vmm(vmm).record_calls(false))
+                    .expect("a valid card"),
+            );
             if let Ok(pool) = config.build(dev) {
                 if let Ok(b) = pool.alloc(4096) {
                     pool.free(b).expect("a block goes back to its own pool");
@@ -97,9 +99,10 @@ pub fn env_config(data: &[u8]) {
     cfg.n_ubatch = b(11) * 4;
     cfg.sms = b(12) % 200;
     let prompt = b(13) * 16;
-    let dev: Arc<dyn Driver> = Arc::new(SimDevice::new(
-        SimConfig::gib(1.0).backed(false).record_calls(false),
-    ));
+    let dev: Arc<dyn Driver> = Arc::new(
+        SimDevice::new(SimConfig::gib(1.0).backed(false).record_calls(false))
+            .expect("a valid card"),
+    );
     if let Ok(mut rt) = Runtime::new(dev, cfg, Box::new(DryRun)) {
         let _ = rt.prefill(prompt);
     }

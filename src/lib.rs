@@ -6,12 +6,17 @@
 //! - [`kernels`]: the NVRTC kernels and their CPU references;
 //! - [`trace`]: allocation traces (parse and replay).
 //!
+//! The `repro-prefill` command line is its own crate (`cli/`), so depending on this library
+//! pulls in no argument parser, plotting or terminal code. The fuzz entry points are behind
+//! the `fuzzing` feature.
+//!
 //! See the README for the environment variables and an example.
 
 pub use cupool_kernels as kernels;
 pub use cupool_pool as pool;
 pub use cupool_runtime as runtime;
 
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod trace;
 

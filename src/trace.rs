@@ -5,32 +5,91 @@
 //! (docs/repro-prefill.md). Blank lines and lines starting with `#` are skipped. Parsing never
 //! panics: a malformed line is an error that names the line and what was expected.
 
-use cupool_pool::driver::sim::{SimConfig, SimDevice};
+use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool_pool::driver::Driver;
 use cupool_pool::{synchronize, Block, Pool, PoolConfig, PoolError, PoolKind, Purge};
 use cupool_runtime::PurgePolicy;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 
 /// One parsed event: the recorder's own type, so recording and replaying cannot drift apart.
 pub use cupool_pool::adaptors::TraceEvent as Op;
 
-fn field_u64(o: &Map<String, Value>, key: &str, line: usize, op: &str) -> Result<u64, String> {
-    o.get(key)
-        .and_then(Value::as_u64)
-        .ok_or_else(|| format!("line {line}: \"{op}\" needs a non-negative integer \"{key}\""))
+/// Why a trace could not be parsed or replayed.
+#[derive(Debug)]
+pub enum TraceError {
+    /// A line is not an event; the message says what was expected.
+    Parse {
+        /// The line, from 1.
+        line: usize,
+        /// What was wrong and what is accepted.
+        message: String,
+    },
+    /// An event contradicts the ones before it (a double alloc, a free of nothing).
+    Inconsistent {
+        /// The event, from 1.
+        event: usize,
+        /// What was wrong.
+        message: String,
+    },
+    /// The pool failed in a way other than running out of memory.
+    Pool(PoolError),
 }
 
-fn field_str(o: &Map<String, Value>, key: &str, line: usize, op: &str) -> Result<String, String> {
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceError::Parse { line, message } => write!(f, "line {line}: {message}"),
+            TraceError::Inconsistent { event, message } => write!(f, "event {event}: {message}"),
+            TraceError::Pool(e) => write!(f, "replay failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for TraceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TraceError::Pool(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<PoolError> for TraceError {
+    fn from(e: PoolError) -> Self {
+        TraceError::Pool(e)
+    }
+}
+
+fn bad(line: usize, message: String) -> TraceError {
+    TraceError::Parse { line, message }
+}
+
+fn field_u64(o: &Map<String, Value>, key: &str, line: usize, op: &str) -> Result<u64, TraceError> {
+    o.get(key).and_then(Value::as_u64).ok_or_else(|| {
+        bad(
+            line,
+            format!("\"{op}\" needs a non-negative integer \"{key}\""),
+        )
+    })
+}
+
+fn field_str(
+    o: &Map<String, Value>,
+    key: &str,
+    line: usize,
+    op: &str,
+) -> Result<String, TraceError> {
     o.get(key)
         .and_then(Value::as_str)
         .map(str::to_owned)
-        .ok_or_else(|| format!("line {line}: \"{op}\" needs a string \"{key}\""))
+        .ok_or_else(|| bad(line, format!("\"{op}\" needs a string \"{key}\"")))
 }
 
 /// Parses a whole trace; the error names the line and what was expected.
-pub fn parse(text: &str) -> Result<Vec<Op>, String> {
+pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
     let mut ops = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
@@ -38,35 +97,50 @@ pub fn parse(text: &str) -> Result<Vec<Op>, String> {
         if t.is_empty() || t.starts_with('#') {
             continue;
         }
-        let v: Value = serde_json::from_str(t).map_err(|e| format!("line {line}: not JSON ({e}); expected one object per line such as {{\"op\":\"alloc\",\"id\":1,\"size\":4096}}"))?;
+        let v: Value = serde_json::from_str(t).map_err(|e| bad(line, format!("not JSON ({e}); expected one object per line such as {{\"op\":\"alloc\",\"id\":1,\"size\":4096}}")))?;
         let o = v
             .as_object()
-            .ok_or_else(|| format!("line {line}: expected a JSON object, found {v}"))?;
+            .ok_or_else(|| bad(line, format!("expected a JSON object, found {v}")))?;
         let op = o.get("op").and_then(Value::as_str).ok_or_else(|| {
-            format!(
-                "line {line}: missing string \"op\" (alloc, free, phase_begin, phase_end or sync)"
+            bad(
+                line,
+                "missing string \"op\" (alloc, free, phase_begin, phase_end or sync)".into(),
             )
         })?;
         ops.push(match op {
             "alloc" => Op::Alloc {
                 id: field_u64(o, "id", line, op)?,
-                size: usize::try_from(field_u64(o, "size", line, op)?).map_err(|_| format!("line {line}: size too large"))?,
+                size: usize::try_from(field_u64(o, "size", line, op)?)
+                    .map_err(|_| bad(line, "size too large".into()))?,
                 stream: match o.get("stream") {
                     None => 0,
-                    Some(s) => s.as_u64().ok_or_else(|| format!("line {line}: \"stream\" must be a non-negative integer"))?,
+                    Some(s) => s.as_u64().ok_or_else(|| {
+                        bad(line, "\"stream\" must be a non-negative integer".into())
+                    })?,
                 },
             },
-            "free" => Op::Free { id: field_u64(o, "id", line, op)? },
-            "phase_begin" => Op::PhaseBegin { name: field_str(o, "name", line, op)? },
+            "free" => Op::Free {
+                id: field_u64(o, "id", line, op)?,
+            },
+            "phase_begin" => Op::PhaseBegin {
+                name: field_str(o, "name", line, op)?,
+            },
             "phase_end" => Op::PhaseEnd {
                 name: field_str(o, "name", line, op)?,
                 prefill: match o.get("prefill") {
                     None => false,
-                    Some(b) => b.as_bool().ok_or_else(|| format!("line {line}: \"prefill\" must be true or false"))?,
+                    Some(b) => b
+                        .as_bool()
+                        .ok_or_else(|| bad(line, "\"prefill\" must be true or false".into()))?,
                 },
             },
             "sync" => Op::Sync,
-            other => return Err(format!("line {line}: unknown op {other:?}: expected alloc, free, phase_begin, phase_end or sync")),
+            other => return Err(bad(
+                line,
+                format!(
+                    "unknown op {other:?}: expected alloc, free, phase_begin, phase_end or sync"
+                ),
+            )),
         });
     }
     Ok(ops)
@@ -118,17 +192,18 @@ fn next_requests(ops: &[Op], from: usize, stream: u64) -> Vec<usize> {
     out
 }
 
+/// Replays `ops` through pools of `kind` (one per stream) on a simulated card of `vram` bytes
+/// (unlimited when `None`), purging at prefill phase ends by `purge`. Allocations that run out
+/// of memory are counted, not fatal.
 pub fn replay(
     ops: &[Op],
     kind: PoolKind,
     purge: PurgePolicy,
     vram: Option<usize>,
-) -> Result<ReplayReport, String> {
-    let capacity = vram.map_or((1u64 << 50) as f64, |v| v as f64) / (1u64 << 30) as f64;
-    let device = Arc::new(SimDevice::new(
-        SimConfig::gib(capacity).backed(false).record_calls(false),
-    ));
-    let driver: Arc<dyn Driver> = device.clone();
+) -> Result<ReplayReport, TraceError> {
+    let mut sim = SimConfig::gib(0.0).backed(false).record_calls(false);
+    sim.capacity = vram.map_or(MAX_CAPACITY, |v| v.min(MAX_CAPACITY));
+    let driver: Arc<dyn Driver> = Arc::new(SimDevice::new(sim).map_err(PoolError::from)?);
     let config = PoolConfig::default().kind(kind);
     let mut pools: HashMap<u64, Arc<dyn Pool>> = HashMap::new();
     let mut live: HashMap<u64, (u64, Block)> = HashMap::new();
@@ -141,24 +216,23 @@ pub fn replay(
     };
     let mut live_bytes = 0usize;
     let mut ooms = 0u64;
-    let measure = |pools: &HashMap<u64, Arc<dyn Pool>>, r: &mut ReplayReport, live_bytes: usize| {
-        let reserved: usize = pools.values().map(|p| p.stats().reserved_bytes).sum();
-        r.peak_reserved_bytes = r.peak_reserved_bytes.max(reserved);
-        r.peak_live_bytes = r.peak_live_bytes.max(live_bytes);
+    let inconsistent = |i: usize, message: String| TraceError::Inconsistent {
+        event: i + 1,
+        message,
     };
     for (i, op) in ops.iter().enumerate() {
         match op {
             Op::Alloc { id, size, stream } => {
                 if live.contains_key(id) {
-                    return Err(format!(
-                        "event {}: alloc of id {id}, which is already live",
-                        i + 1
+                    return Err(inconsistent(
+                        i,
+                        format!("alloc of id {id}, which is already live"),
                     ));
                 }
                 let pool = match pools.get(stream) {
                     Some(p) => p.clone(),
                     None => {
-                        let p = config.build(driver.clone()).map_err(|e| e.to_string())?;
+                        let p = config.build(driver.clone())?;
                         pools.insert(*stream, p.clone());
                         p
                     }
@@ -172,50 +246,48 @@ pub fn replay(
                         ooms += 1;
                         failed.insert(*id);
                     }
-                    Err(e) => return Err(format!("event {}: {e}", i + 1)),
+                    Err(e) => return Err(e.into()),
                 }
             }
             Op::Free { id } => match live.remove(id) {
                 Some((stream, b)) => {
                     live_bytes -= b.size();
-                    pools[&stream].free(b).map_err(|e| e.to_string())?;
+                    pools[&stream].free(b).map_err(|e| e.error)?;
                 }
                 None if failed.remove(id) => {}
                 None => {
-                    return Err(format!(
-                        "event {}: free of id {id}, which is not live",
-                        i + 1
+                    return Err(inconsistent(
+                        i,
+                        format!("free of id {id}, which is not live"),
                     ))
                 }
             },
-            Op::PhaseBegin { name } => pools.values().for_each(|p| p.begin_phase(name)),
-            Op::PhaseEnd { prefill, .. } => {
-                pools.values().for_each(|p| {
-                    p.end_phase();
-                });
-                if *prefill && purge != PurgePolicy::Never {
-                    let mut token = None;
-                    for (&stream, p) in &pools {
-                        let what = match purge {
-                            PurgePolicy::Always => Purge::All,
-                            _ => Purge::KeepFor(next_requests(ops, i + 1, stream)),
-                        };
-                        if purge == PurgePolicy::Auto && p.releasable(&what) == 0 {
-                            continue;
-                        }
-                        if token.is_none() {
-                            token = Some(synchronize(driver.as_ref()).map_err(|e| e.to_string())?);
-                        }
-                        p.purge(token.as_ref().unwrap(), what)
-                            .map_err(|e| e.to_string())?;
+            Op::PhaseEnd { prefill: true, .. } if purge != PurgePolicy::Never => {
+                let mut token = None;
+                for (&stream, p) in &pools {
+                    let what = match purge {
+                        PurgePolicy::Always => Purge::All,
+                        _ => Purge::KeepFor(next_requests(ops, i + 1, stream)),
+                    };
+                    if purge == PurgePolicy::Auto && p.releasable(&what) == 0 {
+                        continue;
                     }
+                    let t = match token {
+                        Some(t) => t,
+                        None => {
+                            *token.insert(synchronize(driver.as_ref()).map_err(PoolError::from)?)
+                        }
+                    };
+                    p.purge(&t, what)?;
                 }
             }
-            Op::Sync => {}
+            Op::PhaseBegin { .. } | Op::PhaseEnd { .. } | Op::Sync => {}
         }
-        measure(&pools, &mut r, live_bytes);
+        let reserved: usize = pools.values().map(|p| p.reserved_bytes()).sum();
+        r.peak_reserved_bytes = r.peak_reserved_bytes.max(reserved);
+        r.peak_live_bytes = r.peak_live_bytes.max(live_bytes);
     }
-    r.end_reserved_bytes = pools.values().map(|p| p.stats().reserved_bytes).sum();
+    r.end_reserved_bytes = pools.values().map(|p| p.reserved_bytes()).sum();
     for p in pools.values() {
         let c = p.stats().calls;
         r.driver_mallocs += c.mallocs + c.managed_mallocs;
@@ -225,7 +297,9 @@ pub fn replay(
     }
     r.ooms = ooms;
     for (_, (stream, b)) in live.drain() {
-        let _ = pools[&stream].free(b);
+        if let Err(e) = pools[&stream].free(b) {
+            tracing::error!(error = %e, "freeing a block at the end of a replay failed");
+        }
     }
     Ok(r)
 }

@@ -4,7 +4,7 @@
 //! look-ahead is the floor of a purged legacy pool); `auto` within 10% of `never`'s driver
 //! mallocs; vmm (default adaptive growth) at most 1.05. Set CUPOOL_FOOTPRINT_OUT=FILE to
 //! write the table (docs/benchmarks.md takes it from there).
-use cupool::pool::driver::sim::{SimConfig, SimDevice};
+use cupool::pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool::pool::{PoolConfig, PoolKind};
 use cupool::runtime::executor::dry_run::DryRun;
 use cupool::runtime::model::PRESETS;
@@ -21,11 +21,9 @@ fn run(preset: &str, kind: PoolKind, purge: PurgePolicy) -> RunReport {
     cfg.weights_bytes = 0;
     cfg.pool = PoolConfig::default().kind(kind);
     cfg.purge = purge;
-    let dev = Arc::new(SimDevice::new(
-        SimConfig::gib((1u64 << 20) as f64)
-            .backed(false)
-            .record_calls(false),
-    ));
+    let mut card = SimConfig::gib(0.0).backed(false).record_calls(false);
+    card.capacity = MAX_CAPACITY;
+    let dev = Arc::new(SimDevice::new(card).unwrap());
     let r = Runtime::new(dev, cfg, Box::new(DryRun))
         .unwrap()
         .prefill(TOKENS)

@@ -69,7 +69,14 @@ impl std::fmt::Display for KernelError {
     }
 }
 
-impl std::error::Error for KernelError {}
+impl std::error::Error for KernelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KernelError::Driver(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<DriverError> for KernelError {
     fn from(e: DriverError) -> Self {

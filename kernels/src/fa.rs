@@ -10,6 +10,15 @@
 //! They are taken in that order and returned in reverse when the call ends.
 
 use crate::KvType;
+use std::mem::size_of;
+
+/// Element type of `K_f16` and `V_f16`: the one definition, which the pool buffers and the
+/// byte sizes below (and so the planner and the purge policy) all use.
+pub type KvHalf = half::f16;
+/// Element type of `dst_tmp`: a split's partial output.
+pub type Partial = f32;
+/// Element type of `dst_tmp_meta`: a split's running (max, sum).
+pub type Meta = [f32; 2];
 
 /// Queries one block of the CUDA kernel handles (`QPB` in `fattn.cu`).
 pub const QUERIES_PER_BLOCK: usize = 32;
@@ -56,10 +65,10 @@ impl FaScratch {
     /// The byte sizes of the buffers taken, in allocation order.
     pub fn request_bytes(&self) -> Vec<usize> {
         [
-            self.k_f16 * 2,
-            self.v_f16 * 2,
-            self.dst_tmp * 4,
-            self.dst_meta * 8,
+            self.k_f16 * size_of::<KvHalf>(),
+            self.v_f16 * size_of::<KvHalf>(),
+            self.dst_tmp * size_of::<Partial>(),
+            self.dst_meta * size_of::<Meta>(),
         ]
         .into_iter()
         .filter(|&b| b > 0)

@@ -7,6 +7,8 @@ pub mod cpu;
 pub mod cuda;
 pub mod fa;
 
+pub use half;
+
 /// Values per q8_0 block.
 pub const QK8_0: usize = 32;
 /// Bytes per q8_0 block: an f16 scale and 32 int8.

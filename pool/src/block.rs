@@ -22,11 +22,18 @@ impl PoolId {
 /// and a foreign pointer cannot be freed at all. Free it with [`crate::Pool::free`], or use
 /// [`crate::PoolBuffer`], which does that on drop.
 ///
+/// A block that is dropped instead goes back to the pool core that made it (with a warning:
+/// adaptors wrapped around that pool do not see it return). That is also the contract for
+/// dropping a pool while blocks are live: the pool releases its idle memory at once and keeps
+/// the memory behind live blocks, never unmapping or freeing what a block still points at; as
+/// the blocks are dropped their memory is released too, and once the last is back nothing of
+/// the pool remains.
+///
 /// A double free is a compile error:
 /// ```compile_fail,E0382
 /// # use std::sync::Arc;
-/// # use cupool_pool::{driver::sim::{SimConfig, SimDevice}, pools::vmm::VmmPool, Pool};
-/// let pool = VmmPool::new(Arc::new(SimDevice::new(SimConfig::gib(1.0))));
+/// # use cupool_pool::{driver::sim::{SimConfig, SimDevice}, pools::VmmPool, Pool};
+/// let pool = VmmPool::new(Arc::new(SimDevice::new(SimConfig::gib(1.0)).unwrap()));
 /// let b = pool.alloc(4096).unwrap();
 /// pool.free(b).unwrap();
 /// pool.free(b).unwrap(); // use of moved value
@@ -37,7 +44,7 @@ impl PoolId {
 /// cupool_pool::Block { ptr: 0x1000, size: 64, capacity: 64, pool, managed_fallback: false }
 /// # }
 /// ```
-#[must_use = "a block that is never freed stays live in its pool"]
+#[must_use = "a block that is dropped instead of freed bypasses the adaptors of its pool"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Block {
     pub(crate) ptr: DevicePtr,
@@ -77,5 +84,41 @@ impl Block {
     #[inline]
     pub fn is_managed_fallback(&self) -> bool {
         self.managed_fallback
+    }
+}
+
+/// A block's fields, taken out of it: whoever holds them returns the memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Parts {
+    pub ptr: DevicePtr,
+    pub size: usize,
+    pub capacity: usize,
+    pub pool: PoolId,
+}
+
+impl Block {
+    /// Takes the block apart; its drop no longer returns the memory.
+    #[inline]
+    pub(crate) fn into_parts(self) -> Parts {
+        let parts = Parts {
+            ptr: self.ptr,
+            size: self.size,
+            capacity: self.capacity,
+            pool: self.pool,
+        };
+        std::mem::forget(self);
+        parts
+    }
+}
+
+impl Drop for Block {
+    #[cold]
+    fn drop(&mut self) {
+        crate::core::owners::reclaim(Parts {
+            ptr: self.ptr,
+            size: self.size,
+            capacity: self.capacity,
+            pool: self.pool,
+        });
     }
 }

@@ -3,7 +3,7 @@
 use crate::block::Block;
 use crate::driver::DevicePtr;
 use crate::error::PoolError;
-use crate::pools::{Pool, MAX_REQUEST};
+use crate::pool::{Pool, MAX_REQUEST};
 use cudarc::driver::{LaunchArgs, PushKernelArg};
 use std::marker::PhantomData;
 use std::sync::Arc;

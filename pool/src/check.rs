@@ -7,14 +7,15 @@
 //! tags; that the stats equal a recount; that a failed allocation changes nothing; and, once the
 //! pools are dropped, that the device's ledger is empty. It returns the first violation.
 
-use crate::adaptors::ManagedFallback;
+use crate::adaptors::{ManagedFallback, Phases};
+use crate::driver::fault::FaultInjector;
 use crate::driver::limit::LimitedDriver;
 use crate::driver::sim::{SimConfig, SimDevice};
 use crate::driver::{CallKind, Driver, ErrorCode};
-use crate::pools::legacy::{LegacyConfig, LegacyPool};
-use crate::pools::managed::{managed_pool, ManagedConfig};
-use crate::pools::vmm::{VmmConfig, VmmPool};
-use crate::{synchronize, Block, Pool, PoolError, Purge};
+use crate::placement::slots::SlotsConfig;
+use crate::pools::{LegacyConfig, LegacyPool};
+use crate::upstream::vmm::VmmConfig;
+use crate::{synchronize, Block, Pool, PoolConfig, PoolError, PoolKind, Purge};
 use std::sync::Arc;
 
 const MIB: usize = 1 << 20;
@@ -22,68 +23,100 @@ const MIB: usize = 1 << 20;
 /// A pool configuration to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavor {
-    /// VMM, growing by the granularity.
-    Vmm,
-    /// VMM with an 8 MiB minimum grow.
-    VmmAmortised,
-    /// ggml's legacy policy.
-    Legacy,
+    /// A kind as [`PoolConfig`] builds it by default: every kind in [`PoolKind::ALL`].
+    Plain(PoolKind),
+    /// VMM growing by exactly the granularity (no amortised growth).
+    VmmExactGrowth,
     /// Legacy with 3 slots (frequent driver frees) and flush-and-retry.
     LegacyFewSlotsRetry,
-    /// The managed pool.
-    Managed,
     /// VMM under a 24 MiB limit with the managed fallback.
     FallbackOverVmm,
 }
 
-/// Every flavour.
-pub const FLAVORS: [Flavor; 6] = [
-    Flavor::Vmm,
-    Flavor::VmmAmortised,
-    Flavor::Legacy,
-    Flavor::LegacyFewSlotsRetry,
-    Flavor::Managed,
-    Flavor::FallbackOverVmm,
-];
+/// Every flavour: each kind, then the variants.
+pub fn flavors() -> Vec<Flavor> {
+    let mut v: Vec<Flavor> = PoolKind::ALL.iter().map(|&k| Flavor::Plain(k)).collect();
+    v.extend([
+        Flavor::VmmExactGrowth,
+        Flavor::LegacyFewSlotsRetry,
+        Flavor::FallbackOverVmm,
+    ]);
+    v
+}
 
-/// Builds a pool of `flavor` on `dev`.
-pub fn build(flavor: Flavor, dev: &Arc<SimDevice>) -> Arc<dyn Pool> {
-    let d: Arc<dyn Driver> = dev.clone();
-    match flavor {
-        Flavor::Vmm => Arc::new(VmmPool::with_config(
-            d,
-            VmmConfig {
-                reserve_bytes: None,
-                min_grow: 0,
-                max_grow: 0,
-            },
-        )),
-        Flavor::VmmAmortised => Arc::new(VmmPool::with_config(
-            d,
-            VmmConfig {
-                reserve_bytes: None,
-                min_grow: 2 * MIB,
-                max_grow: 16 * MIB,
-            },
-        )),
-        Flavor::Legacy => Arc::new(LegacyPool::new(d)),
-        Flavor::LegacyFewSlotsRetry => Arc::new(LegacyPool::with_config(
-            d,
-            LegacyConfig {
-                slots: 3,
-                flush_and_retry: true,
-                ..LegacyConfig::default()
-            },
-        )),
-        Flavor::Managed => Arc::new(managed_pool(d, ManagedConfig::default())),
+/// A small simulated card (64 MiB) behind a fault injector.
+#[derive(Debug)]
+pub struct Device {
+    /// The card: its ledger and its memory.
+    pub sim: Arc<SimDevice>,
+    /// The driver pools are built on: the card behind the injector.
+    pub faults: Arc<FaultInjector>,
+}
+
+impl Device {
+    /// A fresh card with no fault armed.
+    pub fn new() -> Self {
+        let sim = Arc::new(
+            SimDevice::new(SimConfig::gib(64.0 / 1024.0).record_calls(false))
+                .expect("a valid simulated card"),
+        );
+        let faults = Arc::new(FaultInjector::new(sim.clone()));
+        Self { sim, faults }
+    }
+
+    /// The driver to build pools on.
+    pub fn driver(&self) -> Arc<dyn Driver> {
+        self.faults.clone()
+    }
+}
+
+impl Default for Device {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Builds a pool of `flavor` on `driver`, wrapped in [`Phases`].
+pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
+    let pool: Arc<dyn Pool> = match flavor {
+        Flavor::Plain(kind) => PoolConfig::default()
+            .kind(kind)
+            .build(driver)
+            .expect("every kind builds on the simulated card"),
+        Flavor::VmmExactGrowth => Arc::new(
+            crate::pools::VmmPool::with_config(
+                driver,
+                VmmConfig {
+                    reserve_bytes: None,
+                    min_grow: 0,
+                    max_grow: 0,
+                },
+            )
+            .expect("valid settings"),
+        ),
+        Flavor::LegacyFewSlotsRetry => Arc::new(
+            LegacyPool::with_config(
+                driver,
+                LegacyConfig {
+                    placement: SlotsConfig {
+                        slots: 3,
+                        ..SlotsConfig::default()
+                    },
+                    flush_and_retry: true,
+                    ..LegacyConfig::default()
+                },
+            )
+            .expect("valid settings"),
+        ),
         Flavor::FallbackOverVmm => {
-            let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(d, 24 * MIB));
+            let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(driver, 24 * MIB));
             Arc::new(ManagedFallback::new(
-                Arc::new(VmmPool::with_config(limited, VmmConfig::default())),
+                Arc::new(crate::pools::VmmPool::new(limited)),
                 false,
             ))
         }
-    }
+    };
+    Arc::new(Phases::new(pool))
 }
 
 /// One step.
@@ -213,13 +246,11 @@ fn check_stamp(dev: &SimDevice, b: &Block, tag: u8) -> Result<(), String> {
 fn invariants(
     flavor: Flavor,
     dev: &SimDevice,
-    pools: &[Arc<dyn Pool>; 2],
+    pools: &[Arc<Phases>; 2],
     live: &[Live],
-    faults: bool,
 ) -> Result<(), String> {
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     let mut reserved = 0;
-    let mut fallback_total = 0;
     for (s, pool) in pools.iter().enumerate() {
         let st = pool.stats();
         let (mut bytes, mut blocks, mut fallback) = (0usize, 0usize, 0usize);
@@ -233,15 +264,14 @@ fn invariants(
             );
             if b.is_managed_fallback() {
                 fallback += b.size();
-            } else {
-                ensure!(
-                    b.ptr() % pool.alignment() as u64 == 0,
-                    "{flavor:?}: block {:#x} misaligned",
-                    b.ptr()
-                );
-                bytes += b.size();
-                blocks += 1;
             }
+            ensure!(
+                b.ptr() % pool.alignment() as u64 == 0,
+                "{flavor:?}: block {:#x} misaligned",
+                b.ptr()
+            );
+            bytes += b.size();
+            blocks += 1;
             ranges.push((b.ptr(), b.ptr() + b.capacity() as u64));
         }
         ensure!(
@@ -267,7 +297,6 @@ fn invariants(
             "{flavor:?}: cached above reserved"
         );
         reserved += st.reserved_bytes;
-        fallback_total += fallback;
     }
     ranges.sort_unstable();
     for w in ranges.windows(2) {
@@ -278,37 +307,25 @@ fn invariants(
             w[1].0
         );
     }
+    // Every byte the driver holds is a byte some pool counts as reserved (refused frees
+    // included: they stay reserved until a purge gets them back).
     let ledger = dev.ledger();
-    let held = if flavor == Flavor::Managed {
-        ledger.managed_bytes
-    } else {
-        ledger.device_bytes
-    };
+    let held = ledger.device_bytes + ledger.managed_bytes;
     ensure!(
         reserved == held,
         "{flavor:?}: the pools reserve {reserved} bytes but the driver holds {held} for them"
     );
-    let managed_other = if flavor == Flavor::Managed {
-        0
-    } else {
-        ledger.managed_bytes
-    };
-    // Under faults a refused managed free is kept for a retry, so the driver may hold more.
-    let consistent = if faults {
-        managed_other >= fallback_total
-    } else {
-        managed_other == fallback_total
-    };
-    ensure!(consistent, "{flavor:?}: managed memory {managed_other} differs from the live fallback blocks {fallback_total}");
     Ok(())
 }
 
 /// Runs `ops` on two pools of `flavor`; `faults` lets [`Op::Fault`] arm driver faults.
 pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
-    let dev = Arc::new(SimDevice::new(
-        SimConfig::gib(64.0 / 1024.0).record_calls(false),
-    ));
-    let pools = [build(flavor, &dev), build(flavor, &dev)];
+    let device = Device::new();
+    let dev = device.sim.as_ref();
+    let pools = [
+        build(flavor, device.driver()),
+        build(flavor, device.driver()),
+    ];
     let mut live: Vec<Live> = Vec::new();
     let mut tag = 0u8;
     let mut stream = 0usize;
@@ -320,7 +337,7 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
                 match pool.alloc(*n) {
                     Ok(block) => {
                         tag = tag.wrapping_add(1);
-                        stamp(&dev, &block, tag)?;
+                        stamp(dev, &block, tag)?;
                         live.push(Live { block, stream, tag });
                     }
                     Err(e) => {
@@ -340,7 +357,7 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
             }
             Op::Free(k) if !live.is_empty() => {
                 let l = live.swap_remove(k % live.len());
-                check_stamp(&dev, &l.block, l.tag)?;
+                check_stamp(dev, &l.block, l.tag)?;
                 if let Err(e) = pools[l.stream].free(l.block) {
                     ensure!(faults, "{flavor:?}: free refused: {e}");
                     live.push(Live {
@@ -358,7 +375,7 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
                     Op::PurgeKeepFor(r) => Purge::KeepFor(r.clone()),
                     _ => unreachable!("matched above"),
                 };
-                if let Ok(token) = synchronize(dev.as_ref()) {
+                if let Ok(token) = synchronize(device.faults.as_ref()) {
                     for pool in &pools {
                         let promised = pool.releasable(&what);
                         let r = pool.purge(&token, what.clone());
@@ -370,7 +387,7 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
                 }
             }
             Op::Sync => {
-                let _ = synchronize(dev.as_ref());
+                let _ = synchronize(device.faults.as_ref());
             }
             Op::Phase => {
                 for pool in &pools {
@@ -387,7 +404,7 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
             Op::Stream(s) => stream = *s as usize % 2,
             Op::Fault(x) if faults => {
                 let kinds = fault_kinds();
-                dev.fail_nth(
+                device.faults.fail_nth(
                     kinds[*x as usize % kinds.len()],
                     1 + (*x as u64 / 64),
                     ErrorCode::Injected,
@@ -395,16 +412,19 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
             }
             Op::Fault(_) => {}
         }
-        invariants(flavor, &dev, &pools, &live, faults)?;
+        invariants(flavor, dev, &pools, &live)?;
     }
-    dev.clear_faults();
+    device.faults.clear_faults();
     for l in live.drain(..) {
-        check_stamp(&dev, &l.block, l.tag)?;
+        check_stamp(dev, &l.block, l.tag)?;
         pools[l.stream]
             .free(l.block)
             .map_err(|e| format!("{flavor:?}: final free: {e}"))?;
     }
-    if matches!(flavor, Flavor::Vmm | Flavor::VmmAmortised) {
+    if matches!(
+        flavor,
+        Flavor::Plain(PoolKind::Vmm) | Flavor::VmmExactGrowth
+    ) {
         // Everything is free: the whole mapped range must be one reusable run, with no growth.
         for pool in &pools {
             let s = pool.stats();

@@ -13,62 +13,21 @@
 
 use crate::adaptors::ManagedFallback;
 use crate::driver::Driver;
-use crate::pools::legacy::{LegacyConfig, LegacyPool};
-use crate::pools::managed::{managed_pool, ManagedConfig};
-use crate::pools::vmm::{VmmConfig, VmmPool};
-use crate::pools::{Pool, PoolKind};
-use std::fmt;
+use crate::error::PoolError;
+use crate::invalid::InvalidConfig;
+use crate::kind::PoolKind;
+use crate::pool::Pool;
+use crate::pools::LegacyConfig;
+use crate::upstream::vmm::VmmConfig;
 use std::sync::Arc;
-
-/// A bad configuration value.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ConfigError {
-    /// A variable has a value outside what it accepts.
-    BadValue {
-        /// The variable.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What it accepts.
-        accepted: &'static str,
-    },
-    /// Two settings contradict each other.
-    Conflict(String),
-    /// The chosen pool cannot run on this device.
-    Unsupported(String),
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigError::BadValue {
-                var,
-                value,
-                accepted,
-            } => {
-                write!(
-                    f,
-                    "{var}={value:?} is not valid: accepted values are {accepted}"
-                )
-            }
-            ConfigError::Conflict(s) | ConfigError::Unsupported(s) => f.write_str(s),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 const BOOL_VALUES: &str = "1, 0, true, false, yes, no, on, off";
 
-fn parse_bool(var: &'static str, value: &str) -> Result<bool, ConfigError> {
+fn parse_bool(var: &'static str, value: &str) -> Result<bool, InvalidConfig> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::BadValue {
-            var,
-            value: value.to_owned(),
-            accepted: BOOL_VALUES,
-        }),
+        _ => Err(InvalidConfig::new(var, value, BOOL_VALUES)),
     }
 }
 
@@ -91,26 +50,23 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// Reads the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
+    pub fn from_env() -> Result<Self, PoolError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
     /// Reads settings through `get` (a variable's value, or `None` if unset), so callers and
     /// tests can supply their own environment.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, PoolError> {
         let mut c = PoolConfig::default();
-        let flag = |var: &'static str| -> Result<bool, ConfigError> {
+        let flag = |var: &'static str| -> Result<bool, InvalidConfig> {
             match get(var) {
                 Some(v) => parse_bool(var, &v),
                 None => Ok(false),
             }
         };
         if let Some(v) = get("GGML_POOL") {
-            let kind = PoolKind::parse(&v).ok_or(ConfigError::BadValue {
-                var: "GGML_POOL",
-                value: v.clone(),
-                accepted: PoolKind::NAMES,
-            })?;
+            let kind = PoolKind::parse(&v)
+                .ok_or_else(|| InvalidConfig::new("GGML_POOL", &v, PoolKind::names()))?;
             c.kind = Some(kind);
         }
         c.no_vmm = flag("GGML_CUDA_NO_VMM")?;
@@ -118,14 +74,14 @@ impl PoolConfig {
             match c.kind {
                 None | Some(PoolKind::Managed) => c.kind = Some(PoolKind::Managed),
                 Some(k) => {
-                    return Err(ConfigError::Conflict(format!(
+                    return Err(PoolError::Conflict(format!(
                         "GGML_POOL={k} conflicts with GGML_CUDA_POOL_USE_MANAGED=1: choose one pool"
                     )))
                 }
             }
         }
         if c.no_vmm && c.kind == Some(PoolKind::Vmm) {
-            return Err(ConfigError::Conflict(
+            return Err(PoolError::Conflict(
                 "GGML_POOL=vmm conflicts with GGML_CUDA_NO_VMM=1: unset one of them".to_string(),
             ));
         }
@@ -147,9 +103,9 @@ impl PoolConfig {
     }
 
     /// The kind this configuration gives on a device with or without VMM.
-    pub fn resolve(&self, vmm_supported: bool) -> Result<PoolKind, ConfigError> {
+    pub fn resolve(&self, vmm_supported: bool) -> Result<PoolKind, PoolError> {
         match self.kind {
-            Some(PoolKind::Vmm) if !vmm_supported => Err(ConfigError::Unsupported(
+            Some(PoolKind::Vmm) if !vmm_supported => Err(PoolError::Unsupported(
                 "GGML_POOL=vmm: this device does not support virtual memory management; use legacy or managed".into(),
             )),
             Some(k) => Ok(k),
@@ -158,22 +114,21 @@ impl PoolConfig {
         }
     }
 
+    /// Checks every setting.
+    pub fn validate(&self) -> Result<(), PoolError> {
+        self.legacy.placement.validate()?;
+        self.vmm.validate()?;
+        Ok(())
+    }
+
     /// Builds a pool on `driver`.
-    pub fn build(&self, driver: Arc<dyn Driver>) -> Result<Arc<dyn Pool>, ConfigError> {
+    pub fn build(&self, driver: Arc<dyn Driver>) -> Result<Arc<dyn Pool>, PoolError> {
+        self.validate()?;
         let kind = self.resolve(driver.vmm_supported())?;
         if self.kind.is_none() {
             tracing::info!(device = driver.ordinal(), pool = %kind, vmm_supported = driver.vmm_supported(), no_vmm = self.no_vmm, "pool chosen automatically");
         }
-        let pool: Arc<dyn Pool> = match kind {
-            PoolKind::Vmm => Arc::new(VmmPool::with_config(driver, self.vmm.clone())),
-            PoolKind::Legacy => Arc::new(LegacyPool::with_config(driver, self.legacy.clone())),
-            PoolKind::Managed => Arc::new(managed_pool(
-                driver,
-                ManagedConfig {
-                    allow_oversubscription: self.allow_oversubscription,
-                },
-            )),
-        };
+        let pool = crate::pools::build(kind, driver, self)?;
         Ok(if self.fallback_managed {
             Arc::new(ManagedFallback::new(pool, self.allow_oversubscription))
         } else {

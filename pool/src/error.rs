@@ -1,8 +1,14 @@
-//! Errors of the pool layer.
+//! The crate's error, [`PoolError`], and what it carries.
+//!
+//! Every fallible public function of this crate returns [`PoolError`] (a refused free returns
+//! [`FreeError`], which hands the block back and has the [`PoolError`] as its source). Its
+//! parts are errors of their own, reachable through [`std::error::Error::source`]: the
+//! [`DriverError`] of a failed driver call, the [`InvalidConfig`] of a bad setting.
 
 use crate::block::{Block, PoolId};
 use crate::driver::{DriverError, MemInfo};
-use crate::pools::PoolKind;
+use crate::invalid::InvalidConfig;
+use crate::kind::PoolKind;
 use std::fmt;
 
 /// Everything worth knowing when an allocation does not fit.
@@ -83,6 +89,19 @@ pub enum PoolError {
     },
     /// A driver call other than an allocation failed.
     Driver(DriverError),
+    /// A configuration value is outside what it accepts.
+    InvalidConfig(InvalidConfig),
+    /// Two settings contradict each other; the text says which and how to resolve it.
+    Conflict(String),
+    /// The chosen pool cannot run on this device; the text says why and what can.
+    Unsupported(String),
+    /// No device with that index.
+    NoSuchDevice {
+        /// The index asked for.
+        device: usize,
+        /// How many devices there are.
+        devices: usize,
+    },
 }
 
 impl fmt::Display for PoolError {
@@ -102,11 +121,30 @@ impl fmt::Display for PoolError {
                 "sync token is not from device {device}: purge needs a token from synchronizing this pool's own device"
             ),
             PoolError::Driver(e) => write!(f, "driver error: {e}"),
+            PoolError::InvalidConfig(e) => e.fmt(f),
+            PoolError::Conflict(s) | PoolError::Unsupported(s) => f.write_str(s),
+            PoolError::NoSuchDevice { device, devices } => {
+                write!(f, "no device {device}: the devices are 0..{devices}")
+            }
         }
     }
 }
 
-impl std::error::Error for PoolError {}
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PoolError::Driver(e) => Some(e),
+            PoolError::InvalidConfig(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<InvalidConfig> for PoolError {
+    fn from(e: InvalidConfig) -> Self {
+        PoolError::InvalidConfig(e)
+    }
+}
 
 impl From<DriverError> for PoolError {
     fn from(e: DriverError) -> Self {
@@ -139,4 +177,8 @@ impl fmt::Display for FreeError {
     }
 }
 
-impl std::error::Error for FreeError {}
+impl std::error::Error for FreeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}

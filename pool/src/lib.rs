@@ -1,11 +1,18 @@
 //! cupool's allocator: CUDA memory pools for LLM inference.
 //!
-//! Layers, bottom up:
+//! Layers, bottom up (`docs/architecture.md` draws them):
 //! - [`driver`]: the device primitives, on CUDA ([`driver::cuda::CudaDriver`]) or a simulated
-//!   device ([`driver::sim::SimDevice`]) with fault injection and a ledger;
-//! - [`pools`]: one [`Pool`] trait; [`pools::vmm::VmmPool`], [`pools::legacy::LegacyPool`]
-//!   (ggml's policy, plus purge and flush-and-retry) and [`pools::managed`];
-//! - [`adaptors`]: behaviour by wrapping ([`adaptors::ManagedFallback`]);
+//!   device ([`driver::sim::SimDevice`]); driver adaptors for a memory limit and fault
+//!   injection;
+//! - [`placement`]: where blocks go, in addresses and sizes only: ggml's legacy slots, the VMM
+//!   bump range with indexed holes;
+//! - [`upstream`]: where memory comes from: device malloc, managed malloc (capped per device),
+//!   VMM reserve-and-map with adaptive growth;
+//! - [`core`]: [`core::CorePool`], the one pool implementation over a placement and an
+//!   upstream (ownership checks, poison, epochs, tokens, stats, OOM report, drop contract);
+//!   [`pools`] names the combinations cupool ships;
+//! - [`adaptors`]: behaviour by wrapping any [`Pool`]: phases, trace recording, managed
+//!   fallback;
 //! - [`config`] and [`registry`]: `GGML_POOL` selection, one pool per (device, stream);
 //! - [`PoolBuffer`]: typed RAII buffers that are cudarc kernel arguments.
 //!
@@ -13,35 +20,45 @@
 //! use std::sync::Arc;
 //! use cupool_pool::{driver::sim::{SimConfig, SimDevice}, PoolBuffer, PoolConfig, PoolKind};
 //!
-//! let device = Arc::new(SimDevice::new(SimConfig::gib(12.0)));
-//! let pool = PoolConfig::default().kind(PoolKind::Vmm).build(device.clone()).unwrap();
+//! let device = Arc::new(SimDevice::new(SimConfig::gib(12.0))?);
+//! let pool = PoolConfig::default().kind(PoolKind::Vmm).build(device.clone())?;
 //! {
-//!     let scratch = PoolBuffer::<f32>::alloc(&pool, 1 << 20).unwrap();
+//!     let scratch = PoolBuffer::<f32>::alloc(&pool, 1 << 20)?;
 //!     assert_eq!(scratch.bytes(), 4 << 20);
 //! } // back in the pool here
-//! let token = cupool_pool::synchronize(device.as_ref()).unwrap();
-//! pool.purge(&token, cupool_pool::Purge::All).unwrap();
+//! let token = cupool_pool::synchronize(device.as_ref())?;
+//! pool.purge(&token, cupool_pool::Purge::All)?;
 //! assert_eq!(pool.stats().reserved_bytes, 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![warn(missing_docs)]
 
 pub mod adaptors;
 mod block;
 mod buffer;
+#[cfg(feature = "check")]
 pub mod check;
 pub mod config;
+pub mod core;
 pub mod driver;
 mod error;
+mod invalid;
+mod kind;
+pub mod placement;
+mod pool;
 pub mod pools;
 pub mod registry;
 mod stats;
 pub mod sync;
+pub mod upstream;
 
 pub use block::{Block, PoolId};
 pub use buffer::PoolBuffer;
-pub use config::{ConfigError, PoolConfig};
+pub use config::PoolConfig;
 pub use error::{FreeError, OomReport, PoolError};
-pub use pools::{Pool, PoolKind, Purge, Released};
+pub use invalid::InvalidConfig;
+pub use kind::PoolKind;
+pub use pool::{Pool, Purge, Released, MAX_REQUEST};
 pub use registry::{Registry, StreamId};
 pub use stats::{DriverCalls, PhaseStats, PoolStats};
 pub use sync::{synchronize, SyncToken};

@@ -1,8 +1,9 @@
 //! One pool per (device, stream), created on first use, like ggml's backend context.
 
-use crate::config::{ConfigError, PoolConfig};
+use crate::config::PoolConfig;
 use crate::driver::Driver;
-use crate::pools::Pool;
+use crate::error::PoolError;
+use crate::pool::Pool;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,36 +20,6 @@ pub struct Registry {
     pools: Mutex<HashMap<(usize, StreamId), Arc<dyn Pool>>>,
 }
 
-/// Why a pool could not be had.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RegistryError {
-    /// No driver for that device index.
-    NoSuchDevice {
-        /// The index asked for.
-        device: usize,
-        /// How many devices the registry has.
-        devices: usize,
-    },
-    /// The configuration does not work on that device.
-    Config(ConfigError),
-}
-
-impl std::fmt::Display for RegistryError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RegistryError::NoSuchDevice { device, devices } => {
-                write!(
-                    f,
-                    "no device {device}: the registry has devices 0..{devices}"
-                )
-            }
-            RegistryError::Config(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for RegistryError {}
-
 impl Registry {
     /// A registry over `drivers` (index = device), building pools with `config`.
     pub fn new(config: PoolConfig, drivers: Vec<Arc<dyn Driver>>) -> Self {
@@ -60,22 +31,16 @@ impl Registry {
     }
 
     /// The pool of `(device, stream)`, created on first use.
-    pub fn pool(&self, device: usize, stream: StreamId) -> Result<Arc<dyn Pool>, RegistryError> {
+    pub fn pool(&self, device: usize, stream: StreamId) -> Result<Arc<dyn Pool>, PoolError> {
         let mut pools = self.pools.lock();
         if let Some(p) = pools.get(&(device, stream)) {
             return Ok(p.clone());
         }
-        let driver = self
-            .drivers
-            .get(device)
-            .ok_or(RegistryError::NoSuchDevice {
-                device,
-                devices: self.drivers.len(),
-            })?;
-        let pool = self
-            .config
-            .build(driver.clone())
-            .map_err(RegistryError::Config)?;
+        let driver = self.drivers.get(device).ok_or(PoolError::NoSuchDevice {
+            device,
+            devices: self.drivers.len(),
+        })?;
+        let pool = self.config.build(driver.clone())?;
         tracing::debug!(device, stream = stream.0, pool = %pool.kind(), "pool created");
         pools.insert((device, stream), pool.clone());
         Ok(pool)

@@ -1,7 +1,5 @@
-//! Pool statistics, in the spirit of PyTorch's `memory_stats()`, plus phases.
-//!
-//! A *phase* is a named stretch of work (the runtime opens one per ubatch); ending it returns
-//! that stretch's high-water of live and reserved bytes and the driver calls made in it.
+//! Pool statistics, in the spirit of PyTorch's `memory_stats()`, and the numbers of a phase
+//! (see [`crate::adaptors::Phases`]).
 
 /// Driver calls a pool made, by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,17 +23,50 @@ pub struct DriverCalls {
 }
 
 impl DriverCalls {
+    /// Counts one successful call of `kind` (kinds with no counter of their own are not
+    /// counted).
+    #[inline]
+    pub fn record(&mut self, kind: crate::driver::CallKind) {
+        use crate::driver::CallKind as K;
+        let counter = match kind {
+            K::Malloc => &mut self.mallocs,
+            K::Free => &mut self.frees,
+            K::MallocManaged => &mut self.managed_mallocs,
+            K::FreeManaged => &mut self.managed_frees,
+            K::Reserve => &mut self.reserves,
+            K::Create | K::Map | K::SetAccess => &mut self.maps,
+            K::Unmap | K::Release => &mut self.unmaps,
+            K::Synchronize => &mut self.syncs,
+            K::MemInfo | K::Granularity | K::ReleaseReservation | K::Init => return,
+        };
+        *counter += 1;
+    }
+
+    /// The sum of two sets of counts.
+    pub fn plus(&self, o: &DriverCalls) -> DriverCalls {
+        DriverCalls {
+            mallocs: self.mallocs + o.mallocs,
+            frees: self.frees + o.frees,
+            managed_mallocs: self.managed_mallocs + o.managed_mallocs,
+            managed_frees: self.managed_frees + o.managed_frees,
+            reserves: self.reserves + o.reserves,
+            maps: self.maps + o.maps,
+            unmaps: self.unmaps + o.unmaps,
+            syncs: self.syncs + o.syncs,
+        }
+    }
+
     /// Calls made since `earlier`.
     pub fn since(&self, earlier: &DriverCalls) -> DriverCalls {
         DriverCalls {
-            mallocs: self.mallocs - earlier.mallocs,
-            frees: self.frees - earlier.frees,
-            managed_mallocs: self.managed_mallocs - earlier.managed_mallocs,
-            managed_frees: self.managed_frees - earlier.managed_frees,
-            reserves: self.reserves - earlier.reserves,
-            maps: self.maps - earlier.maps,
-            unmaps: self.unmaps - earlier.unmaps,
-            syncs: self.syncs - earlier.syncs,
+            mallocs: self.mallocs.saturating_sub(earlier.mallocs),
+            frees: self.frees.saturating_sub(earlier.frees),
+            managed_mallocs: self.managed_mallocs.saturating_sub(earlier.managed_mallocs),
+            managed_frees: self.managed_frees.saturating_sub(earlier.managed_frees),
+            reserves: self.reserves.saturating_sub(earlier.reserves),
+            maps: self.maps.saturating_sub(earlier.maps),
+            unmaps: self.unmaps.saturating_sub(earlier.unmaps),
+            syncs: self.syncs.saturating_sub(earlier.syncs),
         }
     }
 
@@ -88,7 +119,7 @@ pub struct PoolStats {
 /// One phase's numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PhaseStats {
-    /// The name given to `begin_phase`.
+    /// The name given when the phase began.
     pub name: String,
     /// Highest live bytes during the phase.
     pub live_peak_bytes: usize,
@@ -106,22 +137,12 @@ pub struct PhaseStats {
     pub ooms: u64,
 }
 
-#[derive(Debug)]
-struct Phase {
-    name: String,
-    live_peak: usize,
-    reserved_peak: usize,
-    calls_at_start: DriverCalls,
-    ooms_at_start: u64,
-}
-
-/// The bookkeeping every pool embeds (under its own lock).
+/// The bookkeeping of the pool core, under its lock: the only code that changes the counters.
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
     pub(crate) s: PoolStats,
     /// Capacity of live blocks: what users hold including rounding.
     live_capacity: usize,
-    phase: Option<Phase>,
 }
 
 impl Tracker {
@@ -132,12 +153,7 @@ impl Tracker {
         s.live_blocks += 1;
         s.allocs += 1;
         self.live_capacity += capacity;
-        if s.live_bytes > s.live_peak_bytes {
-            s.live_peak_bytes = s.live_bytes;
-        }
-        if let Some(p) = &mut self.phase {
-            p.live_peak = p.live_peak.max(s.live_bytes);
-        }
+        s.live_peak_bytes = s.live_peak_bytes.max(s.live_bytes);
     }
 
     #[inline]
@@ -151,16 +167,15 @@ impl Tracker {
     pub(crate) fn on_reserve(&mut self, bytes: usize) {
         let s = &mut self.s;
         s.reserved_bytes += bytes;
-        if s.reserved_bytes > s.reserved_peak_bytes {
-            s.reserved_peak_bytes = s.reserved_bytes;
-        }
-        if let Some(p) = &mut self.phase {
-            p.reserved_peak = p.reserved_peak.max(s.reserved_bytes);
-        }
+        s.reserved_peak_bytes = s.reserved_peak_bytes.max(s.reserved_bytes);
     }
 
-    pub(crate) fn on_release(&mut self, bytes: usize) {
+    /// Bytes went back to the driver; `purged` when a purge (not a free) released them.
+    pub(crate) fn on_release(&mut self, bytes: usize, purged: bool) {
         self.s.reserved_bytes -= bytes;
+        if purged {
+            self.s.purged_bytes += bytes;
+        }
     }
 
     pub(crate) fn snapshot(&self) -> PoolStats {
@@ -172,33 +187,5 @@ impl Tracker {
     pub(crate) fn reset_peaks(&mut self) {
         self.s.live_peak_bytes = self.s.live_bytes;
         self.s.reserved_peak_bytes = self.s.reserved_bytes;
-    }
-
-    pub(crate) fn begin_phase(&mut self, name: &str) {
-        if let Some(old) = &self.phase {
-            tracing::debug!(phase = %old.name, "phase replaced before it was ended");
-        }
-        self.phase = Some(Phase {
-            name: name.to_owned(),
-            live_peak: self.s.live_bytes,
-            reserved_peak: self.s.reserved_bytes,
-            calls_at_start: self.s.calls,
-            ooms_at_start: self.s.ooms,
-        });
-    }
-
-    pub(crate) fn end_phase(&mut self) -> Option<PhaseStats> {
-        let p = self.phase.take()?;
-        let snap = self.snapshot();
-        Some(PhaseStats {
-            name: p.name,
-            live_peak_bytes: p.live_peak,
-            reserved_peak_bytes: p.reserved_peak,
-            live_end_bytes: snap.live_bytes,
-            reserved_end_bytes: snap.reserved_bytes,
-            cached_end_bytes: snap.cached_bytes,
-            calls: snap.calls.since(&p.calls_at_start),
-            ooms: snap.ooms - p.ooms_at_start,
-        })
     }
 }

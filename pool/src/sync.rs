@@ -11,43 +11,7 @@
 //! epoch counter; `synchronize` advances it before waiting, pools stamp every cached buffer
 //! with the epoch of its free, and a purge only releases buffers stamped before the token.
 
-use crate::driver::{Driver, DriverError};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-static NEXT_EPOCH_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A device's synchronize counter. Every [`Driver`] owns one.
-#[derive(Debug)]
-pub struct SyncEpoch {
-    id: u64,
-    counter: AtomicU64,
-}
-
-impl SyncEpoch {
-    /// A fresh counter with an identity of its own.
-    pub fn new() -> Self {
-        Self {
-            id: NEXT_EPOCH_ID.fetch_add(1, Ordering::Relaxed),
-            counter: AtomicU64::new(0),
-        }
-    }
-
-    /// The current epoch: buffers freed now are stamped with it.
-    #[inline]
-    pub fn current(&self) -> u64 {
-        self.counter.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-}
-
-impl Default for SyncEpoch {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+use crate::driver::{Driver, DriverError, SyncEpoch};
 
 /// Proof that the device finished all work queued before [`synchronize`] was called.
 ///
@@ -55,8 +19,8 @@ impl Default for SyncEpoch {
 /// freed before it. A purge without a synchronize does not compile:
 /// ```compile_fail,E0451
 /// # use std::sync::Arc;
-/// # use cupool_pool::{driver::sim::{SimConfig, SimDevice}, pools::vmm::VmmPool, Pool, Purge, SyncToken};
-/// let pool = VmmPool::new(Arc::new(SimDevice::new(SimConfig::gib(1.0))));
+/// # use cupool_pool::{driver::sim::{SimConfig, SimDevice}, pools::VmmPool, Pool, Purge, SyncToken};
+/// let pool = VmmPool::new(Arc::new(SimDevice::new(SimConfig::gib(1.0)).unwrap()));
 /// let token = SyncToken { epoch_id: 1, epoch: u64::MAX }; // private fields
 /// pool.purge(&token, Purge::All).unwrap();
 /// ```
@@ -83,7 +47,7 @@ impl SyncToken {
 pub fn synchronize(driver: &dyn Driver) -> Result<SyncToken, DriverError> {
     // Advance first: anything freed from here on is stamped with the new epoch and so is not
     // covered by this token, even if it is freed while the synchronize is still waiting.
-    let epoch = driver.epoch().counter.fetch_add(1, Ordering::AcqRel) + 1;
+    let epoch = driver.epoch().advance();
     driver.synchronize_device()?;
     Ok(SyncToken {
         epoch_id: driver.epoch().id(),

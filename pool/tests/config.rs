@@ -2,10 +2,10 @@
 mod common;
 use common::*;
 use cupool_pool::driver::sim::SimConfig;
-use cupool_pool::{ConfigError, PoolConfig, PoolKind};
+use cupool_pool::{PoolConfig, PoolError, PoolKind};
 use std::collections::HashMap;
 
-fn env(pairs: &[(&str, &str)]) -> Result<PoolConfig, ConfigError> {
+fn env(pairs: &[(&str, &str)]) -> Result<PoolConfig, PoolError> {
     let map: HashMap<String, String> = pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -101,11 +101,11 @@ fn ggml_names_select_pools() {
 fn contradictions_are_errors() {
     assert!(matches!(
         env(&[("GGML_POOL", "vmm"), ("GGML_CUDA_NO_VMM", "1")]),
-        Err(ConfigError::Conflict(_))
+        Err(PoolError::Conflict(_))
     ));
     assert!(matches!(
         env(&[("GGML_POOL", "legacy"), ("GGML_CUDA_POOL_USE_MANAGED", "1")]),
-        Err(ConfigError::Conflict(_))
+        Err(PoolError::Conflict(_))
     ));
     let e = env(&[("GGML_POOL", "vmm")])
         .unwrap()

@@ -1,16 +1,16 @@
 //! Every kind of driver call the pools make fails at every position of a representative
 //! sequence, on every pool flavour. Each time: the error names the failed call, the pool stays
 //! usable (the whole sequence then runs clean), and after the drop nothing has leaked.
-use cupool_pool::check::{build, fault_kinds, Flavor, FLAVORS};
-use cupool_pool::driver::sim::{SimConfig, SimDevice};
-use cupool_pool::driver::{CallKind, ErrorCode};
-use cupool_pool::{synchronize, Block, Pool, PoolError, Purge};
+use cupool_pool::adaptors::Phases;
+use cupool_pool::check::{build, fault_kinds, flavors, Device, Flavor};
+use cupool_pool::driver::{CallKind, Driver, ErrorCode};
+use cupool_pool::{synchronize, Block, Pool, PoolError, PoolKind, Purge};
 use std::sync::Arc;
 
 const MIB: usize = 1 << 20;
 
 /// Grows, frees out of order, reuses holes, purges every way, and goes past the card.
-fn sequence(dev: &SimDevice, pool: &dyn Pool) -> Vec<String> {
+fn sequence(dev: &dyn Driver, pool: &Phases) -> Vec<String> {
     let mut errors = Vec::new();
     let mut live: Vec<Block> = Vec::new();
     let alloc =
@@ -60,21 +60,19 @@ fn free(pool: &dyn Pool, b: Block, live: &mut Vec<Block>, errors: &mut Vec<Strin
     }
 }
 
-fn fresh(flavor: Flavor) -> (Arc<SimDevice>, Arc<dyn Pool>) {
-    let dev = Arc::new(SimDevice::new(
-        SimConfig::gib(64.0 / 1024.0).record_calls(false),
-    ));
-    let pool = build(flavor, &dev);
+fn fresh(flavor: Flavor) -> (Device, Arc<Phases>) {
+    let dev = Device::new();
+    let pool = build(flavor, dev.driver());
     (dev, pool)
 }
 
 #[test]
 fn every_call_fails_at_every_position() {
     let mut cases = 0;
-    for flavor in FLAVORS {
+    for flavor in flavors() {
         // How often the clean sequence makes each kind of call.
         let (dev, pool) = fresh(flavor);
-        let clean = sequence(&dev, pool.as_ref());
+        let clean = sequence(dev.faults.as_ref(), &pool);
         assert!(
             clean.iter().all(|e| e.contains("out of device memory")),
             "{flavor:?}: {clean:?}"
@@ -82,14 +80,14 @@ fn every_call_fails_at_every_position() {
         drop(pool);
         let counts: Vec<(CallKind, u64)> = fault_kinds()
             .into_iter()
-            .map(|k| (k, dev.calls(k)))
+            .map(|k| (k, dev.faults.calls(k)))
             .collect();
         for (kind, count) in counts {
             for n in 1..=count {
                 cases += 1;
                 let (dev, pool) = fresh(flavor);
-                dev.fail_nth(kind, n, ErrorCode::Injected);
-                let errors = sequence(&dev, pool.as_ref());
+                dev.faults.fail_nth(kind, n, ErrorCode::Injected);
+                let errors = sequence(dev.faults.as_ref(), &pool);
                 for e in &errors {
                     let named = e.contains(kind.cuda_name()) || e.contains("out of device memory");
                     assert!(
@@ -97,17 +95,17 @@ fn every_call_fails_at_every_position() {
                         "{flavor:?}, {kind:?} #{n}: the error does not name the failed call: {e}"
                     );
                 }
-                dev.clear_faults();
-                let again = sequence(&dev, pool.as_ref());
+                dev.faults.clear_faults();
+                let again = sequence(dev.faults.as_ref(), &pool);
                 assert!(
                     again.iter().all(|e| e.contains("out of device memory")),
                     "{flavor:?}, {kind:?} #{n}: not usable afterwards: {again:?}"
                 );
                 drop(pool);
                 assert!(
-                    dev.ledger().is_empty(),
+                    dev.sim.ledger().is_empty(),
                     "{flavor:?}, {kind:?} #{n}: leaked {:?}",
-                    dev.ledger()
+                    dev.sim.ledger()
                 );
             }
         }
@@ -125,8 +123,8 @@ fn a_failed_grow_changes_nothing() {
         CallKind::Reserve,
         CallKind::Granularity,
     ] {
-        let (dev, pool) = fresh(Flavor::Vmm);
-        dev.fail_nth(kind, 1, ErrorCode::Injected);
+        let (dev, pool) = fresh(Flavor::Plain(PoolKind::Vmm));
+        dev.faults.fail_nth(kind, 1, ErrorCode::Injected);
         let before = pool.stats();
         let e = pool.alloc(MIB).unwrap_err();
         assert!(
@@ -141,7 +139,7 @@ fn a_failed_grow_changes_nothing() {
             "{kind:?}"
         );
         assert_eq!(
-            (dev.ledger().mappings, dev.ledger().device_bytes),
+            (dev.sim.ledger().mappings, dev.sim.ledger().device_bytes),
             (0, 0),
             "{kind:?}"
         );

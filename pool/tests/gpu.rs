@@ -7,9 +7,8 @@ use cupool_pool::adaptors::ManagedFallback;
 use cupool_pool::driver::cuda::{is_available, CudaDriver};
 use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::Driver;
-use cupool_pool::pools::legacy::{LegacyConfig, LegacyPool};
-use cupool_pool::pools::managed::{managed_pool, ManagedConfig};
-use cupool_pool::pools::vmm::VmmPool;
+use cupool_pool::placement::slots::SlotsConfig;
+use cupool_pool::pools::{LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, VmmPool};
 use cupool_pool::{synchronize, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 
@@ -136,19 +135,25 @@ fn every_pool_on_cuda_with_kernels() {
     exercise("legacy", Arc::new(LegacyPool::new(c.clone())), &k);
     exercise(
         "legacy-4-slots-retry",
-        Arc::new(LegacyPool::with_config(
-            c.clone(),
-            LegacyConfig {
-                slots: 4,
-                flush_and_retry: true,
-                ..Default::default()
-            },
-        )),
+        Arc::new(
+            LegacyPool::with_config(
+                c.clone(),
+                LegacyConfig {
+                    placement: SlotsConfig {
+                        slots: 4,
+                        ..SlotsConfig::default()
+                    },
+                    flush_and_retry: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        ),
         &k,
     );
     exercise(
         "managed",
-        Arc::new(managed_pool(c.clone(), ManagedConfig::default())),
+        Arc::new(ManagedPool::new(c.clone(), ManagedConfig::default())),
         &k,
     );
     let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(c.clone(), 64 * MIB));

@@ -1,11 +1,14 @@
 //! The legacy pool against a reference model of ggml's `ggml_cuda_pool_leg`, and its options.
 mod common;
 use common::*;
+use cupool_pool::driver::fault::FaultInjector;
 use cupool_pool::driver::{CallKind, Driver};
-use cupool_pool::pools::legacy::{LegacyConfig, LegacyPool};
+use cupool_pool::placement::slots::SlotsConfig;
+use cupool_pool::pools::{LegacyConfig, LegacyPool};
 use cupool_pool::{synchronize, Block, Pool, PoolError, Purge};
 use proptest::prelude::*;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// ggml's algorithm, written out as plainly as its C++: slots of (id, size), 0 = empty.
 struct Reference {
@@ -103,10 +106,14 @@ fn run_against_reference(slots: usize, ops: &[Op]) {
     let pool = LegacyPool::with_config(
         as_driver(&dev),
         LegacyConfig {
-            slots,
+            placement: SlotsConfig {
+                slots,
+                ..SlotsConfig::default()
+            },
             ..LegacyConfig::default()
         },
-    );
+    )
+    .unwrap();
     let mut model = Reference::new(slots);
     let mut ids: HashMap<u64, u64> = HashMap::new(); // device ptr -> model id
     let mut live: Vec<(Block, u64, usize)> = Vec::new();
@@ -264,7 +271,8 @@ fn flush_and_retry_recovers_stranded_cache() {
             flush_and_retry: true,
             ..LegacyConfig::default()
         },
-    );
+    )
+    .unwrap();
     for mb in [200, 230, 260] {
         let b = retry.alloc(mb * MIB).unwrap();
         retry.free(b).unwrap();
@@ -278,8 +286,8 @@ fn flush_and_retry_recovers_stranded_cache() {
 
 #[test]
 fn failed_allocation_leaves_the_pool_as_it_was() {
-    let dev = sim(1.0);
-    let pool = LegacyPool::new(as_driver(&dev));
+    let dev = Arc::new(FaultInjector::new(sim(1.0)));
+    let pool = LegacyPool::new(dev.clone());
     let keep = pool.alloc(MIB).unwrap();
     let before = pool.stats();
     dev.fail_nth(

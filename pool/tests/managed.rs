@@ -4,15 +4,14 @@ use common::*;
 use cupool_pool::adaptors::ManagedFallback;
 use cupool_pool::driver::sim::SimConfig;
 use cupool_pool::driver::CallKind;
-use cupool_pool::pools::managed::{managed_pool, ManagedConfig};
-use cupool_pool::pools::vmm::VmmPool;
+use cupool_pool::pools::{ManagedConfig, ManagedPool, VmmPool};
 use cupool_pool::{Pool, PoolBuffer, PoolKind};
 use std::sync::Arc;
 
 #[test]
 fn managed_pool_drops_idle_smaller_buffers_when_it_grows() {
     let dev = sim(4.0);
-    let p = managed_pool(as_driver(&dev), ManagedConfig::default());
+    let p = ManagedPool::new(as_driver(&dev), ManagedConfig::default());
     assert_eq!(p.kind(), PoolKind::Managed);
     for mb in [10, 20, 30] {
         let b = p.alloc(mb * MIB).unwrap();
@@ -34,7 +33,7 @@ fn managed_pool_drops_idle_smaller_buffers_when_it_grows() {
 #[test]
 fn managed_pool_never_asks_beyond_device_free_memory() {
     let dev = sim(1.0);
-    let p = managed_pool(as_driver(&dev), ManagedConfig::default());
+    let p = ManagedPool::new(as_driver(&dev), ManagedConfig::default());
     let e = p.alloc(2 * GIB).unwrap_err();
     assert!(
         e.to_string().contains("oversubscription is not allowed"),
@@ -46,7 +45,7 @@ fn managed_pool_never_asks_beyond_device_free_memory() {
         "the driver was never asked"
     );
 
-    let p = managed_pool(
+    let p = ManagedPool::new(
         as_driver(&dev),
         ManagedConfig {
             allow_oversubscription: true,

@@ -16,7 +16,7 @@ fn mean(ptr: u64, n: usize) -> f32 {
 #[test]
 fn a_use_after_free_reads_nan() {
     for kind in [PoolKind::Vmm, PoolKind::Legacy] {
-        let dev = Arc::new(SimDevice::new(SimConfig::gib(1.0)));
+        let dev = Arc::new(SimDevice::new(SimConfig::gib(1.0)).unwrap());
         let pool: Arc<dyn Pool> = PoolConfig::default().kind(kind).build(dev.clone()).unwrap();
         let buf = PoolBuffer::<f32>::alloc(&pool, 4096).unwrap();
         dev.write(buf.ptr(), &1.0f32.to_le_bytes().repeat(4096))

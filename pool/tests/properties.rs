@@ -1,6 +1,6 @@
 //! Properties over random operation sequences on every pool flavour (the checker is
 //! `cupool_pool::check`, shared with the fuzz targets).
-use cupool_pool::check::{run, Op, FLAVORS};
+use cupool_pool::check::{flavors, run, Op};
 use proptest::prelude::*;
 
 fn op() -> impl Strategy<Value = Op> {
@@ -27,7 +27,7 @@ proptest! {
 
     #[test]
     fn every_pool_keeps_its_invariants(ops in prop::collection::vec(op(), 1..200)) {
-        for flavor in FLAVORS {
+        for flavor in flavors() {
             if let Err(e) = run(flavor, &ops, false) {
                 prop_assert!(false, "{}", e);
             }
@@ -36,7 +36,7 @@ proptest! {
 
     #[test]
     fn every_pool_survives_driver_faults(ops in prop::collection::vec(op(), 1..200)) {
-        for flavor in FLAVORS {
+        for flavor in flavors() {
             if let Err(e) = run(flavor, &ops, true) {
                 prop_assert!(false, "{}", e);
             }

@@ -2,8 +2,7 @@
 //! every block tagged at both ends and checked before it is freed, stats consistent after.
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
-use cupool_pool::pools::legacy::LegacyPool;
-use cupool_pool::pools::vmm::VmmPool;
+use cupool_pool::pools::{LegacyPool, VmmPool};
 use cupool_pool::{Block, Pool, PoolConfig, PoolKind, Registry, StreamId};
 use std::sync::Arc;
 
@@ -75,7 +74,7 @@ fn check_quiet(pool: &dyn Pool) {
 #[test]
 fn eight_threads_on_their_own_streams() {
     for kind in [PoolKind::Vmm, PoolKind::Legacy] {
-        let dev = Arc::new(SimDevice::new(SimConfig::gib(4.0).record_calls(false)));
+        let dev = Arc::new(SimDevice::new(SimConfig::gib(4.0).record_calls(false)).unwrap());
         let reg = Arc::new(Registry::new(
             PoolConfig::default().kind(kind),
             vec![dev.clone() as Arc<dyn Driver>],
@@ -99,7 +98,7 @@ fn eight_threads_on_their_own_streams() {
 
 #[test]
 fn eight_threads_on_one_shared_pool() {
-    let dev = Arc::new(SimDevice::new(SimConfig::gib(4.0).record_calls(false)));
+    let dev = Arc::new(SimDevice::new(SimConfig::gib(4.0).record_calls(false)).unwrap());
     let d: Arc<dyn Driver> = dev.clone();
     for pool in [
         Arc::new(VmmPool::new(d.clone())) as Arc<dyn Pool>,

@@ -1,20 +1,25 @@
 //! The VMM pool: growth, any-order frees, trim, exhaustion.
 mod common;
 use common::*;
+use cupool_pool::driver::fault::FaultInjector;
 use cupool_pool::driver::sim::SimConfig;
+use cupool_pool::driver::Driver;
 use cupool_pool::driver::{CallKind, ErrorCode};
-use cupool_pool::pools::vmm::{VmmConfig, VmmPool, VMM_ALIGN};
+use cupool_pool::pools::{VmmPool, VMM_ALIGN};
+use cupool_pool::upstream::vmm::VmmConfig;
 use cupool_pool::{synchronize, Pool, PoolError, Purge};
+use std::sync::Arc;
 
-fn pool(dev: &std::sync::Arc<cupool_pool::driver::sim::SimDevice>, min_grow: usize) -> VmmPool {
+fn pool<D: Driver + 'static>(dev: &Arc<D>, min_grow: usize) -> VmmPool {
     VmmPool::with_config(
-        as_driver(dev),
+        dev.clone(),
         VmmConfig {
             reserve_bytes: None,
             min_grow,
             max_grow: min_grow,
         },
     )
+    .unwrap()
 }
 
 #[test]
@@ -194,7 +199,8 @@ fn reservation_exhaustion_is_an_error() {
             min_grow: 0,
             max_grow: 0,
         },
-    );
+    )
+    .unwrap();
     let a = p.alloc(6 * MIB).unwrap();
     let e = p.alloc(4 * MIB).unwrap_err();
     assert!(e.to_string().contains("reservation is exhausted"), "{e}");
@@ -205,8 +211,9 @@ fn reservation_exhaustion_is_an_error() {
 fn partial_map_failures_unwind() {
     for kind in [CallKind::Create, CallKind::Map, CallKind::SetAccess] {
         let dev = sim(1.0);
-        let p = pool(&dev, 0);
-        dev.fail_nth(kind, 1, ErrorCode::Injected);
+        let faults = Arc::new(FaultInjector::new(dev.clone()));
+        let p = pool(&faults, 0);
+        faults.fail_nth(kind, 1, ErrorCode::Injected);
         let e = p.alloc(MIB).unwrap_err();
         assert!(
             matches!(e, PoolError::Driver(ref d) if d.call == kind),

@@ -1,4 +1,8 @@
-use cupool_pool::{ConfigError, OomReport, PoolError};
+//! The runtime's error: one type, whose causes are reachable through `source()`.
+
+use cupool_kernels::cuda::KernelError;
+use cupool_pool::driver::DriverError;
+use cupool_pool::{OomReport, PoolError};
 use std::fmt;
 
 /// Why the runtime could not do what was asked.
@@ -6,10 +10,17 @@ use std::fmt;
 pub enum RuntimeError {
     /// A bad shape or setting; the message says which and what is accepted.
     Invalid(String),
-    /// The pool configuration does not work on this device.
-    Config(ConfigError),
     /// Startup memory (weights, KV cache, compute buffer) does not fit the device.
-    DoesNotFit(String),
+    DoesNotFit {
+        /// Which buffer.
+        what: &'static str,
+        /// Its size.
+        bytes: usize,
+        /// What the device had free, if it could be read.
+        free: Option<usize>,
+        /// The failed allocation.
+        source: DriverError,
+    },
     /// The planned budget does not fit the device.
     PlanDoesNotFit {
         /// What the plan needs, in bytes.
@@ -21,19 +32,38 @@ pub enum RuntimeError {
     },
     /// The pool ran out of memory during a run.
     OutOfMemory(Box<OomReport>),
-    /// Any other pool failure.
+    /// Any other pool failure, a bad pool configuration included.
     Pool(PoolError),
-    /// A kernel or device failure.
-    Device(String),
+    /// A device call failed.
+    Driver(DriverError),
+    /// A kernel failed to build or launch.
+    Kernel(KernelError),
+}
+
+fn gib(b: usize) -> f64 {
+    b as f64 / (1u64 << 30) as f64
 }
 
 impl fmt::Display for RuntimeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RuntimeError::Invalid(s) | RuntimeError::DoesNotFit(s) | RuntimeError::Device(s) => {
-                f.write_str(s)
+            RuntimeError::Invalid(s) => f.write_str(s),
+            RuntimeError::DoesNotFit {
+                what,
+                bytes,
+                free,
+                source,
+            } => {
+                write!(
+                    f,
+                    "the {what} ({:.2} GiB) does not fit at startup",
+                    gib(*bytes)
+                )?;
+                if let Some(free) = free {
+                    write!(f, " ({:.2} GiB free)", gib(*free))?;
+                }
+                write!(f, ": {source}")
             }
-            RuntimeError::Config(e) => e.fmt(f),
             RuntimeError::PlanDoesNotFit {
                 needed,
                 device,
@@ -42,21 +72,35 @@ impl fmt::Display for RuntimeError {
                 write!(
                     f,
                     "the planned memory ({:.2} GiB) does not fit the device ({:.2} GiB)",
-                    *needed as f64 / (1u64 << 30) as f64,
-                    *device as f64 / (1u64 << 30) as f64
+                    gib(*needed),
+                    gib(*device)
                 )?;
                 match max_ctx {
                     Some(c) => write!(f, "; the largest context that fits is {c} tokens"),
                     None => write!(f, "; no context fits: the weights alone are too large"),
                 }
             }
-            RuntimeError::OutOfMemory(r) => r.fmt(f),
+            RuntimeError::OutOfMemory(r) => {
+                write!(f, "{r} The runtime's view: the pool's need grows with the KV length; plan the budget before the run (repro-prefill plan), lower the context or the ubatch, or purge at ubatch boundaries (--purge auto)")
+            }
             RuntimeError::Pool(e) => e.fmt(f),
+            RuntimeError::Driver(e) => e.fmt(f),
+            RuntimeError::Kernel(e) => e.fmt(f),
         }
     }
 }
 
-impl std::error::Error for RuntimeError {}
+impl std::error::Error for RuntimeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RuntimeError::DoesNotFit { source, .. } => Some(source),
+            RuntimeError::Pool(e) => Some(e),
+            RuntimeError::Driver(e) => Some(e),
+            RuntimeError::Kernel(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<PoolError> for RuntimeError {
     fn from(e: PoolError) -> Self {
@@ -67,14 +111,14 @@ impl From<PoolError> for RuntimeError {
     }
 }
 
-impl From<cupool_pool::driver::DriverError> for RuntimeError {
-    fn from(e: cupool_pool::driver::DriverError) -> Self {
-        RuntimeError::Device(e.to_string())
+impl From<DriverError> for RuntimeError {
+    fn from(e: DriverError) -> Self {
+        RuntimeError::Driver(e)
     }
 }
 
-impl From<cupool_kernels::cuda::KernelError> for RuntimeError {
-    fn from(e: cupool_kernels::cuda::KernelError) -> Self {
-        RuntimeError::Device(e.to_string())
+impl From<KernelError> for RuntimeError {
+    fn from(e: KernelError) -> Self {
+        RuntimeError::Kernel(e)
     }
 }

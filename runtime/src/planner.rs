@@ -1,17 +1,21 @@
 //! Predicting the memory of a run before it starts.
 //!
-//! The plan dry-runs the whole prefill through the same pool and purge policy on a simulated
-//! device large enough never to run out, so the pool figure is exactly what the real run will
-//! reserve (to the byte on the simulated device). Weights, KV cache and compute buffer are
-//! computed from the shape.
+//! The plan runs an engine with the dry-run executor through the whole prefill, with the same
+//! pool and purge policy, on a simulated device large enough never to run out, so the pool
+//! figure is exactly what the real run will reserve (to the byte on the simulated device).
+//! Weights, KV cache and compute buffer are computed from the shape. Planning is a function of
+//! the configuration and the target device: it builds no runtime and allocates no startup
+//! memory.
 
 use crate::config::RunConfig;
-use crate::engine::Runtime;
+use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::executor::dry_run::DryRun;
+use crate::executor::DeviceBuffers;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::policy::BudgetMode;
-use cupool_pool::driver::sim::{SimConfig, SimDevice};
+use crate::runtime::prompt_tokens;
+use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool_pool::driver::Driver;
 use std::sync::Arc;
 
@@ -77,18 +81,31 @@ fn pool_peaks(
     // The dry run measures; it has no budget to warn about.
     c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;
-    c.pool.kind = Some(cfg.pool.resolve(target.vmm).map_err(RuntimeError::Config)?);
-    let sim = SimConfig::gib((1u64 << 20) as f64)
+    c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
+    let mut sim = SimConfig::gib(0.0)
         .vmm(target.vmm)
         .granularity(target.granularity)
         .backed(false)
         .record_calls(false);
-    let driver: Arc<dyn Driver> = Arc::new(SimDevice::new(sim));
-    let mut rt = Runtime::new(driver, c, Box::new(DryRun))?;
-    let report = rt.prefill(n_prompt)?;
+    sim.capacity = MAX_CAPACITY;
+    let driver: Arc<dyn Driver> =
+        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?);
+    let m = &c.model;
+    // The dry run touches no memory: the startup buffers need no addresses.
+    let bufs = DeviceBuffers {
+        weights: 0,
+        kv: 0,
+        compute: 0,
+        wl: WeightLayout::new(m),
+        kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
+        cl: ComputeLayout::new(m, c.n_ubatch),
+    };
+    let seed = c.seed;
+    let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX)?;
+    let report = engine.decode(&prompt_tokens(seed, n_prompt))?;
     if !report.completed {
         return Err(RuntimeError::Invalid(
-            "the dry run ran out of a 1 PiB simulated card".into(),
+            "the dry run ran out of a 256 TiB simulated card".into(),
         ));
     }
     Ok((
@@ -192,4 +209,30 @@ pub fn plan(cfg: &RunConfig, target: &PlanTarget, n_prompt: usize) -> Result<Pla
         fits: total_bytes <= target.free_bytes,
         max_ctx_that_fits,
     })
+}
+
+/// The plan a runtime in planned budget mode starts with: the pool's worst case over any
+/// prompt up to the full context on `driver`, or an error naming the largest context that fits.
+pub fn startup_plan(cfg: &RunConfig, driver: &dyn Driver) -> Result<Plan, RuntimeError> {
+    let target = PlanTarget::of(driver)?;
+    let mut p = plan(cfg, &target, cfg.n_ctx)?;
+    // The budget must hold for any prompt, not just one that fills the context.
+    p.pool_peak_reserved_bytes = worst_case_pool_peak(cfg, &target)?;
+    p.total_bytes = p.weights_bytes + p.kv_bytes + p.compute_bytes + p.pool_peak_reserved_bytes;
+    p.fits = p.total_bytes <= p.device_bytes;
+    tracing::info!(
+        pool_peak = p.pool_peak_reserved_bytes,
+        total = p.total_bytes,
+        device = p.device_bytes,
+        fits = p.fits,
+        "planned the whole context"
+    );
+    if !p.fits {
+        return Err(RuntimeError::PlanDoesNotFit {
+            needed: p.total_bytes,
+            device: p.device_bytes,
+            max_ctx: p.max_ctx_that_fits,
+        });
+    }
+    Ok(p)
 }

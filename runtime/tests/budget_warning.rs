@@ -46,7 +46,8 @@ fn budget_warning_fires_once_per_crossing() {
     cfg.purge = PurgePolicy::Always;
     // Room for the scratch of the early ubatches, not the later ones.
     cfg.margin_bytes = 150 << 10;
-    let device: Arc<dyn Driver> = Arc::new(SimDevice::new(SimConfig::gib(1.0).backed(false)));
+    let device: Arc<dyn Driver> =
+        Arc::new(SimDevice::new(SimConfig::gib(1.0).backed(false)).unwrap());
     let mut rt = Runtime::new(device, cfg, Box::new(DryRun)).unwrap();
     let report = rt.prefill(1000).unwrap();
     let log = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();

@@ -48,13 +48,11 @@ fn cuda_prefill_equals_the_cpu_executor() {
             let (driver, exec): (Arc<dyn Driver>, Box<dyn executor::Executor>) = if on_gpu {
                 (
                     cuda.clone(),
-                    Box::new(CudaExecutor::new(m.clone(), kv, cuda.context().clone()).unwrap()),
+                    Box::new(CudaExecutor::new(cuda.context().clone()).unwrap()),
                 )
             } else {
-                (
-                    Arc::new(SimDevice::new(SimConfig::gib(1.0))),
-                    Box::new(CpuExecutor::new(m.clone(), kv)),
-                )
+                let sim = Arc::new(SimDevice::new(SimConfig::gib(1.0)).unwrap());
+                (sim.clone(), Box::new(CpuExecutor::new(sim).unwrap()))
             };
             let mut rt = Runtime::new(driver, cfg, exec).unwrap();
             let r = rt.prefill(700).unwrap();

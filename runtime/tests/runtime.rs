@@ -25,9 +25,17 @@ fn small_cfg(kind: PoolKind) -> RunConfig {
 }
 
 fn sim(gib: f64, backed: bool) -> Arc<dyn Driver> {
-    Arc::new(SimDevice::new(
-        SimConfig::gib(gib).backed(backed).record_calls(false),
-    ))
+    sim_device(gib, backed)
+}
+
+fn sim_device(gib: f64, backed: bool) -> Arc<SimDevice> {
+    Arc::new(SimDevice::new(SimConfig::gib(gib).backed(backed).record_calls(false)).unwrap())
+}
+
+/// A backed 1 GiB card and the CPU executor on it.
+fn cpu() -> (Arc<dyn Driver>, Box<dyn executor::Executor>) {
+    let dev = sim_device(1.0, true);
+    (dev.clone(), Box::new(CpuExecutor::new(dev).unwrap()))
 }
 
 fn seed001(kind: PoolKind, purge: PurgePolicy, budget: BudgetMode, card_gib: f64) -> RunReport {
@@ -48,12 +56,15 @@ fn dry_run_and_cpu_allocate_identically() {
             for cpu in [false, true] {
                 let mut cfg = small_cfg(kind);
                 cfg.kv_type = kv;
-                let exec: Box<dyn executor::Executor> = if cpu {
-                    Box::new(CpuExecutor::new(small_model(), kv))
+                let (driver, exec) = if cpu {
+                    self::cpu()
                 } else {
-                    Box::new(DryRun)
+                    (
+                        sim(1.0, false),
+                        Box::new(DryRun) as Box<dyn executor::Executor>,
+                    )
                 };
-                let mut rt = Runtime::new(sim(1.0, cpu), cfg, exec).unwrap();
+                let mut rt = Runtime::new(driver, cfg, exec).unwrap();
                 let r = rt.prefill(600).unwrap();
                 assert!(r.completed);
                 traces.push(rt.recorder().unwrap().events());
@@ -81,12 +92,8 @@ fn ubatching_does_not_change_the_result() {
         let mut cfg = small_cfg(PoolKind::Vmm);
         cfg.n_batch = batch;
         cfg.n_ubatch = ubatch;
-        let mut rt = Runtime::new(
-            sim(1.0, true),
-            cfg,
-            Box::new(CpuExecutor::new(small_model(), KvType::Q8_0)),
-        )
-        .unwrap();
+        let (driver, exec) = cpu();
+        let mut rt = Runtime::new(driver, cfg, exec).unwrap();
         let r = rt.prefill(600).unwrap();
         let n_last = r.ubatches.last().unwrap().n_tokens;
         let h = rt.hidden(n_last).unwrap();
@@ -252,13 +259,13 @@ fn nonsense_shapes_are_clear_errors() {
         .to_string()
         .contains("exceed the context"));
     assert!(
-        Runtime::new(
-            sim(1.0, false),
-            small_cfg(PoolKind::Vmm),
-            Box::new(CpuExecutor::new(small_model(), KvType::Q8_0))
-        )
-        .is_err(),
+        CpuExecutor::new(sim_device(1.0, false)).is_err(),
         "cpu needs a backed device"
+    );
+    let (_, exec) = cpu();
+    assert!(
+        Runtime::new(sim(1.0, false), small_cfg(PoolKind::Vmm), exec).is_err(),
+        "cpu needs the runtime's device to be backed"
     );
     assert!(ModelShape::preset("gpt5")
         .unwrap_err()

@@ -1,46 +1,52 @@
 //! Managed-memory fallback on device OOM (ggml's `GGML_CUDA_ALLOC_FALLBACK_MANAGED`).
 //!
 //! Wraps any pool. When the inner pool runs out of device memory, that one allocation is
-//! served from managed memory instead: the block is tagged, counted in the stats
-//! (`fallbacks`, `fallback_live_bytes`) and logged with a warning, and freeing it returns it
-//! straight to the driver. Managed memory is never requested beyond what the physical device
-//! has free unless oversubscription was allowed explicitly.
+//! served from managed memory instead, by a pool core of its own ([`Direct`] placement over
+//! [`ManagedMalloc`]): the block is tagged, counted (`fallbacks`, `fallback_live_bytes`, and as
+//! live and reserved memory like any other), logged with a warning, and returned to the driver
+//! when freed. Managed memory is admitted against the device's managed ledger, so the
+//! fallback and every managed pool on the device together stay within its free memory unless
+//! oversubscription was allowed explicitly.
 
 use crate::block::{Block, PoolId};
+use crate::core::{CoreOptions, CorePool};
 use crate::driver::Driver;
 use crate::error::{FreeError, PoolError};
-use crate::pools::{Pool, PoolKind, Purge, Released};
-use crate::stats::{PhaseStats, PoolStats};
+use crate::kind::PoolKind;
+use crate::placement::direct::Direct;
+use crate::pool::{Pool, Purge, Released};
+use crate::stats::PoolStats;
 use crate::sync::SyncToken;
-use parking_lot::Mutex;
+use crate::upstream::managed::ManagedMalloc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-
-#[derive(Debug, Default)]
-struct Counters {
-    fallbacks: u64,
-    live_bytes: usize,
-    frees: u64,
-    /// Managed blocks the driver refused to free: (pointer, size), retried later.
-    pending: Vec<(u64, usize)>,
-}
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct ManagedFallback {
-    id: PoolId,
     inner: Arc<dyn Pool>,
-    allow_oversubscription: bool,
-    counters: Mutex<Counters>,
+    managed: CorePool<Direct, ManagedMalloc>,
+    /// Live bytes of both, and the peaks of the sums (the pools' own peaks cannot be added).
+    live: AtomicUsize,
+    live_peak: AtomicUsize,
+    reserved_peak: AtomicUsize,
 }
 
 impl ManagedFallback {
     /// Wraps `inner`.
     pub fn new(inner: Arc<dyn Pool>, allow_oversubscription: bool) -> Self {
+        let driver = inner.driver().clone();
         Self {
-            id: PoolId::fresh(),
+            managed: CorePool::from_parts(
+                PoolKind::Managed,
+                Direct,
+                ManagedMalloc::new(driver, allow_oversubscription),
+                CoreOptions::default(),
+            ),
             inner,
-            allow_oversubscription,
-            counters: Mutex::new(Counters::default()),
+            live: AtomicUsize::new(0),
+            live_peak: AtomicUsize::new(0),
+            reserved_peak: AtomicUsize::new(0),
         }
     }
 
@@ -49,68 +55,33 @@ impl ManagedFallback {
         &self.inner
     }
 
-    /// Retries frees the driver refused earlier.
-    fn retry_pending(&self) {
-        let mut c = self.counters.lock();
-        let driver = self.inner.driver();
-        c.pending
-            .retain(|&(ptr, _)| driver.free_managed(ptr).is_err());
-    }
-
     #[cold]
-    fn fall_back(&self, size: usize, original: PoolError) -> Result<Block, PoolError> {
-        let driver = self.inner.driver();
-        if !self.allow_oversubscription {
-            match driver.managed_headroom() {
-                Ok(free) if size <= free => {}
-                Ok(free) => {
-                    tracing::warn!(requested = size, device_free = free, "managed fallback refused: the request exceeds the device's free memory and oversubscription is not allowed");
-                    return Err(original);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "managed fallback refused: device free memory unknown");
-                    return Err(original);
-                }
-            }
-        }
-        match driver.malloc_managed(size) {
-            Ok(ptr) => {
-                let mut c = self.counters.lock();
-                c.fallbacks += 1;
-                c.live_bytes += size;
-                tracing::warn!(pool = %self.inner.kind(), requested = size, fallback_live = c.live_bytes, "device out of memory: served from managed memory");
-                Ok(Block {
-                    ptr,
-                    size,
-                    capacity: size,
-                    pool: self.id,
-                    managed_fallback: true,
-                })
+    fn fall_back(&self, bytes: usize, original: PoolError) -> Result<Block, PoolError> {
+        match self.managed.alloc(bytes) {
+            Ok(mut block) => {
+                block.managed_fallback = true;
+                let s = self.managed.stats();
+                tracing::warn!(pool = %self.inner.kind(), requested = bytes, fallback_live = s.live_bytes, "device out of memory: served from managed memory");
+                Ok(block)
             }
             Err(e) => {
-                tracing::warn!(error = %e, "managed fallback failed too");
+                tracing::warn!(error = %e, "managed fallback refused too");
                 Err(original)
             }
         }
     }
-}
 
-impl Drop for ManagedFallback {
-    fn drop(&mut self) {
-        self.retry_pending();
-        let c = self.counters.get_mut();
-        if !c.pending.is_empty() {
-            tracing::error!(
-                blocks = c.pending.len(),
-                "managed fallback blocks could not be freed"
-            );
-        }
+    fn note_alloc(&self, size: usize) {
+        let live = self.live.fetch_add(size, Ordering::Relaxed) + size;
+        self.live_peak.fetch_max(live, Ordering::Relaxed);
+        self.reserved_peak
+            .fetch_max(self.reserved_bytes(), Ordering::Relaxed);
     }
 }
 
 impl Pool for ManagedFallback {
     fn id(&self) -> PoolId {
-        self.id
+        self.inner.id()
     }
 
     fn kind(&self) -> PoolKind {
@@ -122,64 +93,74 @@ impl Pool for ManagedFallback {
     }
 
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
-        match self.inner.alloc(bytes) {
-            Err(e @ PoolError::OutOfMemory(_)) => self.fall_back(bytes.max(1), e),
-            other => other,
-        }
+        let block = match self.inner.alloc(bytes) {
+            Err(e @ PoolError::OutOfMemory(_)) => self.fall_back(bytes, e)?,
+            other => other?,
+        };
+        self.note_alloc(block.size());
+        Ok(block)
     }
 
     fn free(&self, block: Block) -> Result<(), FreeError> {
-        if !block.managed_fallback {
-            return self.inner.free(block);
+        let size = block.size();
+        if block.pool_id() == self.managed.id() {
+            self.managed.free(block)?;
+        } else {
+            self.inner.free(block)?;
         }
-        if block.pool != self.id {
-            let error = PoolError::WrongPool {
-                owner: block.pool,
-                given_to: self.id,
-            };
-            return Err(FreeError { error, block });
-        }
-        // cuMemFree waits for the device, so queued work on this block finishes first.
-        let result = self.inner.driver().free_managed(block.ptr);
-        let mut c = self.counters.lock();
-        c.live_bytes -= block.size;
-        c.frees += 1;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "driver refused to free a managed fallback block; kept for a later retry");
-            c.pending.push((block.ptr, block.size));
-        }
+        self.live.fetch_sub(size, Ordering::Relaxed);
         Ok(())
     }
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
-        self.retry_pending();
-        self.inner.purge(token, what)
+        // Retries managed frees the driver refused, then purges the pool.
+        let m = self.managed.purge(token, Purge::All)?;
+        let mut r = self.inner.purge(token, what)?;
+        r.bytes += m.bytes;
+        r.buffers += m.buffers;
+        Ok(r)
     }
 
     fn releasable(&self, what: &Purge) -> usize {
-        self.inner.releasable(what)
+        self.inner.releasable(what) + self.managed.releasable(&Purge::All)
     }
 
     fn stats(&self) -> PoolStats {
         let mut s = self.inner.stats();
-        let c = self.counters.lock();
-        s.fallbacks = c.fallbacks;
-        s.fallback_live_bytes = c.live_bytes;
-        s.calls.managed_mallocs += c.fallbacks;
-        s.calls.managed_frees += c.frees;
+        let m = self.managed.stats();
+        s.live_bytes += m.live_bytes;
+        s.live_blocks += m.live_blocks;
+        s.reserved_bytes += m.reserved_bytes;
+        s.cached_bytes += m.cached_bytes;
+        s.live_peak_bytes = s
+            .live_peak_bytes
+            .max(self.live_peak.load(Ordering::Relaxed));
+        s.reserved_peak_bytes = s
+            .reserved_peak_bytes
+            .max(self.reserved_peak.load(Ordering::Relaxed));
+        s.allocs += m.allocs;
+        s.frees += m.frees;
+        s.calls = s.calls.plus(&m.calls);
+        // Every fallback answered one OOM of the inner pool: the caller saw no failure.
+        s.ooms = s.ooms.saturating_sub(m.allocs);
+        s.fallbacks = m.allocs;
+        s.fallback_live_bytes = m.live_bytes;
+        s.purges += m.purges;
+        s.purged_bytes += m.purged_bytes;
         s
     }
 
+    fn reserved_bytes(&self) -> usize {
+        self.inner.reserved_bytes() + self.managed.reserved_bytes()
+    }
+
     fn reset_peaks(&self) {
-        self.inner.reset_peaks()
-    }
-
-    fn begin_phase(&self, name: &str) {
-        self.inner.begin_phase(name)
-    }
-
-    fn end_phase(&self) -> Option<PhaseStats> {
-        self.inner.end_phase()
+        self.inner.reset_peaks();
+        self.managed.reset_peaks();
+        self.live_peak
+            .store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.reserved_peak
+            .store(self.reserved_bytes(), Ordering::Relaxed);
     }
 
     fn alignment(&self) -> usize {

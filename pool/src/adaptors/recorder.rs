@@ -8,8 +8,9 @@
 use crate::block::{Block, PoolId};
 use crate::driver::{DevicePtr, Driver};
 use crate::error::{FreeError, PoolError};
-use crate::pools::{Pool, PoolKind, Purge, Released};
-use crate::stats::{PhaseStats, PoolStats};
+use crate::kind::PoolKind;
+use crate::pool::{Pool, Purge, Released};
+use crate::stats::PoolStats;
 use crate::sync::SyncToken;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -124,14 +125,21 @@ impl Recorder {
         self.log.lock().events.push(TraceEvent::Sync);
     }
 
-    /// Closes the open phase like [`Pool::end_phase`], marking whether it was a prefill ubatch.
-    pub fn end_phase_marked(&self, prefill: bool) -> Option<PhaseStats> {
-        let stats = self.inner.end_phase();
+    /// Records that a phase named `name` opened.
+    pub fn record_phase_begin(&self, name: &str) {
+        let mut log = self.log.lock();
+        log.open_phase = Some(name.to_owned());
+        log.events.push(TraceEvent::PhaseBegin {
+            name: name.to_owned(),
+        });
+    }
+
+    /// Records that the open phase closed, marking whether it was a prefill ubatch.
+    pub fn record_phase_end(&self, prefill: bool) {
         let mut log = self.log.lock();
         if let Some(name) = log.open_phase.take() {
             log.events.push(TraceEvent::PhaseEnd { name, prefill });
         }
-        stats
     }
 
     /// The whole trace as JSON lines.
@@ -195,21 +203,12 @@ impl Pool for Recorder {
         self.inner.stats()
     }
 
+    fn reserved_bytes(&self) -> usize {
+        self.inner.reserved_bytes()
+    }
+
     fn reset_peaks(&self) {
         self.inner.reset_peaks()
-    }
-
-    fn begin_phase(&self, name: &str) {
-        self.inner.begin_phase(name);
-        let mut log = self.log.lock();
-        log.open_phase = Some(name.to_owned());
-        log.events.push(TraceEvent::PhaseBegin {
-            name: name.to_owned(),
-        });
-    }
-
-    fn end_phase(&self) -> Option<PhaseStats> {
-        self.end_phase_marked(false)
     }
 
     fn alignment(&self) -> usize {

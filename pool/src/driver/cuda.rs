@@ -4,8 +4,9 @@
 //! checks for the library first and returns [`ErrorCode::LibraryMissing`] rather than letting
 //! cudarc panic at the first call, so a caller can fall back to the simulated device.
 
-use super::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, MemInfo, PhysHandle};
-use crate::sync::SyncEpoch;
+use super::{
+    CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
+};
 use cudarc::driver::{result, sys, CudaContext};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct CudaDriver {
     ctx: Arc<CudaContext>,
-    epoch: SyncEpoch,
+    shared: DeviceShared,
     vmm: bool,
     name: String,
 }
@@ -71,7 +72,7 @@ impl CudaDriver {
             .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
         Ok(Self {
             ctx,
-            epoch: SyncEpoch::new(),
+            shared: DeviceShared::new(),
             vmm,
             name,
         })
@@ -107,8 +108,8 @@ impl Driver for CudaDriver {
         self.name.clone()
     }
 
-    fn epoch(&self) -> &SyncEpoch {
-        &self.epoch
+    fn shared(&self) -> &DeviceShared {
+        &self.shared
     }
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {

@@ -4,9 +4,14 @@
 //! allocated through it. This reproduces a 12 GiB card's OOM safely on an 80 GiB one, without
 //! filling the real card. Managed memory is not counted (it lives on the host until touched),
 //! and the managed-headroom check still asks the real card.
+//!
+//! Admission is one step: a request's bytes are counted under the lock that checks them, before
+//! the wrapped driver is called, and given back if that call fails. Concurrent requests can
+//! therefore never pass the check together and overshoot the limit.
 
-use super::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, MemInfo, PhysHandle};
-use crate::sync::SyncEpoch;
+use super::{
+    CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
+};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,21 +50,28 @@ impl LimitedDriver {
         self.state.lock().used
     }
 
+    /// Counts `bytes` against the limit, or refuses them; check and count are one step.
     fn admit(&self, kind: CallKind, bytes: usize) -> Result<(), DriverError> {
-        let s = self.state.lock();
+        let mut s = self.state.lock();
         let free = self.limit.saturating_sub(s.used);
         if bytes > free {
-            Err(DriverError::new(
+            return Err(DriverError::new(
                 kind,
                 ErrorCode::OutOfMemory,
                 format!(
                     "asked for {bytes} bytes, {free} of the {}-byte limit free",
                     self.limit
                 ),
-            ))
-        } else {
-            Ok(())
+            ));
         }
+        s.used += bytes;
+        Ok(())
+    }
+
+    /// Gives back bytes admitted for a call that then failed, or that were freed.
+    fn give_back(&self, bytes: usize) {
+        let mut s = self.state.lock();
+        s.used = s.used.saturating_sub(bytes);
     }
 }
 
@@ -76,8 +88,8 @@ impl Driver for LimitedDriver {
         )
     }
 
-    fn epoch(&self) -> &SyncEpoch {
-        self.inner.epoch()
+    fn shared(&self) -> &DeviceShared {
+        self.inner.shared()
     }
 
     fn host_accessible(&self) -> bool {
@@ -100,18 +112,23 @@ impl Driver for LimitedDriver {
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
         self.admit(CallKind::Malloc, bytes)?;
-        let p = self.inner.malloc(bytes)?;
-        let mut s = self.state.lock();
-        s.used += bytes;
-        s.mallocs.insert(p, bytes);
-        Ok(p)
+        match self.inner.malloc(bytes) {
+            Ok(p) => {
+                self.state.lock().mallocs.insert(p, bytes);
+                Ok(p)
+            }
+            Err(e) => {
+                self.give_back(bytes);
+                Err(e)
+            }
+        }
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         self.inner.free(ptr)?;
         let mut s = self.state.lock();
         if let Some(b) = s.mallocs.remove(&ptr) {
-            s.used -= b;
+            s.used = s.used.saturating_sub(b);
         }
         Ok(())
     }
@@ -142,15 +159,14 @@ impl Driver for LimitedDriver {
 
     fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError> {
         self.admit(CallKind::Create, bytes)?;
-        let h = self.inner.map(at, bytes)?;
-        self.state.lock().used += bytes;
-        Ok(h)
+        self.inner
+            .map(at, bytes)
+            .inspect_err(|_| self.give_back(bytes))
     }
 
     fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError> {
         self.inner.unmap(at, bytes, handle)?;
-        let mut s = self.state.lock();
-        s.used = s.used.saturating_sub(bytes);
+        self.give_back(bytes);
         Ok(())
     }
 

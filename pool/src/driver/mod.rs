@@ -1,20 +1,21 @@
 //! The driver layer: the only code in cupool that talks to a device.
 //!
-//! [`Driver`] is the small set of primitives the pools need. Two implementations ship:
-//! [`sim::SimDevice`] (host memory behind the addresses, a capacity, fault injection and a
-//! ledger) and [`cuda::CudaDriver`] (cudarc with dynamic loading). Anything else that changes
-//! driver behaviour, such as a memory limit on a large card, wraps a driver: see
-//! [`limit::LimitedDriver`].
+//! [`Driver`] is the small set of primitives the pools need. Two implementations talk to a
+//! device: [`sim::SimDevice`] (host memory behind the addresses, a capacity and a ledger) and
+//! [`cuda::CudaDriver`] (cudarc with dynamic loading). Anything else that changes driver
+//! behaviour wraps a driver, and works over either: a memory limit on a large card
+//! ([`limit::LimitedDriver`]) and fault injection ([`fault::FaultInjector`]).
 
 pub mod cuda;
 mod error;
-mod host;
+pub mod fault;
 pub mod limit;
+mod shared;
 pub mod sim;
 
 pub use error::{CallKind, DriverError, ErrorCode};
+pub use shared::{DeviceShared, ManagedLedger, SyncEpoch};
 
-use crate::sync::SyncEpoch;
 use std::fmt;
 
 /// A device address. On the simulated device it is also a valid host address.
@@ -52,8 +53,14 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// A short human-readable name ("sim 12.0 GiB", "NVIDIA H200").
     fn name(&self) -> String;
 
+    /// The state every user of this device shares (synchronize epoch, managed ledger). A
+    /// wrapping driver returns the wrapped driver's.
+    fn shared(&self) -> &DeviceShared;
+
     /// The device's synchronize counter; see [`crate::sync`].
-    fn epoch(&self) -> &SyncEpoch;
+    fn epoch(&self) -> &SyncEpoch {
+        &self.shared().epoch
+    }
 
     /// Whether device addresses are host addresses this process can read and write (the
     /// simulated device with backing). CPU executors need it.

@@ -7,11 +7,11 @@ pub const MIB: usize = 1 << 20;
 pub const GIB: usize = 1 << 30;
 
 pub fn sim(gib: f64) -> Arc<SimDevice> {
-    Arc::new(SimDevice::new(SimConfig::gib(gib)))
+    Arc::new(SimDevice::new(SimConfig::gib(gib)).expect("a valid card"))
 }
 
 pub fn sim_with(config: SimConfig) -> Arc<SimDevice> {
-    Arc::new(SimDevice::new(config))
+    Arc::new(SimDevice::new(config).expect("a valid card"))
 }
 
 pub fn as_driver(d: &Arc<SimDevice>) -> Arc<dyn Driver> {

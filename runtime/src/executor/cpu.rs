@@ -1,46 +1,96 @@
-//! The reference maths on the simulated device: its addresses are host memory.
+//! The reference maths on the simulated device, whose addresses are host memory.
+//!
+//! Every range a kernel touches is checked first: it must lie inside memory the simulated
+//! device holds, and a range a kernel writes must not overlap any other range of the same
+//! call. Only then does it become a slice, so a wrong address is an error, never undefined
+//! behaviour.
 
-use super::{DeviceBuffers, Executor, ExecutorKind, Scratch, Ubatch};
+use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
-use crate::model::ModelShape;
 use cupool_kernels::cpu::{self, FaParams};
+use cupool_kernels::fa::{KvHalf, Meta, Partial};
 use cupool_kernels::KvType;
+use cupool_pool::driver::sim::SimDevice;
 use half::f16;
+use std::mem::size_of;
+use std::sync::Arc;
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct CpuExecutor {
-    m: ModelShape,
-    kv: KvType,
-    bufs: Option<DeviceBuffers>,
+    device: Arc<SimDevice>,
 }
 
 impl CpuExecutor {
-    /// An executor for `m` with a `kv` cache. Only valid on host-addressable (simulated) memory.
-    pub fn new(m: ModelShape, kv: KvType) -> Self {
-        Self { m, kv, bufs: None }
-    }
-
-    fn bufs(&self) -> Result<DeviceBuffers, RuntimeError> {
-        self.bufs
-            .ok_or_else(|| RuntimeError::Invalid("executor used before init".into()))
+    /// An executor on `device`, which must be backed by host memory.
+    pub fn new(device: Arc<SimDevice>) -> Result<Self, RuntimeError> {
+        if !device.config().backed {
+            return Err(RuntimeError::Invalid(
+                "the cpu executor needs a simulated device backed by host memory".into(),
+            ));
+        }
+        Ok(Self { device })
     }
 }
 
-/// A view of `len` values of `T` at device address `addr`.
-///
-/// # Safety
-/// `addr` must be host memory of the simulated device, live and at least `len * size_of::<T>()`
-/// bytes, aligned for `T`, and no other live slice may overlap it mutably.
-unsafe fn view<'a, T>(addr: u64, len: usize) -> &'a mut [T] {
-    // SAFETY: guaranteed by the caller.
-    unsafe { std::slice::from_raw_parts_mut(addr as *mut T, len) }
+/// The ranges of one kernel call, checked before any becomes a slice.
+struct Call<'d> {
+    device: &'d SimDevice,
+    claimed: Vec<(u64, u64, bool)>,
 }
 
-fn init_weights(addr: u64, n: usize, seed: u32, fan_in: usize) {
-    // SAFETY: a weights region of the startup buffer, `n` halves long, nothing else borrows it.
-    let w = unsafe { view::<f16>(addr, n) };
-    cpu::init_weights(w, seed, 1.0 / (fan_in as f32).sqrt());
+impl<'d> Call<'d> {
+    fn new(device: &'d SimDevice) -> Self {
+        Self {
+            device,
+            claimed: Vec::new(),
+        }
+    }
+
+    fn claim<T>(&mut self, at: u64, len: usize, write: bool) -> Result<(), RuntimeError> {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or_else(|| RuntimeError::Invalid(format!("{len} elements overflow")))?;
+        if len == 0 {
+            return Ok(());
+        }
+        if at % std::mem::align_of::<T>() as u64 != 0 || !self.device.contains(at, bytes) {
+            return Err(RuntimeError::Invalid(format!(
+                "{bytes} bytes at {at:#x} are not live, aligned device memory"
+            )));
+        }
+        let end = at + bytes as u64;
+        for &(s, e, w) in &self.claimed {
+            if (write || w) && at < e && s < end {
+                return Err(RuntimeError::Invalid(format!(
+                    "{bytes} bytes at {at:#x} overlap another buffer of the same kernel"
+                )));
+            }
+        }
+        self.claimed.push((at, end, write));
+        Ok(())
+    }
+
+    /// A range the kernel reads.
+    fn input<T>(&mut self, at: u64, len: usize) -> Result<&'d [T], RuntimeError> {
+        self.claim::<T>(at, len, false)?;
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: the range is live host memory of the device, aligned for T (checked in
+        // `claim`), and no range of this call that is written overlaps it.
+        Ok(unsafe { std::slice::from_raw_parts(at as *const T, len) })
+    }
+
+    /// A range the kernel writes.
+    fn output<T>(&mut self, at: u64, len: usize) -> Result<&'d mut [T], RuntimeError> {
+        self.claim::<T>(at, len, true)?;
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in `input`, and no other range of this call overlaps it at all.
+        Ok(unsafe { std::slice::from_raw_parts_mut(at as *mut T, len) })
+    }
 }
 
 impl Executor for CpuExecutor {
@@ -48,246 +98,138 @@ impl Executor for CpuExecutor {
         ExecutorKind::Cpu
     }
 
-    fn init(&mut self, b: &DeviceBuffers) -> Result<(), RuntimeError> {
-        let m = &self.m;
-        let (e, w) = (m.n_embd, b.weights);
-        for off in [b.wl.norm1, b.wl.norm2] {
-            // SAFETY: the norm regions hold n_embd halves.
-            unsafe { view::<f16>(w + off as u64, e) }.fill(f16::ONE);
-        }
-        init_weights(w + b.wl.wq as u64, e * m.q_dim(), 11, e);
-        init_weights(w + b.wl.wk as u64, e * m.kv_dim_k(), 12, e);
-        if !m.v_is_k {
-            init_weights(w + b.wl.wv as u64, e * m.kv_dim_v(), 13, e);
-        }
-        init_weights(w + b.wl.wo as u64, m.out_dim() * e, 14, m.out_dim());
-        init_weights(w + b.wl.w1 as u64, e * m.n_ff, 15, e);
-        init_weights(w + b.wl.w2 as u64, m.n_ff * e, 16, m.n_ff);
-        self.bufs = Some(*b);
+    fn sync(&mut self) -> Result<(), RuntimeError> {
         Ok(())
     }
 
-    fn begin_ubatch(&mut self, ub: &Ubatch) -> Result<(), RuntimeError> {
-        let b = self.bufs()?;
-        // SAFETY: compute-buffer regions sized for the largest ubatch; disjoint.
-        let (tok, x) = unsafe {
-            (
-                view::<i32>(b.compute + b.cl.tokens as u64, ub.n_tokens),
-                view::<f32>(b.compute + b.cl.x as u64, ub.n_tokens * self.m.n_embd),
-            )
-        };
-        tok.copy_from_slice(ub.tokens);
-        cpu::embed(tok, x, self.m.n_embd);
+    fn zero(&mut self, at: u64, bytes: usize) -> Result<(), RuntimeError> {
+        Call::new(&self.device).output::<u8>(at, bytes)?.fill(0);
         Ok(())
     }
 
-    fn pre_attention(&mut self, layer: usize, ub: &Ubatch) -> Result<(), RuntimeError> {
-        let (b, m, u) = (self.bufs()?, &self.m, ub.n_tokens);
-        let c = |off: usize| b.compute + off as u64;
-        let w = |off: usize| b.weights + off as u64;
-        // SAFETY: disjoint regions of the compute and weights buffers, sized for this ubatch.
-        unsafe {
-            let x = view::<f32>(c(b.cl.x), u * m.n_embd);
-            let xn = view::<f32>(c(b.cl.xn), u * m.n_embd);
-            cpu::rms_norm(x, view::<f16>(w(b.wl.norm1), m.n_embd), xn, m.n_embd, 1e-6);
-            cpu::matmul(
-                xn,
-                view::<f16>(w(b.wl.wq), m.n_embd * m.q_dim()),
-                view::<f32>(c(b.cl.q), u * m.q_dim()),
-                u,
-                m.q_dim(),
-                m.n_embd,
-                false,
-            );
-            let k_new = view::<f32>(c(b.cl.k_new), u * m.kv_dim_k());
-            cpu::matmul(
-                xn,
-                view::<f16>(w(b.wl.wk), m.n_embd * m.kv_dim_k()),
-                k_new,
-                u,
-                m.kv_dim_k(),
-                m.n_embd,
-                false,
-            );
-            store_rows(
-                self.kv,
-                k_new,
-                b.kv + b.kvl.k(layer) as u64,
-                b.kvl.k_row_bytes,
-                ub.pos0,
-            );
-            if !m.v_is_k {
-                let v_new = view::<f32>(c(b.cl.v_new), u * m.kv_dim_v());
-                cpu::matmul(
-                    xn,
-                    view::<f16>(w(b.wl.wv), m.n_embd * m.kv_dim_v()),
-                    v_new,
-                    u,
-                    m.kv_dim_v(),
-                    m.n_embd,
-                    false,
-                );
-                store_rows(
-                    self.kv,
-                    v_new,
-                    b.kv + b.kvl.v(layer) as u64,
-                    b.kvl.v_row_bytes,
-                    ub.pos0,
-                );
+    fn fill_ones_f16(&mut self, at: u64, n: usize) -> Result<(), RuntimeError> {
+        Call::new(&self.device).output::<f16>(at, n)?.fill(f16::ONE);
+        Ok(())
+    }
+
+    fn init_weights(
+        &mut self,
+        at: u64,
+        n: usize,
+        seed: u32,
+        scale: f32,
+    ) -> Result<(), RuntimeError> {
+        cpu::init_weights(Call::new(&self.device).output::<f16>(at, n)?, seed, scale);
+        Ok(())
+    }
+
+    fn upload_tokens(&mut self, at: u64, tokens: &[i32]) -> Result<(), RuntimeError> {
+        Call::new(&self.device)
+            .output::<i32>(at, tokens.len())?
+            .copy_from_slice(tokens);
+        Ok(())
+    }
+
+    fn embed(
+        &mut self,
+        tokens: u64,
+        x: u64,
+        n_tokens: usize,
+        n_embd: usize,
+    ) -> Result<(), RuntimeError> {
+        let mut c = Call::new(&self.device);
+        let t = c.input::<i32>(tokens, n_tokens)?;
+        cpu::embed(t, c.output::<f32>(x, n_tokens * n_embd)?, n_embd);
+        Ok(())
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), RuntimeError> {
+        let mut c = Call::new(&self.device);
+        let (x, w) = (c.input::<f32>(x, rows * n)?, c.input::<f16>(w, n)?);
+        cpu::rms_norm(x, w, c.output::<f32>(y, rows * n)?, n, eps);
+        Ok(())
+    }
+
+    fn matmul(
+        &mut self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<(), RuntimeError> {
+        let mut c = Call::new(&self.device);
+        let (x, w) = (c.input::<f32>(x, m * k)?, c.input::<f16>(w, k * n)?);
+        cpu::matmul(x, w, c.output::<f32>(y, m * n)?, m, n, k, accumulate);
+        Ok(())
+    }
+
+    fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError> {
+        cpu::silu(Call::new(&self.device).output::<f32>(x, n)?);
+        Ok(())
+    }
+
+    fn store_kv(
+        &mut self,
+        kv: KvType,
+        src: u64,
+        cache: u64,
+        rows: usize,
+        row_len: usize,
+        pos0: usize,
+    ) -> Result<(), RuntimeError> {
+        let mut c = Call::new(&self.device);
+        let src = c.input::<f32>(src, rows * row_len)?;
+        let at = cache + (pos0 * kv.row_bytes(row_len)) as u64;
+        match kv {
+            KvType::F16 => cpu::store_f16(src, c.output::<f16>(at, rows * row_len)?),
+            KvType::Q8_0 => {
+                cpu::quantize_q8_0(src, c.output::<u8>(at, rows * kv.row_bytes(row_len))?)
             }
         }
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize, ub: &Ubatch, s: &Scratch) -> Result<(), RuntimeError> {
-        let (b, m) = (self.bufs()?, &self.m);
-        let p = fa_params(m, ub, s.fa.parallel_blocks);
-        let kv_k = b.kv + b.kvl.k(layer) as u64;
-        let kv_v = b.kv + b.kvl.v(layer) as u64;
-        // SAFETY: cache rows [0, n_kv) exist (n_kv <= n_ctx); scratch buffers were sized by
-        // `fa::scratch` for this call; compute regions are disjoint from both.
-        unsafe {
-            let (k, v): (&[f16], &[f16]) = match self.kv {
-                KvType::F16 => {
-                    let k = view::<f16>(kv_k, ub.n_kv * m.kv_dim_k());
-                    let v = if m.v_is_k {
-                        &*k
-                    } else {
-                        &*view::<f16>(kv_v, ub.n_kv * m.kv_dim_v())
-                    };
-                    (k, v)
-                }
-                KvType::Q8_0 => {
-                    let kb = s.k_f16.as_ref().ok_or_else(|| {
-                        RuntimeError::Invalid("q8_0 K without K_f16 scratch".into())
-                    })?;
-                    let k = view::<f16>(kb.ptr(), kb.len());
-                    cpu::dequantize_q8_0(view::<u8>(kv_k, ub.n_kv * b.kvl.k_row_bytes), k);
-                    let v: &[f16] = if m.v_is_k {
-                        &*k
-                    } else {
-                        let vb = s.v_f16.as_ref().ok_or_else(|| {
-                            RuntimeError::Invalid("q8_0 V without V_f16 scratch".into())
-                        })?;
-                        let v = view::<f16>(vb.ptr(), vb.len());
-                        cpu::dequantize_q8_0(view::<u8>(kv_v, ub.n_kv * b.kvl.v_row_bytes), v);
-                        v
-                    };
-                    (k, v)
-                }
-            };
-            let q = view::<f32>(b.compute + b.cl.q as u64, ub.n_tokens * m.q_dim());
-            let dst = view::<f32>(b.compute + b.cl.attn as u64, ub.n_tokens * m.out_dim());
-            let tmp = s
-                .dst_tmp
-                .as_ref()
-                .map_or(&mut [][..], |t| view::<f32>(t.ptr(), t.len()));
-            let meta = s
-                .dst_meta
-                .as_ref()
-                .map_or(&mut [][..], |t| view::<[f32; 2]>(t.ptr(), t.len()));
-            cpu::flash_attn(&p, q, k, v, dst, tmp, meta);
-        }
+    fn dequantize_q8_0(
+        &mut self,
+        src: u64,
+        dst: u64,
+        rows: usize,
+        row_len: usize,
+    ) -> Result<(), RuntimeError> {
+        let mut c = Call::new(&self.device);
+        let src = c.input::<u8>(src, rows * KvType::Q8_0.row_bytes(row_len))?;
+        cpu::dequantize_q8_0(src, c.output::<KvHalf>(dst, rows * row_len)?);
         Ok(())
     }
 
-    fn post_attention(&mut self, _layer: usize, ub: &Ubatch) -> Result<(), RuntimeError> {
-        let (b, m, u) = (self.bufs()?, &self.m, ub.n_tokens);
-        let c = |off: usize| b.compute + off as u64;
-        let w = |off: usize| b.weights + off as u64;
-        // SAFETY: disjoint regions of the compute and weights buffers, sized for this ubatch.
-        unsafe {
-            let x = view::<f32>(c(b.cl.x), u * m.n_embd);
-            let xn = view::<f32>(c(b.cl.xn), u * m.n_embd);
-            let attn = view::<f32>(c(b.cl.attn), u * m.out_dim());
-            cpu::matmul(
-                attn,
-                view::<f16>(w(b.wl.wo), m.out_dim() * m.n_embd),
-                x,
-                u,
-                m.n_embd,
-                m.out_dim(),
-                true,
-            );
-            cpu::rms_norm(x, view::<f16>(w(b.wl.norm2), m.n_embd), xn, m.n_embd, 1e-6);
-            let ff = view::<f32>(c(b.cl.ff), u * m.n_ff);
-            cpu::matmul(
-                xn,
-                view::<f16>(w(b.wl.w1), m.n_embd * m.n_ff),
-                ff,
-                u,
-                m.n_ff,
-                m.n_embd,
-                false,
-            );
-            cpu::silu(ff);
-            cpu::matmul(
-                ff,
-                view::<f16>(w(b.wl.w2), m.n_ff * m.n_embd),
-                x,
-                u,
-                m.n_embd,
-                m.n_ff,
-                true,
-            );
-        }
+    fn flash_attn(&mut self, p: &FaParams, b: &FaBuffers) -> Result<(), RuntimeError> {
+        let mut c = Call::new(&self.device);
+        let q = c.input::<f32>(b.q, p.n_tokens * p.n_head * p.d_k)?;
+        let k = c.input::<KvHalf>(b.k, p.n_kv * p.k_row)?;
+        let v = if b.v == b.k {
+            k
+        } else {
+            c.input::<KvHalf>(b.v, p.n_kv * p.v_row)?
+        };
+        let dst = c.output::<f32>(b.dst, p.n_tokens * p.n_head * p.d_v)?;
+        let tmp = c.output::<Partial>(b.tmp.ptr, b.tmp.len)?;
+        let meta = c.output::<Meta>(b.meta.ptr, b.meta.len)?;
+        cpu::flash_attn(p, q, k, v, dst, tmp, meta);
         Ok(())
     }
 
-    fn end_ubatch(&mut self, _: &Ubatch) -> Result<(), RuntimeError> {
-        Ok(())
-    }
-
-    fn hidden(&self, n_tokens: usize) -> Result<Vec<f32>, RuntimeError> {
-        let b = self.bufs()?;
-        // SAFETY: the hidden-state region; read only.
-        Ok(unsafe { view::<f32>(b.compute + b.cl.x as u64, n_tokens * self.m.n_embd) }.to_vec())
-    }
-}
-
-/// Writes `rows` (f32, row after row) into the cache at position `pos0`.
-///
-/// # Safety
-/// The cache must hold at least `pos0 + rows` rows of `row_bytes` at `cache`.
-unsafe fn store_rows(kv: KvType, rows: &[f32], cache: u64, row_bytes: usize, pos0: usize) {
-    let n = rows.len();
-    let at = cache + (pos0 * row_bytes) as u64;
-    // SAFETY: per the function contract.
-    unsafe {
-        match kv {
-            KvType::F16 => cpu::store_f16(rows, view::<f16>(at, n)),
-            KvType::Q8_0 => cpu::quantize_q8_0(
-                rows,
-                view::<u8>(
-                    at,
-                    n / cupool_kernels::QK8_0 * cupool_kernels::Q8_0_BLOCK_BYTES,
-                ),
-            ),
-        }
-    }
-}
-
-/// The kernel parameters of one call.
-pub(crate) fn fa_params(m: &ModelShape, ub: &Ubatch, parallel_blocks: usize) -> FaParams {
-    let (k_row, k_head) = (m.kv_dim_k(), m.head_dim_k);
-    let (v_row, v_head) = if m.v_is_k {
-        (m.kv_dim_k(), m.head_dim_k)
-    } else {
-        (m.kv_dim_v(), m.head_dim_v)
-    };
-    FaParams {
-        n_tokens: ub.n_tokens,
-        n_head: m.n_head,
-        n_head_kv: m.n_head_kv,
-        d_k: m.head_dim_k,
-        d_v: m.head_dim_v,
-        n_kv: ub.n_kv,
-        pos0: ub.pos0,
-        k_row,
-        k_head,
-        v_row,
-        v_head,
-        scale: 1.0 / (m.head_dim_k as f32).sqrt(),
-        parallel_blocks,
+    fn read_f32(&mut self, at: u64, n: usize) -> Result<Vec<f32>, RuntimeError> {
+        Ok(Call::new(&self.device).input::<f32>(at, n)?.to_vec())
     }
 }

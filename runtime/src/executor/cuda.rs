@@ -1,11 +1,11 @@
-//! The kernels on a CUDA device.
+//! The kernels on a CUDA device, launched on the context's default stream: the stream whose
+//! pool the runtime takes scratch from.
 
-use super::cpu::fa_params;
-use super::{DeviceBuffers, Executor, ExecutorKind, Scratch, Ubatch};
+use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
-use crate::model::ModelShape;
 use cudarc::driver::{result, CudaContext};
-use cupool_kernels::cuda::Kernels;
+use cupool_kernels::cpu::FaParams;
+use cupool_kernels::cuda::{KernelError, Kernels};
 use cupool_kernels::KvType;
 use half::f16;
 use std::sync::Arc;
@@ -13,49 +13,19 @@ use std::sync::Arc;
 /// See the module docs.
 #[derive(Debug)]
 pub struct CudaExecutor {
-    m: ModelShape,
-    kv: KvType,
     ctx: Arc<CudaContext>,
     k: Kernels,
-    bufs: Option<DeviceBuffers>,
 }
 
 fn dev(e: cudarc::driver::DriverError) -> RuntimeError {
-    RuntimeError::Device(format!("CUDA: {e:?}"))
+    RuntimeError::Kernel(KernelError::Driver(e))
 }
 
 impl CudaExecutor {
-    /// Compiles and loads the kernels on `ctx`; launches go to its default stream, the stream
-    /// whose pool the runtime uses.
-    pub fn new(m: ModelShape, kv: KvType, ctx: Arc<CudaContext>) -> Result<Self, RuntimeError> {
+    /// Compiles and loads the kernels on `ctx`.
+    pub fn new(ctx: Arc<CudaContext>) -> Result<Self, RuntimeError> {
         let k = Kernels::load(&ctx, ctx.default_stream())?;
-        Ok(Self {
-            m,
-            kv,
-            ctx,
-            k,
-            bufs: None,
-        })
-    }
-
-    fn bufs(&self) -> Result<DeviceBuffers, RuntimeError> {
-        self.bufs
-            .ok_or_else(|| RuntimeError::Invalid("executor used before init".into()))
-    }
-
-    fn store(
-        &self,
-        src: u64,
-        cache: u64,
-        n_rows: usize,
-        row_len: usize,
-        pos0: usize,
-    ) -> Result<(), RuntimeError> {
-        match self.kv {
-            KvType::F16 => self.k.store_f16(src, cache, n_rows, row_len, pos0)?,
-            KvType::Q8_0 => self.k.quantize_q8_0(src, cache, n_rows, row_len, pos0)?,
-        }
-        Ok(())
+        Ok(Self { ctx, k })
     }
 }
 
@@ -64,178 +34,117 @@ impl Executor for CudaExecutor {
         ExecutorKind::Cuda
     }
 
-    fn init(&mut self, b: &DeviceBuffers) -> Result<(), RuntimeError> {
+    fn sync(&mut self) -> Result<(), RuntimeError> {
         self.ctx.bind_to_thread().map_err(dev)?;
-        let (m, w) = (&self.m, b.weights);
-        let ones = vec![f16::ONE; m.n_embd];
-        for off in [b.wl.norm1, b.wl.norm2] {
-            // SAFETY: the norm regions hold n_embd halves; synchronous copy from a live vector.
-            unsafe { result::memcpy_htod_sync(w + off as u64, &ones) }.map_err(dev)?;
-        }
-        let e = m.n_embd;
-        let init = |off: usize, n: usize, seed: u32, fan_in: usize| {
-            self.k
-                .init_weights(w + off as u64, n, seed, 1.0 / (fan_in as f32).sqrt())
-        };
-        init(b.wl.wq, e * m.q_dim(), 11, e)?;
-        init(b.wl.wk, e * m.kv_dim_k(), 12, e)?;
-        if !m.v_is_k {
-            init(b.wl.wv, e * m.kv_dim_v(), 13, e)?;
-        }
-        init(b.wl.wo, m.out_dim() * e, 14, m.out_dim())?;
-        init(b.wl.w1, e * m.n_ff, 15, e)?;
-        init(b.wl.w2, m.n_ff * e, 16, m.n_ff)?;
-        // A clean cache: padded positions past the prompt are read (and masked), never garbage.
-        // SAFETY: the KV cache is exactly `bytes` long.
-        unsafe { result::memset_d8_sync(b.kv, 0, b.kvl.bytes) }.map_err(dev)?;
-        self.bufs = Some(*b);
-        Ok(())
-    }
-
-    fn begin_ubatch(&mut self, ub: &Ubatch) -> Result<(), RuntimeError> {
-        let b = self.bufs()?;
-        self.ctx.bind_to_thread().map_err(dev)?;
-        let tokens = b.compute + b.cl.tokens as u64;
-        // The previous ubatch's kernels may still read the token region: order the copy after them.
-        self.k.stream().synchronize().map_err(dev)?;
-        // SAFETY: the token region holds n_ubatch ints; synchronous copy from a live slice.
-        unsafe { result::memcpy_htod_sync(tokens, ub.tokens) }.map_err(dev)?;
-        self.k.embed(
-            tokens,
-            b.compute + b.cl.x as u64,
-            ub.n_tokens,
-            self.m.n_embd,
-        )?;
-        Ok(())
-    }
-
-    fn pre_attention(&mut self, layer: usize, ub: &Ubatch) -> Result<(), RuntimeError> {
-        let (b, m, u) = (self.bufs()?, &self.m, ub.n_tokens);
-        let c = |off: usize| b.compute + off as u64;
-        let w = |off: usize| b.weights + off as u64;
-        self.k
-            .rms_norm(c(b.cl.x), w(b.wl.norm1), c(b.cl.xn), u, m.n_embd, 1e-6)?;
-        self.k.matmul(
-            c(b.cl.xn),
-            w(b.wl.wq),
-            c(b.cl.q),
-            u,
-            m.q_dim(),
-            m.n_embd,
-            false,
-        )?;
-        self.k.matmul(
-            c(b.cl.xn),
-            w(b.wl.wk),
-            c(b.cl.k_new),
-            u,
-            m.kv_dim_k(),
-            m.n_embd,
-            false,
-        )?;
-        self.store(
-            c(b.cl.k_new),
-            b.kv + b.kvl.k(layer) as u64,
-            u,
-            m.kv_dim_k(),
-            ub.pos0,
-        )?;
-        if !m.v_is_k {
-            self.k.matmul(
-                c(b.cl.xn),
-                w(b.wl.wv),
-                c(b.cl.v_new),
-                u,
-                m.kv_dim_v(),
-                m.n_embd,
-                false,
-            )?;
-            self.store(
-                c(b.cl.v_new),
-                b.kv + b.kvl.v(layer) as u64,
-                u,
-                m.kv_dim_v(),
-                ub.pos0,
-            )?;
-        }
-        Ok(())
-    }
-
-    fn attention(&mut self, layer: usize, ub: &Ubatch, s: &Scratch) -> Result<(), RuntimeError> {
-        let (b, m) = (self.bufs()?, &self.m);
-        let p = fa_params(m, ub, s.fa.parallel_blocks);
-        let kv_k = b.kv + b.kvl.k(layer) as u64;
-        let kv_v = b.kv + b.kvl.v(layer) as u64;
-        let (k, v) = match self.kv {
-            // The layout puts V at K when V is a view of K.
-            KvType::F16 => (kv_k, kv_v),
-            KvType::Q8_0 => {
-                let k = Scratch::ptr(&s.k_f16);
-                self.k.dequantize_q8_0(kv_k, k, ub.n_kv, m.kv_dim_k())?;
-                let v = if m.v_is_k {
-                    k
-                } else {
-                    let v = Scratch::ptr(&s.v_f16);
-                    self.k.dequantize_q8_0(kv_v, v, ub.n_kv, m.kv_dim_v())?;
-                    v
-                };
-                (k, v)
-            }
-        };
-        let c = |off: usize| b.compute + off as u64;
-        self.k.flash_attn(
-            &p,
-            c(b.cl.q),
-            k,
-            v,
-            c(b.cl.attn),
-            Scratch::ptr(&s.dst_tmp),
-            Scratch::ptr(&s.dst_meta),
-        )?;
-        Ok(())
-    }
-
-    fn post_attention(&mut self, _layer: usize, ub: &Ubatch) -> Result<(), RuntimeError> {
-        let (b, m, u) = (self.bufs()?, &self.m, ub.n_tokens);
-        let c = |off: usize| b.compute + off as u64;
-        let w = |off: usize| b.weights + off as u64;
-        self.k.matmul(
-            c(b.cl.attn),
-            w(b.wl.wo),
-            c(b.cl.x),
-            u,
-            m.n_embd,
-            m.out_dim(),
-            true,
-        )?;
-        self.k
-            .rms_norm(c(b.cl.x), w(b.wl.norm2), c(b.cl.xn), u, m.n_embd, 1e-6)?;
-        self.k.matmul(
-            c(b.cl.xn),
-            w(b.wl.w1),
-            c(b.cl.ff),
-            u,
-            m.n_ff,
-            m.n_embd,
-            false,
-        )?;
-        self.k.silu(c(b.cl.ff), u * m.n_ff)?;
-        self.k
-            .matmul(c(b.cl.ff), w(b.wl.w2), c(b.cl.x), u, m.n_embd, m.n_ff, true)?;
-        Ok(())
-    }
-
-    fn end_ubatch(&mut self, _: &Ubatch) -> Result<(), RuntimeError> {
         self.k.stream().synchronize().map_err(dev)
     }
 
-    fn hidden(&self, n_tokens: usize) -> Result<Vec<f32>, RuntimeError> {
-        let b = self.bufs()?;
-        self.ctx.bind_to_thread().map_err(dev)?;
-        self.k.stream().synchronize().map_err(dev)?;
-        let mut out = vec![0f32; n_tokens * self.m.n_embd];
-        // SAFETY: the hidden-state region holds at least this many floats; the stream is idle.
-        unsafe { result::memcpy_dtoh_sync(&mut out, b.compute + b.cl.x as u64) }.map_err(dev)?;
+    fn zero(&mut self, at: u64, bytes: usize) -> Result<(), RuntimeError> {
+        self.sync()?;
+        // SAFETY: the caller names a live device range of `bytes`; the stream is idle.
+        unsafe { result::memset_d8_sync(at, 0, bytes) }.map_err(dev)
+    }
+
+    fn fill_ones_f16(&mut self, at: u64, n: usize) -> Result<(), RuntimeError> {
+        self.sync()?;
+        let ones = vec![f16::ONE; n];
+        // SAFETY: a live device range of `n` halves; synchronous copy from a live vector.
+        unsafe { result::memcpy_htod_sync(at, &ones) }.map_err(dev)
+    }
+
+    fn init_weights(
+        &mut self,
+        at: u64,
+        n: usize,
+        seed: u32,
+        scale: f32,
+    ) -> Result<(), RuntimeError> {
+        Ok(self.k.init_weights(at, n, seed, scale)?)
+    }
+
+    fn upload_tokens(&mut self, at: u64, tokens: &[i32]) -> Result<(), RuntimeError> {
+        // Kernels queued earlier may still read the region: copy after them.
+        self.sync()?;
+        // SAFETY: a live device range of `tokens.len()` ints; synchronous copy.
+        unsafe { result::memcpy_htod_sync(at, tokens) }.map_err(dev)
+    }
+
+    fn embed(
+        &mut self,
+        tokens: u64,
+        x: u64,
+        n_tokens: usize,
+        n_embd: usize,
+    ) -> Result<(), RuntimeError> {
+        Ok(self.k.embed(tokens, x, n_tokens, n_embd)?)
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), RuntimeError> {
+        Ok(self.k.rms_norm(x, w, y, rows, n, eps)?)
+    }
+
+    fn matmul(
+        &mut self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<(), RuntimeError> {
+        Ok(self.k.matmul(x, w, y, m, n, k, accumulate)?)
+    }
+
+    fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError> {
+        Ok(self.k.silu(x, n)?)
+    }
+
+    fn store_kv(
+        &mut self,
+        kv: KvType,
+        src: u64,
+        cache: u64,
+        rows: usize,
+        row_len: usize,
+        pos0: usize,
+    ) -> Result<(), RuntimeError> {
+        match kv {
+            KvType::F16 => self.k.store_f16(src, cache, rows, row_len, pos0)?,
+            KvType::Q8_0 => self.k.quantize_q8_0(src, cache, rows, row_len, pos0)?,
+        }
+        Ok(())
+    }
+
+    fn dequantize_q8_0(
+        &mut self,
+        src: u64,
+        dst: u64,
+        rows: usize,
+        row_len: usize,
+    ) -> Result<(), RuntimeError> {
+        Ok(self.k.dequantize_q8_0(src, dst, rows, row_len)?)
+    }
+
+    fn flash_attn(&mut self, p: &FaParams, b: &FaBuffers) -> Result<(), RuntimeError> {
+        Ok(self
+            .k
+            .flash_attn(p, b.q, b.k, b.v, b.dst, b.tmp.ptr, b.meta.ptr)?)
+    }
+
+    fn read_f32(&mut self, at: u64, n: usize) -> Result<Vec<f32>, RuntimeError> {
+        self.sync()?;
+        let mut out = vec![0f32; n];
+        // SAFETY: a live device range of at least `n` floats; the stream is idle.
+        unsafe { result::memcpy_dtoh_sync(&mut out, at) }.map_err(dev)?;
         Ok(out)
     }
 }

@@ -1,7 +1,9 @@
 //! No maths: every allocation happens, in the same order and size as a real run.
 
-use super::{DeviceBuffers, Executor, ExecutorKind, Scratch, Ubatch};
+use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
+use cupool_kernels::cpu::FaParams;
+use cupool_kernels::KvType;
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -11,25 +13,68 @@ impl Executor for DryRun {
     fn kind(&self) -> ExecutorKind {
         ExecutorKind::DryRun
     }
-    fn init(&mut self, _: &DeviceBuffers) -> Result<(), RuntimeError> {
+    fn sync(&mut self) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn begin_ubatch(&mut self, _: &Ubatch) -> Result<(), RuntimeError> {
+    fn zero(&mut self, _: u64, _: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn pre_attention(&mut self, _: usize, _: &Ubatch) -> Result<(), RuntimeError> {
+    fn fill_ones_f16(&mut self, _: u64, _: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn attention(&mut self, _: usize, _: &Ubatch, _: &Scratch) -> Result<(), RuntimeError> {
+    fn init_weights(&mut self, _: u64, _: usize, _: u32, _: f32) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn post_attention(&mut self, _: usize, _: &Ubatch) -> Result<(), RuntimeError> {
+    fn upload_tokens(&mut self, _: u64, _: &[i32]) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn end_ubatch(&mut self, _: &Ubatch) -> Result<(), RuntimeError> {
+    fn embed(&mut self, _: u64, _: u64, _: usize, _: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn hidden(&self, _: usize) -> Result<Vec<f32>, RuntimeError> {
+    fn rms_norm(
+        &mut self,
+        _: u64,
+        _: u64,
+        _: u64,
+        _: usize,
+        _: usize,
+        _: f32,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    fn matmul(
+        &mut self,
+        _: u64,
+        _: u64,
+        _: u64,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: bool,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    fn silu(&mut self, _: u64, _: usize) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    fn store_kv(
+        &mut self,
+        _: KvType,
+        _: u64,
+        _: u64,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    fn dequantize_q8_0(&mut self, _: u64, _: u64, _: usize, _: usize) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    fn flash_attn(&mut self, _: &FaParams, _: &FaBuffers) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    fn read_f32(&mut self, _: u64, _: usize) -> Result<Vec<f32>, RuntimeError> {
         Err(RuntimeError::Invalid(
             "the dry-run executor computes nothing: use the cpu or cuda executor".into(),
         ))

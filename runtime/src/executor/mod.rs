@@ -1,5 +1,8 @@
-//! Executors run a ubatch's maths. All three see the same allocation sequence: the runtime
-//! takes the flash-attention scratch from the pool itself and hands it to the executor.
+//! Executors run kernels; the transformer built from them is written once, in `layer.rs`.
+//!
+//! An executor works on device addresses: the startup buffers' regions and the
+//! flash-attention scratch the engine takes from the pool. All three see the same allocation
+//! sequence, because they allocate nothing themselves.
 //! - [`cuda::CudaExecutor`]: NVRTC kernels on the GPU;
 //! - [`cpu::CpuExecutor`]: the reference maths on the simulated device's host memory;
 //! - [`dry_run::DryRun`]: no maths at all, for planning and large simulations.
@@ -10,10 +13,8 @@ pub mod dry_run;
 
 use crate::error::RuntimeError;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
-use cupool_kernels::fa::FaScratch;
-use cupool_pool::{Pool, PoolBuffer, PoolError};
-use half::f16;
-use std::sync::Arc;
+use cupool_kernels::cpu::FaParams;
+use cupool_kernels::KvType;
 
 /// Which executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,99 +55,107 @@ pub struct DeviceBuffers {
     pub cl: ComputeLayout,
 }
 
-/// One ubatch as the executor sees it.
+/// A device range: an address and a length in elements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevSlice {
+    /// The address (0 with length 0: nothing).
+    pub ptr: u64,
+    /// Elements.
+    pub len: usize,
+}
+
+/// The buffers of one flash-attention call.
 #[derive(Clone, Copy, Debug)]
-pub struct Ubatch<'a> {
-    /// Index within the run.
-    pub index: usize,
-    /// Position of its first token.
-    pub pos0: usize,
-    /// Tokens in it.
-    pub n_tokens: usize,
-    /// KV length its attention sees (padded).
-    pub n_kv: usize,
-    /// Token ids.
-    pub tokens: &'a [i32],
+pub struct FaBuffers {
+    /// Q, f32, `n_tokens * n_head * d_k`.
+    pub q: u64,
+    /// K, f16 rows of `k_row` halves.
+    pub k: u64,
+    /// V, f16 rows of `v_row` halves (K's address when V is a view of K).
+    pub v: u64,
+    /// The output, f32, `n_tokens * n_head * d_v`.
+    pub dst: u64,
+    /// `dst_tmp` (split-KV partials), f32.
+    pub tmp: DevSlice,
+    /// `dst_tmp_meta`, (max, sum) pairs.
+    pub meta: DevSlice,
 }
 
-/// One flash-attention call's scratch, taken from the pool in ggml's order and returned in
-/// reverse when dropped.
-#[derive(Debug)]
-pub struct Scratch {
-    /// The sizes.
-    pub fa: FaScratch,
-    /// `K_f16`.
-    pub k_f16: Option<PoolBuffer<f16>>,
-    /// `V_f16`.
-    pub v_f16: Option<PoolBuffer<f16>>,
-    /// `dst_tmp`.
-    pub dst_tmp: Option<PoolBuffer<f32>>,
-    /// `dst_tmp_meta`.
-    pub dst_meta: Option<PoolBuffer<[f32; 2]>>,
-}
-
-fn take<T>(pool: &Arc<dyn Pool>, n: usize) -> Result<Option<PoolBuffer<T>>, PoolError> {
-    if n == 0 {
-        Ok(None)
-    } else {
-        PoolBuffer::alloc(pool, n).map(Some)
-    }
-}
-
-impl Scratch {
-    /// Takes the scratch of `fa` from `pool`. On failure whatever was taken goes back.
-    pub fn take(pool: &Arc<dyn Pool>, fa: FaScratch) -> Result<Self, PoolError> {
-        let mut s = Scratch {
-            fa,
-            k_f16: None,
-            v_f16: None,
-            dst_tmp: None,
-            dst_meta: None,
-        };
-        s.k_f16 = take(pool, fa.k_f16)?;
-        s.v_f16 = take(pool, fa.v_f16)?;
-        s.dst_tmp = take(pool, fa.dst_tmp)?;
-        s.dst_meta = take(pool, fa.dst_meta)?;
-        Ok(s)
-    }
-
-    /// The buffer's address, or 0 when not taken.
-    pub fn ptr<T>(b: &Option<PoolBuffer<T>>) -> u64 {
-        b.as_ref().map_or(0, |b| b.ptr())
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // Reverse order, as ggml's destructors run.
-        drop(self.dst_meta.take());
-        drop(self.dst_tmp.take());
-        drop(self.v_f16.take());
-        drop(self.k_f16.take());
-    }
-}
-
-/// Runs the maths of a ubatch, layer by layer.
+/// The kernels a transformer layer is made of, on device addresses. Every call is ordered
+/// after the previous one (one stream); [`Executor::sync`] waits for all of them.
 pub trait Executor: Send {
     /// Which executor.
     fn kind(&self) -> ExecutorKind;
-    /// Fills the weights, clears the KV cache.
-    fn init(&mut self, bufs: &DeviceBuffers) -> Result<(), RuntimeError>;
-    /// Embeds the ubatch's tokens into the hidden state.
-    fn begin_ubatch(&mut self, ub: &Ubatch) -> Result<(), RuntimeError>;
-    /// Norm, Q/K/V projections, new K/V rows into the cache.
-    fn pre_attention(&mut self, layer: usize, ub: &Ubatch) -> Result<(), RuntimeError>;
-    /// K/V conversion into the scratch (if quantized), flash attention, split combine.
-    fn attention(
+    /// Waits until every queued kernel has finished.
+    fn sync(&mut self) -> Result<(), RuntimeError>;
+    /// Sets `bytes` at `at` to zero.
+    fn zero(&mut self, at: u64, bytes: usize) -> Result<(), RuntimeError>;
+    /// Sets `n` halves at `at` to one (norm weights).
+    fn fill_ones_f16(&mut self, at: u64, n: usize) -> Result<(), RuntimeError>;
+    /// Fills `n` halves at `at` with reproducible values of magnitude about `scale`.
+    fn init_weights(
         &mut self,
-        layer: usize,
-        ub: &Ubatch,
-        scratch: &Scratch,
+        at: u64,
+        n: usize,
+        seed: u32,
+        scale: f32,
     ) -> Result<(), RuntimeError>;
-    /// Output projection, residual, MLP, residual.
-    fn post_attention(&mut self, layer: usize, ub: &Ubatch) -> Result<(), RuntimeError>;
-    /// Waits for the ubatch's work (timing is per ubatch).
-    fn end_ubatch(&mut self, ub: &Ubatch) -> Result<(), RuntimeError>;
-    /// The hidden state of the last ubatch, `n_tokens * n_embd` floats.
-    fn hidden(&self, n_tokens: usize) -> Result<Vec<f32>, RuntimeError>;
+    /// Copies `tokens` from the host to `at`.
+    fn upload_tokens(&mut self, at: u64, tokens: &[i32]) -> Result<(), RuntimeError>;
+    /// Token embeddings: `n_tokens` ids at `tokens` into `x` (f32 rows of `n_embd`).
+    fn embed(
+        &mut self,
+        tokens: u64,
+        x: u64,
+        n_tokens: usize,
+        n_embd: usize,
+    ) -> Result<(), RuntimeError>;
+    /// RMS norm of `rows` rows of `n` floats at `x`, weighted by `n` halves at `w`, into `y`.
+    fn rms_norm(
+        &mut self,
+        x: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), RuntimeError>;
+    /// `y (+)= x · w`: `x` is `m×k` f32, `w` is `k×n` f16, `y` is `m×n` f32.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &mut self,
+        x: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<(), RuntimeError>;
+    /// SiLU in place over `n` floats.
+    fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError>;
+    /// Writes `rows` f32 rows of `row_len` at `src` into the `kv`-typed cache at `cache`,
+    /// starting at row `pos0`.
+    #[allow(clippy::too_many_arguments)]
+    fn store_kv(
+        &mut self,
+        kv: KvType,
+        src: u64,
+        cache: u64,
+        rows: usize,
+        row_len: usize,
+        pos0: usize,
+    ) -> Result<(), RuntimeError>;
+    /// Converts `rows` q8_0 rows of `row_len` values at `src` to halves at `dst`.
+    fn dequantize_q8_0(
+        &mut self,
+        src: u64,
+        dst: u64,
+        rows: usize,
+        row_len: usize,
+    ) -> Result<(), RuntimeError>;
+    /// Flash attention (and the split combine).
+    fn flash_attn(&mut self, p: &FaParams, b: &FaBuffers) -> Result<(), RuntimeError>;
+    /// Copies `n` floats at `at` to the host, after the queued work.
+    fn read_f32(&mut self, at: u64, n: usize) -> Result<Vec<f32>, RuntimeError>;
 }

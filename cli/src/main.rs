@@ -177,12 +177,10 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
-    let driver = dev.driver();
-    let target = match PlanTarget::of(driver.as_ref()) {
+    let target = match dev.driver().and_then(|d| PlanTarget::of(d.as_ref())) {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    drop(driver);
     let p = match plan(&cfg, &target, a.prompt) {
         Ok(p) => p,
         Err(e) => return fail(e),

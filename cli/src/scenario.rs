@@ -6,7 +6,7 @@ use cupool::pool::driver::cuda::CudaDriver;
 use cupool::pool::driver::limit::LimitedDriver;
 use cupool::pool::driver::sim::{SimConfig, SimDevice};
 use cupool::pool::driver::Driver;
-use cupool::pool::{PoolConfig, PoolKind};
+use cupool::pool::{PoolConfig, PoolError, PoolKind};
 use cupool::runtime::executor::{cpu::CpuExecutor, cuda::CudaExecutor, dry_run::DryRun, Executor};
 use cupool::runtime::memory::{ComputeLayout, KvLayout, WeightLayout};
 use cupool::runtime::{
@@ -64,29 +64,36 @@ impl Device {
         }
     }
 
+    fn sim(vram: usize, backed: bool) -> Result<Arc<SimDevice>, RuntimeError> {
+        let mut c = SimConfig::gib(0.0).backed(backed).record_calls(false);
+        c.capacity = vram;
+        Ok(Arc::new(SimDevice::new(c).map_err(PoolError::from)?))
+    }
+
     /// A fresh driver for one run (the simulated card starts empty every time).
-    pub fn driver(&self) -> Arc<dyn Driver> {
-        match self {
-            Device::Sim { vram, backed } => Arc::new(SimDevice::new(
-                SimConfig::gib(*vram as f64 / GIB)
-                    .backed(*backed)
-                    .record_calls(false),
-            )),
+    pub fn driver(&self) -> Result<Arc<dyn Driver>, RuntimeError> {
+        Ok(match self {
+            Device::Sim { vram, backed } => Self::sim(*vram, *backed)?,
             Device::Cuda {
                 driver,
                 vram: Some(v),
             } => Arc::new(LimitedDriver::new(driver.clone(), *v)),
             Device::Cuda { driver, vram: None } => driver.clone(),
-        }
+        })
     }
 
-    pub fn executor(&self, m: &ModelShape, kv: KvType) -> Result<Box<dyn Executor>, RuntimeError> {
+    /// A fresh driver for one run and the executor that runs on it.
+    pub fn open(&self) -> Result<(Arc<dyn Driver>, Box<dyn Executor>), RuntimeError> {
         Ok(match self {
-            Device::Sim { backed: false, .. } => Box::new(DryRun),
-            Device::Sim { backed: true, .. } => Box::new(CpuExecutor::new(m.clone(), kv)),
-            Device::Cuda { driver, .. } => {
-                Box::new(CudaExecutor::new(m.clone(), kv, driver.context().clone())?)
+            Device::Sim { vram, backed: true } => {
+                let sim = Self::sim(*vram, true)?;
+                (sim.clone(), Box::new(CpuExecutor::new(sim)?))
             }
+            Device::Sim { .. } => (self.driver()?, Box::new(DryRun)),
+            Device::Cuda { driver, .. } => (
+                self.driver()?,
+                Box::new(CudaExecutor::new(driver.context().clone())?),
+            ),
         })
     }
 
@@ -242,8 +249,8 @@ pub fn run_one(
 ) -> Outcome {
     let label = label(&cfg);
     let run = || -> Result<(RunReport, Option<String>), RuntimeError> {
-        let exec = dev.executor(&cfg.model, cfg.kv_type)?;
-        let mut rt = Runtime::new(dev.driver(), cfg.clone(), exec)?;
+        let (driver, exec) = dev.open()?;
+        let mut rt = Runtime::new(driver, cfg.clone(), exec)?;
         if let Some(pb) = progress {
             let pb = pb.clone();
             pb.set_position(0);

@@ -1,0 +1,406 @@
+//! The pool core: everything every pool does, written once, over a placement and an upstream.
+//!
+//! [`CorePool`] owns the lock, the identity and ownership checks, poisoning, the epoch stamp of
+//! every free, the [`SyncToken`] check, the counters, the out-of-memory report, flush-and-retry
+//! and the drop contract. The placement ([`crate::placement`]) decides where a block goes; the
+//! upstream ([`crate::upstream`]) makes the driver calls. Neither sees the other, and neither
+//! keeps a counter.
+
+pub(crate) mod owners;
+
+use crate::block::{Block, Parts, PoolId};
+use crate::driver::{Driver, DriverError, MemInfo};
+use crate::error::{FreeError, OomReport, PoolError};
+use crate::kind::PoolKind;
+use crate::placement::{Fit, Placement, Segment};
+use crate::pool::{checked_request, Pool, Purge, Released};
+use crate::stats::{PoolStats, Tracker};
+use crate::sync::{synchronize, SyncToken};
+use crate::upstream::Upstream;
+use owners::Reclaim;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// What the core does on its slow paths, beyond asking the upstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreOptions {
+    /// On out-of-memory: synchronize, release every idle segment, retry once (ggml after
+    /// PR #22155).
+    pub flush_and_retry: bool,
+    /// Before growing: synchronize and release idle segments smaller than the request
+    /// (PR #22158's managed pool: they would sit in host memory and page later).
+    pub drop_smaller_on_grow: bool,
+}
+
+struct State<P, U> {
+    placement: P,
+    upstream: U,
+    tracker: Tracker,
+    /// Segments the upstream refused to release; retried at every purge and at the drop.
+    pending: Vec<Segment>,
+    /// The pool's handle was dropped; the core lives on for its live blocks.
+    retired: bool,
+}
+
+struct Shared<P, U> {
+    id: PoolId,
+    kind: PoolKind,
+    driver: Arc<dyn Driver>,
+    options: CoreOptions,
+    alignment: usize,
+    /// `reserved_bytes`, readable without the lock.
+    reserved: AtomicUsize,
+    state: Mutex<State<P, U>>,
+}
+
+/// A pool: a placement over an upstream. See the module docs.
+pub struct CorePool<P: Placement, U: Upstream> {
+    shared: Arc<Shared<P, U>>,
+}
+
+impl<P: Placement, U: Upstream> std::fmt::Debug for CorePool<P, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CorePool")
+            .field("id", &self.shared.id)
+            .field("kind", &self.shared.kind)
+            .field("reserved", &self.shared.reserved.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Placement, U: Upstream> CorePool<P, U> {
+    /// A pool of `kind` placing blocks with `placement` in memory from `upstream`.
+    pub fn from_parts(kind: PoolKind, placement: P, upstream: U, options: CoreOptions) -> Self {
+        // Releasing a block the moment it is freed is safe only if the release waits for the
+        // device: a kernel queued on the block may still be running.
+        const { assert!(!P::RELEASES_ON_FREE || U::RELEASE_WAITS) };
+        let shared = Arc::new(Shared {
+            id: PoolId::fresh(),
+            kind,
+            driver: upstream.driver().clone(),
+            options,
+            alignment: placement.alignment(),
+            reserved: AtomicUsize::new(0),
+            state: Mutex::new(State {
+                placement,
+                upstream,
+                tracker: Tracker::default(),
+                pending: Vec::new(),
+                retired: false,
+            }),
+        });
+        let weak: std::sync::Weak<dyn Reclaim> = Arc::downgrade(&shared) as _;
+        owners::register(shared.id, weak);
+        Self { shared }
+    }
+
+    /// Runs `f` on the placement and the upstream, under the pool's lock.
+    pub fn inspect<R>(&self, f: impl FnOnce(&P, &U) -> R) -> R {
+        let g = self.shared.state.lock();
+        f(&g.placement, &g.upstream)
+    }
+}
+
+impl<P: Placement, U: Upstream> Shared<P, U> {
+    fn block(&self, fit: Fit, size: usize) -> Block {
+        Block {
+            ptr: fit.addr,
+            size,
+            capacity: fit.capacity,
+            pool: self.id,
+            managed_fallback: false,
+        }
+    }
+
+    fn publish(&self, g: &State<P, U>) {
+        self.reserved
+            .store(g.tracker.s.reserved_bytes, Ordering::Relaxed);
+    }
+
+    fn sync(&self, g: &mut State<P, U>) -> Result<SyncToken, DriverError> {
+        let t = synchronize(self.driver.as_ref())?;
+        g.tracker.s.calls.syncs += 1;
+        Ok(t)
+    }
+
+    #[cold]
+    fn grow(&self, g: &mut State<P, U>, size: usize) -> Result<Block, PoolError> {
+        if self.options.drop_smaller_on_grow
+            && !g.placement.idle(&Purge::SmallerThan(size)).is_empty()
+        {
+            let token = self.sync(g)?;
+            let r = self.release(g, &token, &Purge::SmallerThan(size))?;
+            tracing::debug!(pool = %self.kind, bytes = r.bytes, buffers = r.buffers, "released idle smaller buffers before growing");
+        }
+        let want = g.placement.grow_request(size);
+        let mut result = g.upstream.acquire(want, &mut g.tracker.s.calls);
+        if matches!(&result, Err(e) if e.is_oom())
+            && self.options.flush_and_retry
+            && !g.placement.idle(&Purge::All).is_empty()
+        {
+            let token = self.sync(g)?;
+            let r = self.release(g, &token, &Purge::All)?;
+            g.tracker.s.retries += 1;
+            tracing::warn!(pool = %self.kind, requested = size, flushed = r.bytes, "allocation failed; flushed the cache and retrying once");
+            result = g.upstream.acquire(want, &mut g.tracker.s.calls);
+        }
+        match result {
+            Ok(seg) => {
+                g.tracker.on_reserve(seg.len);
+                self.publish(g);
+                let fit = g.placement.take_new(seg, size);
+                g.tracker.on_alloc(size, fit.capacity);
+                tracing::trace!(pool = %self.kind, requested = size, bytes = seg.len, reserved = g.tracker.s.reserved_bytes, "grew");
+                Ok(self.block(fit, size))
+            }
+            Err(e) if e.is_oom() => {
+                g.tracker.s.ooms += 1;
+                let report = self.oom_report(g, size, e.to_string());
+                tracing::warn!(pool = %self.kind, "{report}");
+                Err(PoolError::OutOfMemory(Box::new(report)))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn oom_report(&self, g: &State<P, U>, requested: usize, cause: String) -> OomReport {
+        let stats = g.tracker.snapshot();
+        let stranded = g.placement.stranded(requested);
+        let device: Option<MemInfo> = self.driver.mem_info().ok();
+        let suggestion = if stranded > 0 {
+            format!(
+                "{:.1} MiB of this pool's cache is too small for the request: purge it after a synchronize (Purge::SmallerThan or Purge::KeepFor) or enable flush-and-retry",
+                stranded as f64 / (1u64 << 20) as f64
+            )
+        } else if self.kind == PoolKind::Managed {
+            "managed memory is kept within the device's free memory, counting every managed allocation on the device; allow oversubscription explicitly only if you accept paging (and the risk of hanging the GPU)".to_string()
+        } else {
+            "the device has no room for this request: release memory held elsewhere on the device, or opt in to serving such requests from managed memory (GGML_CUDA_ALLOC_FALLBACK_MANAGED=1)".to_string()
+        };
+        OomReport {
+            requested,
+            pool: self.kind,
+            live: stats.live_bytes,
+            reserved: stats.reserved_bytes,
+            cached: stats.cached_bytes,
+            stranded,
+            device,
+            cause,
+            suggestion,
+        }
+    }
+
+    /// Takes a block back; a segment the placement does not keep is released at once.
+    #[inline]
+    fn give_back(&self, g: &mut State<P, U>, p: Parts, freed_at: u64) {
+        g.tracker.on_free(p.size, p.capacity);
+        g.upstream.note_free();
+        let fit = Fit {
+            addr: p.ptr,
+            capacity: p.capacity,
+        };
+        if let Some(seg) = g.placement.give_back(fit, freed_at) {
+            match g.upstream.release(seg, &mut g.tracker.s.calls) {
+                Ok(()) => g.tracker.on_release(seg.len, false),
+                Err(e) => {
+                    tracing::error!(pool = %self.kind, error = %e, "the driver refused a free; kept for the next purge");
+                    g.pending.push(seg);
+                }
+            }
+            self.publish(g);
+        }
+    }
+
+    /// Releases what `what` names and `token` covers, after retrying refused releases. Stops
+    /// at the first refusal (the segments of a VMM range must go from the top down); what was
+    /// released until then is counted.
+    fn release(
+        &self,
+        g: &mut State<P, U>,
+        token: &SyncToken,
+        what: &Purge,
+    ) -> Result<Released, PoolError> {
+        let mut out = Released::default();
+        let mut first_err = None;
+        for seg in std::mem::take(&mut g.pending) {
+            match g.upstream.release(seg, &mut g.tracker.s.calls) {
+                Ok(()) => {
+                    g.tracker.on_release(seg.len, true);
+                    out.bytes += seg.len;
+                    out.buffers += 1;
+                }
+                Err(e) => {
+                    g.pending.push(seg);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for idle in g.placement.idle(what) {
+            if !token.covers(idle.freed_at) {
+                out.deferred_bytes += idle.seg.len;
+                continue;
+            }
+            if let Err(e) = g.upstream.release(idle.seg, &mut g.tracker.s.calls) {
+                first_err.get_or_insert(e);
+                break;
+            }
+            g.placement.remove(&idle.seg);
+            g.tracker.on_release(idle.seg.len, true);
+            out.bytes += idle.seg.len;
+            out.buffers += 1;
+        }
+        if out.bytes > 0 {
+            g.tracker.s.purges += 1;
+        }
+        self.publish(g);
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(out),
+        }
+    }
+
+    /// Releases everything idle after a synchronize; once no block is live, everything.
+    /// Returns whether the core now holds nothing.
+    fn release_all(&self, g: &mut State<P, U>) -> bool {
+        let token = match self.sync(g) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(pool = %self.kind, error = %e, "synchronize failed; idle memory is kept");
+                return false;
+            }
+        };
+        if let Err(e) = self.release(g, &token, &Purge::All) {
+            tracing::error!(pool = %self.kind, error = %e, "could not release every idle segment");
+        }
+        if g.tracker.s.live_blocks > 0
+            || !g.pending.is_empty()
+            || !g.placement.segments().is_empty()
+        {
+            return false;
+        }
+        if let Err(e) = g.upstream.close(&mut g.tracker.s.calls) {
+            tracing::error!(pool = %self.kind, error = %e, "could not release the pool's own resources");
+        }
+        true
+    }
+}
+
+impl<P: Placement, U: Upstream> Reclaim for Shared<P, U> {
+    fn reclaim(&self, parts: Parts) -> bool {
+        let freed_at = self.driver.epoch().current();
+        let mut g = self.state.lock();
+        self.give_back(&mut g, parts, freed_at);
+        g.retired && self.release_all(&mut g)
+    }
+}
+
+impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
+    fn id(&self) -> PoolId {
+        self.shared.id
+    }
+
+    fn kind(&self) -> PoolKind {
+        self.shared.kind
+    }
+
+    fn driver(&self) -> &Arc<dyn Driver> {
+        &self.shared.driver
+    }
+
+    #[inline]
+    fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
+        let size = checked_request(bytes)?;
+        let s = &*self.shared;
+        let mut g = s.state.lock();
+        if let Some(fit) = g.placement.take(size) {
+            g.tracker.on_alloc(size, fit.capacity);
+            return Ok(s.block(fit, size));
+        }
+        s.grow(&mut g, size)
+    }
+
+    #[inline]
+    fn free(&self, block: Block) -> Result<(), FreeError> {
+        let s = &*self.shared;
+        if block.pool != s.id {
+            let error = PoolError::WrongPool {
+                owner: block.pool,
+                given_to: s.id,
+            };
+            return Err(FreeError { error, block });
+        }
+        let p = block.into_parts();
+        #[cfg(feature = "poison")]
+        if let Err(e) = s.driver.poison(p.ptr, p.capacity) {
+            tracing::error!(error = %e, "poisoning a freed block failed");
+        }
+        let freed_at = s.driver.epoch().current();
+        let mut g = s.state.lock();
+        s.give_back(&mut g, p, freed_at);
+        Ok(())
+    }
+
+    fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
+        let s = &*self.shared;
+        if !token.is_for(s.driver.epoch()) {
+            return Err(PoolError::WrongDevice {
+                device: s.driver.ordinal(),
+            });
+        }
+        let mut g = s.state.lock();
+        let r = s.release(&mut g, token, &what);
+        if let Ok(r) = &r {
+            if r.bytes > 0 || r.deferred_bytes > 0 {
+                tracing::debug!(pool = %s.kind, released = r.bytes, buffers = r.buffers, deferred = r.deferred_bytes, reserved = g.tracker.s.reserved_bytes, "purged");
+            }
+        }
+        r
+    }
+
+    fn releasable(&self, what: &Purge) -> usize {
+        let g = self.shared.state.lock();
+        let pending: usize = g.pending.iter().map(|s| s.len).sum();
+        pending
+            + g.placement
+                .idle(what)
+                .iter()
+                .map(|i| i.seg.len)
+                .sum::<usize>()
+    }
+
+    fn stats(&self) -> PoolStats {
+        self.shared.state.lock().tracker.snapshot()
+    }
+
+    #[inline]
+    fn reserved_bytes(&self) -> usize {
+        self.shared.reserved.load(Ordering::Relaxed)
+    }
+
+    fn reset_peaks(&self) {
+        self.shared.state.lock().tracker.reset_peaks()
+    }
+
+    fn alignment(&self) -> usize {
+        self.shared.alignment
+    }
+}
+
+impl<P: Placement, U: Upstream> Drop for CorePool<P, U> {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        let mut g = s.state.lock();
+        g.retired = true;
+        let live = (g.tracker.s.live_blocks, g.tracker.s.live_bytes);
+        let empty = s.release_all(&mut g);
+        if live.0 > 0 {
+            tracing::warn!(pool = %s.kind, blocks = live.0, bytes = live.1, "pool dropped with live blocks: their memory stays until they are dropped");
+        } else if !empty {
+            tracing::error!(pool = %s.kind, "pool dropped but the driver refused to take all of its memory back");
+        }
+        // Under the core's lock, so a block coming back now cannot finish first.
+        let keep: Option<Arc<dyn Reclaim>> = (!empty).then(|| s.clone() as Arc<dyn Reclaim>);
+        owners::retire(s.id, keep);
+    }
+}

@@ -1,0 +1,83 @@
+//! The simulated device's ledger: every call counted by kind, optionally logged, and a
+//! summary of what is alive, so tests can assert call counts and that nothing leaked.
+
+use crate::driver::CallKind;
+
+/// One logged driver call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallRecord {
+    /// Which primitive.
+    pub kind: CallKind,
+    /// The size argument, where the call has one.
+    pub bytes: usize,
+    /// Whether it succeeded.
+    pub ok: bool,
+}
+
+/// What is alive on the device right now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Device bytes in use (mallocs plus mapped physical memory).
+    pub device_bytes: usize,
+    /// Managed bytes in use.
+    pub managed_bytes: usize,
+    /// Live `malloc` allocations.
+    pub allocations: usize,
+    /// Live managed allocations.
+    pub managed_allocations: usize,
+    /// Live address reservations.
+    pub reservations: usize,
+    /// Live physical mappings.
+    pub mappings: usize,
+}
+
+impl Ledger {
+    /// Whether nothing at all is held on the device.
+    pub fn is_empty(&self) -> bool {
+        *self == Ledger::default()
+    }
+}
+
+/// Call counts and the call log.
+#[derive(Debug, Default)]
+pub(super) struct Calls {
+    counts: [u64; CallKind::ALL.len()],
+    log: Vec<CallRecord>,
+    record: bool,
+}
+
+impl Calls {
+    pub fn new(record: bool) -> Self {
+        Self {
+            record,
+            ..Self::default()
+        }
+    }
+
+    /// Counts (and logs) a call, taken as successful until [`Calls::failed`].
+    pub fn enter(&mut self, kind: CallKind, bytes: usize) {
+        self.counts[kind as usize] += 1;
+        if self.record {
+            self.log.push(CallRecord {
+                kind,
+                bytes,
+                ok: true,
+            });
+        }
+    }
+
+    /// Marks the last call as failed.
+    pub fn failed(&mut self) {
+        if let Some(last) = self.log.last_mut() {
+            last.ok = false;
+        }
+    }
+
+    pub fn count(&self, kind: CallKind) -> u64 {
+        self.counts[kind as usize]
+    }
+
+    pub fn log(&self) -> &[CallRecord] {
+        &self.log
+    }
+}

@@ -1,0 +1,181 @@
+//! The VMM pool's placement: one contiguous range, grown at its end.
+//!
+//! Like ggml's `ggml_cuda_pool_vmm`, allocation bumps a pointer and sizes are rounded to 128
+//! bytes. Unlike ggml, frees may come in any order: LIFO is the fast path (the top moves
+//! down); an out-of-order free leaves a hole, coalesced with its neighbours and reused best
+//! fit (smallest, then lowest). Holes are indexed by address and by size, so a placement
+//! stays O(log n) with any number of holes. Segments wholly above the highest live block are
+//! what a trim releases, the highest first.
+
+use super::{Fit, Idle, Placement, Segment};
+use crate::pool::Purge;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Block alignment and size rounding, as ggml's VMM pool.
+pub const VMM_ALIGN: usize = 128;
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct Bump {
+    /// The segments, contiguous and ascending.
+    segments: Vec<Segment>,
+    /// End of the highest live block (an address; the range's start when none is live).
+    top: u64,
+    /// Free ranges below `top`: address → length.
+    holes: BTreeMap<u64, usize>,
+    /// The same holes by (length, address): the best fit is the first at or above a size.
+    by_size: BTreeSet<(usize, u64)>,
+    /// Epoch of the latest free: a trim may release only what a token covers.
+    last_free: u64,
+}
+
+impl Bump {
+    fn end(&self) -> u64 {
+        self.segments
+            .last()
+            .map_or(self.top, |s| s.ptr + s.len as u64)
+    }
+
+    /// Bytes of the range in segments.
+    pub fn mapped(&self) -> usize {
+        self.segments.iter().map(|s| s.len).sum()
+    }
+
+    /// How many holes there are.
+    pub fn holes(&self) -> usize {
+        self.holes.len()
+    }
+
+    fn insert_hole(&mut self, at: u64, len: usize) {
+        self.holes.insert(at, len);
+        self.by_size.insert((len, at));
+    }
+
+    fn remove_hole(&mut self, at: u64) -> Option<usize> {
+        let len = self.holes.remove(&at)?;
+        self.by_size.remove(&(len, at));
+        Some(len)
+    }
+
+    /// Adds a free range below `top`, merged with its neighbours.
+    fn add_hole(&mut self, mut at: u64, mut len: usize) {
+        if let Some((&p, &pl)) = self.holes.range(..at).next_back() {
+            if p + pl as u64 == at {
+                self.remove_hole(p);
+                at = p;
+                len += pl;
+            }
+        }
+        if let Some(nl) = self.remove_hole(at + len as u64) {
+            len += nl;
+        }
+        self.insert_hole(at, len);
+    }
+
+    fn rounded(size: usize) -> usize {
+        // Sizes are at most MAX_REQUEST, far from overflowing.
+        size.next_multiple_of(VMM_ALIGN)
+    }
+}
+
+impl Placement for Bump {
+    const RELEASES_ON_FREE: bool = false;
+
+    fn alignment(&self) -> usize {
+        VMM_ALIGN
+    }
+
+    #[inline]
+    fn take(&mut self, size: usize) -> Option<Fit> {
+        let n = Self::rounded(size);
+        if !self.by_size.is_empty() {
+            if let Some(&(len, at)) = self.by_size.range((n, 0)..).next() {
+                self.remove_hole(at);
+                if len > n {
+                    self.insert_hole(at + n as u64, len - n);
+                }
+                return Some(Fit {
+                    addr: at,
+                    capacity: n,
+                });
+            }
+        }
+        if self.segments.is_empty() || self.top + n as u64 > self.end() {
+            return None;
+        }
+        let addr = self.top;
+        self.top += n as u64;
+        Some(Fit { addr, capacity: n })
+    }
+
+    fn grow_request(&self, size: usize) -> usize {
+        let need = self.top + Self::rounded(size) as u64;
+        (need - self.end().min(need)) as usize
+    }
+
+    fn take_new(&mut self, seg: Segment, size: usize) -> Fit {
+        if self.segments.is_empty() {
+            self.top = seg.ptr;
+        }
+        debug_assert_eq!(seg.ptr, self.end(), "VMM segments must extend the range");
+        self.segments.push(seg);
+        let n = Self::rounded(size);
+        let addr = self.top;
+        self.top += n as u64;
+        Fit { addr, capacity: n }
+    }
+
+    #[inline]
+    fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
+        self.last_free = self.last_free.max(freed_at);
+        if fit.addr + fit.capacity as u64 == self.top {
+            // LIFO: the top moves down, swallowing a hole that now touches it.
+            self.top = fit.addr;
+            if let Some((&h, &hl)) = self.holes.iter().next_back() {
+                if h + hl as u64 == self.top {
+                    self.remove_hole(h);
+                    self.top = h;
+                }
+            }
+        } else {
+            self.add_hole(fit.addr, fit.capacity);
+        }
+        None
+    }
+
+    fn idle(&self, what: &Purge) -> Vec<Idle> {
+        match what {
+            // Contiguous space never strands: a growing request reuses all of it, so only a
+            // full trim releases anything.
+            Purge::SmallerThan(_) | Purge::KeepFor(_) => Vec::new(),
+            Purge::All => self
+                .segments
+                .iter()
+                .rev()
+                .take_while(|s| s.ptr >= self.top)
+                .map(|&seg| Idle {
+                    seg,
+                    freed_at: self.last_free,
+                })
+                .collect(),
+        }
+    }
+
+    fn remove(&mut self, seg: &Segment) {
+        if self.segments.last() == Some(seg) {
+            self.segments.pop();
+        }
+        if self.segments.is_empty() {
+            self.top = 0;
+        }
+    }
+
+    fn stranded(&self, size: usize) -> usize {
+        let n = Self::rounded(size);
+        self.by_size.range(..(n, 0)).map(|&(l, _)| l).sum()
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        self.segments.clone()
+    }
+}

@@ -1,0 +1,86 @@
+//! Placement strategies: where in the memory a pool holds a request goes.
+//!
+//! A placement deals only in addresses and sizes. It makes no driver call, takes no lock and
+//! keeps no statistics: the pool core ([`crate::core`]) does all of that once for every
+//! placement, and asks the upstream ([`crate::upstream`]) for memory when the placement has no
+//! room. So a placement can be tested, and compared with ggml decision by decision, on numbers
+//! alone.
+//!
+//! - [`slots::Slots`]: ggml's legacy pool, a fixed table of idle buffers searched best-fit;
+//! - [`bump::Bump`]: the VMM pool, one contiguous range with a bump pointer and indexed holes;
+//! - [`direct::Direct`]: nothing cached; every request is its own segment (the managed
+//!   fallback).
+
+pub mod bump;
+pub mod direct;
+pub mod slots;
+
+use crate::pool::Purge;
+use std::fmt;
+
+/// A piece of memory an upstream handed out: what the placement carves blocks from, and what
+/// goes back to the upstream whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Its device address.
+    pub ptr: u64,
+    /// Its length in bytes.
+    pub len: usize,
+    /// The upstream's own handle for it (the physical allocation of a VMM mapping), opaque here.
+    pub handle: u64,
+}
+
+/// Where a request was placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fit {
+    /// The block's address.
+    pub addr: u64,
+    /// Bytes the block occupies (at least the request).
+    pub capacity: usize,
+}
+
+/// A segment no block uses, which a purge may release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Idle {
+    /// The segment.
+    pub seg: Segment,
+    /// The synchronize epoch of the latest free that made it idle: a token must cover it.
+    pub freed_at: u64,
+}
+
+/// A placement strategy. See the module docs.
+pub trait Placement: Send + fmt::Debug + 'static {
+    /// Whether [`Placement::give_back`] may hand a segment back for release at once. Only
+    /// upstreams whose release waits for the device may run under such a placement (checked
+    /// when a pool is built).
+    const RELEASES_ON_FREE: bool;
+
+    /// The alignment of every block address.
+    fn alignment(&self) -> usize;
+
+    /// Places `size` bytes (1 to [`crate::MAX_REQUEST`]) in memory already held, if it fits.
+    fn take(&mut self, size: usize) -> Option<Fit>;
+
+    /// Bytes to ask the upstream for when [`Placement::take`] found no room for `size`.
+    fn grow_request(&self, size: usize) -> usize;
+
+    /// Places `size` bytes in `seg`, a new segment of at least [`Placement::grow_request`]
+    /// bytes that the upstream just handed out for it.
+    fn take_new(&mut self, seg: Segment, size: usize) -> Fit;
+
+    /// Takes a block back, freed at synchronize epoch `freed_at`. Returns a segment the
+    /// placement does not keep, to be released at once.
+    fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment>;
+
+    /// The idle segments a purge of `what` would release, in the order to release them.
+    fn idle(&self, what: &Purge) -> Vec<Idle>;
+
+    /// Forgets `seg`, one of [`Placement::idle`]'s, after the upstream released it.
+    fn remove(&mut self, seg: &Segment);
+
+    /// Idle bytes too small to serve a request of `size`: held, but useless to it.
+    fn stranded(&self, size: usize) -> usize;
+
+    /// Segments still held (idle or not), for the pool's final release.
+    fn segments(&self) -> Vec<Segment>;
+}

@@ -1,0 +1,240 @@
+//! ggml's legacy pool (`ggml_cuda_pool_leg`) as a placement, decision for decision:
+//! - a fixed table of slots holds only *idle* buffers;
+//! - a request takes the smallest buffer of at least its size whose excess is below
+//!   `max_excess` (ggml: 64 GiB), scanning the slots in order, ties to the lowest slot, an exact
+//!   fit ending the scan; the caller gets the whole buffer;
+//! - with no fit, a new buffer of `round_up((size_t)(look_ahead * size), rounding)` bytes;
+//! - a freed buffer goes to the first empty slot; with every slot taken it is released.
+
+use super::{Fit, Idle, Placement, Segment};
+use crate::invalid::InvalidConfig;
+use crate::pool::Purge;
+
+/// The legacy policy. [`Default`] is ggml's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotsConfig {
+    /// Idle-buffer slots (ggml: 256), 1 to 65,536.
+    pub slots: usize,
+    /// Factor a new buffer is grown by (ggml: 1.05), 1 to 16.
+    pub look_ahead: f64,
+    /// New buffer sizes are rounded up to this (ggml: 256), 1 byte to 1 GiB.
+    pub rounding: usize,
+    /// An idle buffer this much larger than the request is never chosen (ggml: 64 GiB).
+    pub max_excess: usize,
+}
+
+impl Default for SlotsConfig {
+    fn default() -> Self {
+        Self {
+            slots: 256,
+            look_ahead: 1.05,
+            rounding: 256,
+            max_excess: 1 << 36,
+        }
+    }
+}
+
+impl SlotsConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        InvalidConfig::range("LegacyConfig::slots", self.slots, 1, 1 << 16)?;
+        if !(self.look_ahead.is_finite() && (1.0..=16.0).contains(&self.look_ahead)) {
+            return Err(InvalidConfig::new(
+                "LegacyConfig::look_ahead",
+                self.look_ahead,
+                "a finite number from 1.0 to 16.0",
+            ));
+        }
+        InvalidConfig::range("LegacyConfig::rounding", self.rounding, 1, 1 << 30)?;
+        InvalidConfig::range("LegacyConfig::max_excess", self.max_excess, 1, usize::MAX)?;
+        Ok(())
+    }
+
+    /// The size of a new buffer for `size` bytes: `round_up((size_t)(look_ahead * size),
+    /// rounding)`, in double precision and truncated as ggml computes it. Sizes are at most
+    /// [`crate::MAX_REQUEST`] and the factor at most 16, so nothing overflows.
+    pub fn grow_size(&self, size: usize) -> usize {
+        let ahead = ((self.look_ahead * size as f64) as usize).max(size);
+        ahead
+            .checked_next_multiple_of(self.rounding)
+            .unwrap_or(usize::MAX)
+    }
+}
+
+/// The idle-buffer table. Parallel arrays plus an occupancy bitmap, so the scans touch only
+/// occupied slots, in index order, exactly as ggml's loop visits them.
+#[derive(Debug)]
+pub struct Slots {
+    config: SlotsConfig,
+    ptr: Vec<u64>,
+    size: Vec<usize>,
+    freed_at: Vec<u64>,
+    occupied: Vec<u64>,
+}
+
+impl Slots {
+    /// An empty table; the configuration must have passed [`SlotsConfig::validate`].
+    pub fn new(config: SlotsConfig) -> Self {
+        let n = config.slots;
+        Self {
+            config,
+            ptr: vec![0; n],
+            size: vec![0; n],
+            freed_at: vec![0; n],
+            occupied: vec![0; n.div_ceil(64)],
+        }
+    }
+
+    /// The policy in force.
+    pub fn config(&self) -> &SlotsConfig {
+        &self.config
+    }
+
+    /// Sizes of the idle buffers, in slot order.
+    pub fn cached_sizes(&self) -> Vec<usize> {
+        self.iter().map(|i| self.size[i]).collect()
+    }
+
+    /// Occupied slot indices, ascending.
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.occupied.iter().enumerate().flat_map(|(w, &bits)| {
+            let mut b = bits;
+            std::iter::from_fn(move || {
+                if b == 0 {
+                    return None;
+                }
+                let i = b.trailing_zeros() as usize;
+                b &= b - 1;
+                Some(w * 64 + i)
+            })
+        })
+    }
+
+    fn first_empty(&self) -> Option<usize> {
+        self.occupied.iter().enumerate().find_map(|(w, &bits)| {
+            let i = w * 64 + (!bits).trailing_zeros() as usize;
+            (bits != u64::MAX && i < self.ptr.len()).then_some(i)
+        })
+    }
+
+    fn clear(&mut self, i: usize) {
+        self.occupied[i / 64] &= !(1 << (i % 64));
+    }
+
+    /// Best fit over `candidates`, as ggml scans: smallest excess below `max_excess`, ties to
+    /// the first, an exact fit ends the scan. Returns the position in `candidates`.
+    fn best_fit(
+        &self,
+        candidates: impl Iterator<Item = usize>,
+        size: usize,
+    ) -> Option<(usize, usize)> {
+        let mut best = None;
+        let mut best_diff = self.config.max_excess;
+        for (pos, i) in candidates.enumerate() {
+            let s = self.size[i];
+            if s >= size && s - size < best_diff {
+                best_diff = s - size;
+                best = Some((pos, i));
+                if best_diff == 0 {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    fn idle_at(&self, i: usize) -> Idle {
+        Idle {
+            seg: Segment {
+                ptr: self.ptr[i],
+                len: self.size[i],
+                handle: 0,
+            },
+            freed_at: self.freed_at[i],
+        }
+    }
+}
+
+impl Placement for Slots {
+    const RELEASES_ON_FREE: bool = true;
+
+    fn alignment(&self) -> usize {
+        256
+    }
+
+    #[inline]
+    fn take(&mut self, size: usize) -> Option<Fit> {
+        let (_, i) = self.best_fit(self.iter(), size)?;
+        self.clear(i);
+        Some(Fit {
+            addr: self.ptr[i],
+            capacity: self.size[i],
+        })
+    }
+
+    fn grow_request(&self, size: usize) -> usize {
+        self.config.grow_size(size)
+    }
+
+    fn take_new(&mut self, seg: Segment, _size: usize) -> Fit {
+        Fit {
+            addr: seg.ptr,
+            capacity: seg.len,
+        }
+    }
+
+    #[inline]
+    fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
+        let Some(i) = self.first_empty() else {
+            return Some(Segment {
+                ptr: fit.addr,
+                len: fit.capacity,
+                handle: 0,
+            });
+        };
+        self.ptr[i] = fit.addr;
+        self.size[i] = fit.capacity;
+        self.freed_at[i] = freed_at;
+        self.occupied[i / 64] |= 1 << (i % 64);
+        None
+    }
+
+    fn idle(&self, what: &Purge) -> Vec<Idle> {
+        match what {
+            Purge::All => self.iter().map(|i| self.idle_at(i)).collect(),
+            Purge::SmallerThan(n) => self
+                .iter()
+                .filter(|&i| self.size[i] < *n)
+                .map(|i| self.idle_at(i))
+                .collect(),
+            Purge::KeepFor(requests) => {
+                // Claim, request by request, the buffer `take` would choose; the rest go.
+                let mut unclaimed: Vec<usize> = self.iter().collect();
+                for &r in requests {
+                    if let Some((pos, _)) = self.best_fit(unclaimed.iter().copied(), r.max(1)) {
+                        unclaimed.remove(pos);
+                    }
+                }
+                unclaimed.into_iter().map(|i| self.idle_at(i)).collect()
+            }
+        }
+    }
+
+    fn remove(&mut self, seg: &Segment) {
+        let found = self.iter().find(|&i| self.ptr[i] == seg.ptr);
+        if let Some(i) = found {
+            self.clear(i);
+        }
+    }
+
+    fn stranded(&self, size: usize) -> usize {
+        self.iter()
+            .map(|i| self.size[i])
+            .filter(|&s| s < size)
+            .sum()
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        self.iter().map(|i| self.idle_at(i).seg).collect()
+    }
+}

@@ -1,0 +1,98 @@
+//! The pool interface every pool and adaptor implements.
+
+use crate::block::{Block, PoolId};
+use crate::driver::Driver;
+use crate::error::{FreeError, PoolError};
+use crate::kind::PoolKind;
+use crate::stats::PoolStats;
+use crate::sync::SyncToken;
+use std::fmt;
+use std::sync::Arc;
+
+/// The largest single request any pool accepts (256 TiB): far beyond any device, small enough
+/// that size arithmetic cannot overflow.
+pub const MAX_REQUEST: usize = 1 << 48;
+
+/// What a purge returns to the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Purge {
+    /// Everything cached: every idle legacy buffer; every VMM segment above the live top.
+    All,
+    /// Only cached buffers smaller than this many bytes: those a growing request can no
+    /// longer use. Contiguous VMM space never strands, so for it this releases nothing.
+    SmallerThan(usize),
+    /// Keep the cached buffers that best fit would hand to these requests (made while all are
+    /// live, in this order), release every other one: what the next round of work will reuse
+    /// stays, what it has outgrown goes. The VMM pool releases nothing.
+    KeepFor(Vec<usize>),
+}
+
+/// What a purge did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Bytes returned to the driver.
+    pub bytes: usize,
+    /// Buffers or segments returned.
+    pub buffers: usize,
+    /// Cached bytes kept because they were freed after the token's synchronize began.
+    pub deferred_bytes: usize,
+}
+
+/// A device memory pool.
+///
+/// Pools are shared between threads (`&self` methods, locked inside). Allocation never aborts:
+/// running out of memory is a [`PoolError::OutOfMemory`] with an [`crate::OomReport`], and a
+/// failed allocation leaves the pool as it was. Behaviour beyond allocation (phases, tracing,
+/// managed fallback) is added by wrapping a pool: see [`crate::adaptors`].
+pub trait Pool: Send + Sync + fmt::Debug {
+    /// The identity of the pool that hands out (and takes back) this pool's blocks.
+    fn id(&self) -> PoolId;
+
+    /// Which pool this is.
+    fn kind(&self) -> PoolKind;
+
+    /// The driver underneath.
+    fn driver(&self) -> &Arc<dyn Driver>;
+
+    /// Allocates `bytes` (0 is served as 1, so every block has a unique address).
+    fn alloc(&self, bytes: usize) -> Result<Block, PoolError>;
+
+    /// Returns a block to the pool. Its memory may be handed out again at once: reuse on the
+    /// same stream is ordered after the work already queued there. On error the block comes
+    /// back unchanged.
+    fn free(&self, block: Block) -> Result<(), FreeError>;
+
+    /// Returns cached memory to the driver. The token proves a synchronize; memory freed after
+    /// that synchronize began is kept and counted as deferred. For the VMM pool this is the
+    /// trim: segments above the live top are unmapped.
+    fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError>;
+
+    /// Cached bytes [`Pool::purge`] would release for `what` under a fresh token: lets a caller
+    /// skip the synchronize when there is nothing to release.
+    fn releasable(&self, what: &Purge) -> usize;
+
+    /// Current counters.
+    fn stats(&self) -> PoolStats;
+
+    /// Device bytes the pool holds now: [`PoolStats::reserved_bytes`], read without a lock.
+    fn reserved_bytes(&self) -> usize;
+
+    /// Sets the peaks to the current values.
+    fn reset_peaks(&self);
+
+    /// The alignment every block's address has.
+    fn alignment(&self) -> usize;
+}
+
+/// Checks a request size; 0 becomes 1.
+#[inline]
+pub(crate) fn checked_request(bytes: usize) -> Result<usize, PoolError> {
+    if bytes > MAX_REQUEST {
+        Err(PoolError::InvalidSize {
+            requested: bytes,
+            max: MAX_REQUEST,
+        })
+    } else {
+        Ok(bytes.max(1))
+    }
+}

@@ -1,0 +1,152 @@
+//! The pools cupool ships: each a placement over an upstream, built by the one core.
+//!
+//! | pool | placement | upstream |
+//! |---|---|---|
+//! | [`VmmPool`] | [`Bump`] | [`VmmReserve`] |
+//! | [`LegacyPool`] | [`Slots`] (ggml's policy) | [`DeviceMalloc`] |
+//! | [`ManagedPool`] | [`Slots`], smaller idle buffers dropped on growth | [`ManagedMalloc`] |
+
+use crate::config::PoolConfig;
+use crate::core::{CoreOptions, CorePool};
+use crate::driver::Driver;
+use crate::error::PoolError;
+use crate::kind::PoolKind;
+use crate::placement::bump::Bump;
+use crate::placement::slots::{Slots, SlotsConfig};
+use crate::pool::Pool;
+use crate::upstream::device::DeviceMalloc;
+use crate::upstream::managed::ManagedMalloc;
+use crate::upstream::vmm::{VmmConfig, VmmReserve};
+use crate::upstream::Upstream;
+use std::sync::Arc;
+
+pub use crate::placement::bump::VMM_ALIGN;
+
+/// The VMM reserve-and-map pool: see [`Bump`] and [`VmmReserve`].
+pub type VmmPool = CorePool<Bump, VmmReserve>;
+/// ggml's legacy pool, with cupool's fixes as options: see [`Slots`] and [`LegacyConfig`].
+pub type LegacyPool = CorePool<Slots, DeviceMalloc>;
+/// ggml's `GGML_CUDA_POOL_USE_MANAGED` (PR #22158): the legacy placement over managed memory,
+/// idle smaller buffers released before it grows (under managed memory they would sit in host
+/// memory and page over PCIe later). Unlike the PR it never asks for more managed memory than
+/// the device has free unless oversubscription is allowed.
+pub type ManagedPool = CorePool<Slots, ManagedMalloc>;
+
+/// The legacy pool's settings. [`Default`] is ggml's policy exactly.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LegacyConfig {
+    /// The placement: slots, look-ahead, rounding, the largest excess.
+    pub placement: SlotsConfig,
+    /// On device OOM: synchronize, free the whole cache, retry once (ggml after PR #22155).
+    pub flush_and_retry: bool,
+    /// Before growing: free idle cached buffers smaller than the request (PR #22158).
+    pub drop_smaller_on_grow: bool,
+}
+
+/// The managed pool's settings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManagedConfig {
+    /// Allow managed memory beyond the device's free memory.
+    pub allow_oversubscription: bool,
+}
+
+impl VmmPool {
+    /// A pool with default settings.
+    pub fn new(driver: Arc<dyn Driver>) -> Self {
+        Self::from_parts(
+            PoolKind::Vmm,
+            Bump::default(),
+            VmmReserve::new(driver, VmmConfig::default()),
+            CoreOptions::default(),
+        )
+    }
+
+    /// A pool with the given settings (checked). Nothing is reserved until the first
+    /// allocation.
+    pub fn with_config(driver: Arc<dyn Driver>, config: VmmConfig) -> Result<Self, PoolError> {
+        config.validate()?;
+        Ok(Self::from_parts(
+            PoolKind::Vmm,
+            Bump::default(),
+            VmmReserve::new(driver, config),
+            CoreOptions::default(),
+        ))
+    }
+
+    /// Bytes currently mapped.
+    pub fn mapped_bytes(&self) -> usize {
+        self.inspect(|_, u| u.mapped())
+    }
+}
+
+impl LegacyPool {
+    /// A pool with ggml's policy.
+    pub fn new(driver: Arc<dyn Driver>) -> Self {
+        Self::from_parts(
+            PoolKind::Legacy,
+            Slots::new(SlotsConfig::default()),
+            DeviceMalloc::new(driver),
+            CoreOptions::default(),
+        )
+    }
+
+    /// A pool with the given policy (checked).
+    pub fn with_config(driver: Arc<dyn Driver>, config: LegacyConfig) -> Result<Self, PoolError> {
+        config.placement.validate()?;
+        Ok(Self::from_parts(
+            PoolKind::Legacy,
+            Slots::new(config.placement),
+            DeviceMalloc::new(driver),
+            CoreOptions {
+                flush_and_retry: config.flush_and_retry,
+                drop_smaller_on_grow: config.drop_smaller_on_grow,
+            },
+        ))
+    }
+}
+
+impl ManagedPool {
+    /// A managed pool.
+    pub fn new(driver: Arc<dyn Driver>, config: ManagedConfig) -> Self {
+        Self::from_parts(
+            PoolKind::Managed,
+            Slots::new(SlotsConfig::default()),
+            ManagedMalloc::new(driver, config.allow_oversubscription),
+            CoreOptions {
+                flush_and_retry: false,
+                drop_smaller_on_grow: true,
+            },
+        )
+    }
+}
+
+impl<U: Upstream> CorePool<Slots, U> {
+    /// Sizes of the idle cached buffers, in slot order.
+    pub fn cached_sizes(&self) -> Vec<usize> {
+        self.inspect(|p, _| p.cached_sizes())
+    }
+
+    /// The size a new buffer for `size` bytes gets (ggml: `round_up((size_t)(1.05 * size),
+    /// 256)`).
+    pub fn grow_size(&self, size: usize) -> usize {
+        self.inspect(|p, _| p.config().grow_size(size))
+    }
+}
+
+/// Builds a pool of `kind` (the one place that maps kinds to their parts).
+pub(crate) fn build(
+    kind: PoolKind,
+    driver: Arc<dyn Driver>,
+    c: &PoolConfig,
+) -> Result<Arc<dyn Pool>, PoolError> {
+    Ok(match kind {
+        PoolKind::Vmm => Arc::new(VmmPool::with_config(driver, c.vmm.clone())?),
+        PoolKind::Legacy => Arc::new(LegacyPool::with_config(driver, c.legacy.clone())?),
+        PoolKind::Managed => Arc::new(ManagedPool::new(
+            driver,
+            ManagedConfig {
+                allow_oversubscription: c.allow_oversubscription,
+            },
+        )),
+    })
+}

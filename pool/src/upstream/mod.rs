@@ -1,0 +1,47 @@
+//! Upstreams: where a pool's memory comes from.
+//!
+//! An upstream turns requests for segments into driver calls and counts every call it makes.
+//! It keeps no blocks and no statistics beyond those counts; the pool core calls it under its
+//! lock, only on the slow paths (growth, release).
+//!
+//! - [`device::DeviceMalloc`]: `cuMemAlloc` / `cuMemFree`;
+//! - [`managed::ManagedMalloc`]: `cuMemAllocManaged`, admitted against the device's
+//!   [`crate::driver::ManagedLedger`], so managed memory stays within the device's free memory
+//!   across every pool and the fallback unless oversubscription is allowed;
+//! - [`vmm::VmmReserve`]: one address reservation, physical memory mapped at its end with an
+//!   adaptive growth, unmapped from the end.
+
+pub mod device;
+pub mod managed;
+pub mod vmm;
+
+use crate::driver::{Driver, DriverError};
+use crate::placement::Segment;
+use crate::stats::DriverCalls;
+use std::fmt;
+use std::sync::Arc;
+
+/// Where a pool's memory comes from. See the module docs.
+pub trait Upstream: Send + fmt::Debug + 'static {
+    /// Whether [`Upstream::release`] waits for the work queued on the device first, as
+    /// `cuMemFree` does. Only such an upstream may release a block the moment it is freed.
+    const RELEASE_WAITS: bool;
+
+    /// The driver it calls.
+    fn driver(&self) -> &Arc<dyn Driver>;
+
+    /// A new segment of at least `bytes` bytes.
+    fn acquire(&mut self, bytes: usize, calls: &mut DriverCalls) -> Result<Segment, DriverError>;
+
+    /// Returns `seg`. On error the upstream still holds it and it may be released again later.
+    fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError>;
+
+    /// A block was freed (the VMM upstream's growth starts small again).
+    #[inline]
+    fn note_free(&mut self) {}
+
+    /// Releases what the upstream holds of its own, once every segment is back.
+    fn close(&mut self, _calls: &mut DriverCalls) -> Result<(), DriverError> {
+        Ok(())
+    }
+}

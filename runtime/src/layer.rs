@@ -1,0 +1,231 @@
+//! The model, written once over the executor's kernels: weight initialisation, the embedding,
+//! and each layer's attention block (norm, Q/K/V, cache write, flash attention over the pool's
+//! scratch) and feed-forward block (output projection, norm, SiLU MLP, residuals).
+
+use crate::error::RuntimeError;
+use crate::executor::{DeviceBuffers, Executor, FaBuffers};
+use crate::model::ModelShape;
+use crate::scratch::Scratch;
+use cupool_kernels::cpu::FaParams;
+use cupool_kernels::KvType;
+
+const EPS: f32 = 1e-6;
+
+/// One ubatch as the layers see it.
+#[derive(Clone, Copy, Debug)]
+pub struct Ubatch<'a> {
+    /// Index within the run.
+    pub index: usize,
+    /// Position of its first token.
+    pub pos0: usize,
+    /// Tokens in it.
+    pub n_tokens: usize,
+    /// KV length its attention sees (padded).
+    pub n_kv: usize,
+    /// Token ids.
+    pub tokens: &'a [i32],
+}
+
+/// A model's shape and cache type over its startup buffers.
+pub(crate) struct Model<'a> {
+    pub m: &'a ModelShape,
+    pub kv: KvType,
+    pub b: &'a DeviceBuffers,
+}
+
+impl Model<'_> {
+    fn c(&self, off: usize) -> u64 {
+        self.b.compute + off as u64
+    }
+
+    fn w(&self, off: usize) -> u64 {
+        self.b.weights + off as u64
+    }
+
+    /// Fills the weights reproducibly and clears the KV cache (padded positions past the
+    /// prompt are read, and masked, so they must not be garbage).
+    pub fn init(&self, x: &mut dyn Executor) -> Result<(), RuntimeError> {
+        let (m, wl, e) = (self.m, &self.b.wl, self.m.n_embd);
+        x.fill_ones_f16(self.w(wl.norm1), e)?;
+        x.fill_ones_f16(self.w(wl.norm2), e)?;
+        let mut init = |off: usize, n: usize, seed: u32, fan_in: usize| {
+            x.init_weights(self.w(off), n, seed, 1.0 / (fan_in as f32).sqrt())
+        };
+        init(wl.wq, e * m.q_dim(), 11, e)?;
+        init(wl.wk, e * m.kv_dim_k(), 12, e)?;
+        if !m.v_is_k {
+            init(wl.wv, e * m.kv_dim_v(), 13, e)?;
+        }
+        init(wl.wo, m.out_dim() * e, 14, m.out_dim())?;
+        init(wl.w1, e * m.n_ff, 15, e)?;
+        init(wl.w2, m.n_ff * e, 16, m.n_ff)?;
+        x.zero(self.b.kv, self.b.kvl.bytes)
+    }
+
+    /// The ubatch's tokens into the hidden state.
+    pub fn embed(&self, x: &mut dyn Executor, ub: &Ubatch) -> Result<(), RuntimeError> {
+        let tokens = self.c(self.b.cl.tokens);
+        x.upload_tokens(tokens, ub.tokens)?;
+        x.embed(tokens, self.c(self.b.cl.x), ub.n_tokens, self.m.n_embd)
+    }
+
+    /// Norm, Q/K/V projections, the new K/V rows into the cache.
+    pub fn pre_attention(
+        &self,
+        x: &mut dyn Executor,
+        layer: usize,
+        ub: &Ubatch,
+    ) -> Result<(), RuntimeError> {
+        let (m, cl, wl, u) = (self.m, &self.b.cl, &self.b.wl, ub.n_tokens);
+        x.rms_norm(
+            self.c(cl.x),
+            self.w(wl.norm1),
+            self.c(cl.xn),
+            u,
+            m.n_embd,
+            EPS,
+        )?;
+        x.matmul(
+            self.c(cl.xn),
+            self.w(wl.wq),
+            self.c(cl.q),
+            u,
+            m.q_dim(),
+            m.n_embd,
+            false,
+        )?;
+        let mut project = |w: usize, out: usize, dim: usize, cache: usize| {
+            x.matmul(
+                self.c(cl.xn),
+                self.w(w),
+                self.c(out),
+                u,
+                dim,
+                m.n_embd,
+                false,
+            )?;
+            x.store_kv(
+                self.kv,
+                self.c(out),
+                self.b.kv + cache as u64,
+                u,
+                dim,
+                ub.pos0,
+            )
+        };
+        project(wl.wk, cl.k_new, m.kv_dim_k(), self.b.kvl.k(layer))?;
+        if !m.v_is_k {
+            project(wl.wv, cl.v_new, m.kv_dim_v(), self.b.kvl.v(layer))?;
+        }
+        Ok(())
+    }
+
+    /// K/V conversion into the scratch (quantized caches), flash attention, split combine.
+    pub fn attention(
+        &self,
+        x: &mut dyn Executor,
+        layer: usize,
+        ub: &Ubatch,
+        s: &Scratch,
+    ) -> Result<(), RuntimeError> {
+        let m = self.m;
+        let cache_k = self.b.kv + self.b.kvl.k(layer) as u64;
+        // The layout puts V at K when V is a view of K.
+        let cache_v = self.b.kv + self.b.kvl.v(layer) as u64;
+        let (k, v) = match self.kv {
+            KvType::F16 => (cache_k, cache_v),
+            KvType::Q8_0 => {
+                let k = Scratch::slice(&s.k_f16).ptr;
+                x.dequantize_q8_0(cache_k, k, ub.n_kv, m.kv_dim_k())?;
+                let v = if m.v_is_k {
+                    k
+                } else {
+                    let v = Scratch::slice(&s.v_f16).ptr;
+                    x.dequantize_q8_0(cache_v, v, ub.n_kv, m.kv_dim_v())?;
+                    v
+                };
+                (k, v)
+            }
+        };
+        let bufs = FaBuffers {
+            q: self.c(self.b.cl.q),
+            k,
+            v,
+            dst: self.c(self.b.cl.attn),
+            tmp: Scratch::slice(&s.dst_tmp),
+            meta: Scratch::slice(&s.dst_meta),
+        };
+        x.flash_attn(&fa_params(m, ub, s.fa.parallel_blocks), &bufs)
+    }
+
+    /// Output projection and residual, norm, SiLU MLP and residual.
+    pub fn feed_forward(&self, x: &mut dyn Executor, ub: &Ubatch) -> Result<(), RuntimeError> {
+        let (m, cl, wl, u) = (self.m, &self.b.cl, &self.b.wl, ub.n_tokens);
+        x.matmul(
+            self.c(cl.attn),
+            self.w(wl.wo),
+            self.c(cl.x),
+            u,
+            m.n_embd,
+            m.out_dim(),
+            true,
+        )?;
+        x.rms_norm(
+            self.c(cl.x),
+            self.w(wl.norm2),
+            self.c(cl.xn),
+            u,
+            m.n_embd,
+            EPS,
+        )?;
+        x.matmul(
+            self.c(cl.xn),
+            self.w(wl.w1),
+            self.c(cl.ff),
+            u,
+            m.n_ff,
+            m.n_embd,
+            false,
+        )?;
+        x.silu(self.c(cl.ff), u * m.n_ff)?;
+        x.matmul(
+            self.c(cl.ff),
+            self.w(wl.w2),
+            self.c(cl.x),
+            u,
+            m.n_embd,
+            m.n_ff,
+            true,
+        )
+    }
+
+    /// The hidden state of the last ubatch.
+    pub fn hidden(&self, x: &mut dyn Executor, n_tokens: usize) -> Result<Vec<f32>, RuntimeError> {
+        x.read_f32(self.c(self.b.cl.x), n_tokens * self.m.n_embd)
+    }
+}
+
+/// The kernel parameters of one flash-attention call.
+fn fa_params(m: &ModelShape, ub: &Ubatch, parallel_blocks: usize) -> FaParams {
+    let (k_row, k_head) = (m.kv_dim_k(), m.head_dim_k);
+    let (v_row, v_head) = if m.v_is_k {
+        (m.kv_dim_k(), m.head_dim_k)
+    } else {
+        (m.kv_dim_v(), m.head_dim_v)
+    };
+    FaParams {
+        n_tokens: ub.n_tokens,
+        n_head: m.n_head,
+        n_head_kv: m.n_head_kv,
+        d_k: m.head_dim_k,
+        d_v: m.head_dim_v,
+        n_kv: ub.n_kv,
+        pos0: ub.pos0,
+        k_row,
+        k_head,
+        v_row,
+        v_head,
+        scale: 1.0 / (m.head_dim_k as f32).sqrt(),
+        parallel_blocks,
+    }
+}

@@ -1,0 +1,139 @@
+//! The runtime: startup memory, the planned budget and the engine, put together.
+
+use crate::config::RunConfig;
+use crate::engine::Engine;
+use crate::error::RuntimeError;
+use crate::executor::{Executor, ExecutorKind};
+use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
+use crate::planner::{startup_plan, Plan};
+use crate::policy::BudgetMode;
+use crate::report::{RunReport, UbatchRow};
+use crate::startup::Startup;
+use cupool_pool::adaptors::Recorder;
+use cupool_pool::driver::Driver;
+use cupool_pool::Pool;
+use std::sync::Arc;
+
+/// A model on a device, ready to prefill. See the crate docs.
+#[derive(Debug)]
+pub struct Runtime {
+    // Dropped in this order: the engine (and its pool) first, then the startup memory.
+    engine: Engine,
+    plan: Option<Plan>,
+    _startup: Startup,
+}
+
+impl Runtime {
+    /// Checks `cfg`, plans (planned budget mode), allocates the startup memory on `driver`,
+    /// builds the pool and initialises the model with `exec`. On any failure everything taken
+    /// so far is given back.
+    pub fn new(
+        driver: Arc<dyn Driver>,
+        cfg: RunConfig,
+        exec: Box<dyn Executor>,
+    ) -> Result<Self, RuntimeError> {
+        cfg.validate()?;
+        if exec.kind() == ExecutorKind::Cpu && !driver.host_accessible() {
+            return Err(RuntimeError::Invalid(
+                "the cpu executor needs a backed simulated device".into(),
+            ));
+        }
+        let m = &cfg.model;
+        let (wl, kvl, cl) = (
+            WeightLayout::new(m),
+            KvLayout::new(m, cfg.kv_type, cfg.n_ctx),
+            ComputeLayout::new(m, cfg.n_ubatch),
+        );
+        let plan = match cfg.budget {
+            BudgetMode::Ggml => None,
+            BudgetMode::Planned => Some(startup_plan(&cfg, driver.as_ref())?),
+        };
+        let startup = Startup::allocate(driver.clone(), cfg.weights_bytes, wl, kvl, cl)?;
+        let budget = cl.bytes
+            + plan
+                .as_ref()
+                .map_or(cfg.margin_bytes, |p| p.pool_peak_reserved_bytes);
+        let bufs = *startup.buffers();
+        let engine = Engine::new(driver, cfg, exec, bufs, budget)?;
+        tracing::info!(
+            model = %engine.cfg.model.name, pool = %engine.pool.kind(),
+            weights = bufs.wl.bytes.max(engine.cfg.weights_bytes), kv = kvl.bytes, compute = cl.bytes, budget,
+            "runtime ready"
+        );
+        Ok(Self {
+            engine,
+            plan,
+            _startup: startup,
+        })
+    }
+
+    /// Calls `f` with each ubatch's row as soon as the ubatch ends (progress reporting).
+    pub fn set_observer(&mut self, f: impl FnMut(&UbatchRow) + Send + 'static) {
+        self.engine.observer = Some(Box::new(f));
+    }
+
+    /// The pool the flash-attention scratch comes from.
+    pub fn pool(&self) -> &Arc<dyn Pool> {
+        &self.engine.pool
+    }
+
+    /// The allocation trace, if recording was asked for.
+    pub fn recorder(&self) -> Option<&Arc<Recorder>> {
+        self.engine.recorder.as_ref()
+    }
+
+    /// The plan made at startup (planned budget mode).
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref()
+    }
+
+    /// The compute buffer's size.
+    pub fn compute_bytes(&self) -> usize {
+        self.engine.bufs.cl.bytes
+    }
+
+    /// The reserved compute budget.
+    pub fn budget_bytes(&self) -> usize {
+        self.engine.budget.bytes
+    }
+
+    /// Tokens in the KV cache.
+    pub fn position(&self) -> usize {
+        self.engine.pos
+    }
+
+    /// The hidden state of the last ubatch, `n_tokens * n_embd` floats.
+    pub fn hidden(&mut self, n_tokens: usize) -> Result<Vec<f32>, RuntimeError> {
+        self.engine.hidden(n_tokens)
+    }
+
+    /// `n` pseudo-random prompt tokens from the configured seed.
+    pub fn prompt_tokens(&self, n: usize) -> Vec<i32> {
+        prompt_tokens(self.engine.cfg.seed, n)
+    }
+
+    /// Prefills `n` prompt tokens.
+    pub fn prefill(&mut self, n: usize) -> Result<RunReport, RuntimeError> {
+        let tokens = self.prompt_tokens(n);
+        self.decode(&tokens)
+    }
+
+    /// Evaluates `tokens` after those already in the cache: batches of `n_batch`, ubatches of
+    /// `n_ubatch`. An OOM ends the run with a report (`completed: false`), not an error.
+    pub fn decode(&mut self, tokens: &[i32]) -> Result<RunReport, RuntimeError> {
+        self.engine.decode(tokens)
+    }
+}
+
+/// `n` pseudo-random token ids from `seed` (xorshift), the same on every executor.
+pub(crate) fn prompt_tokens(seed: u64, n: usize) -> Vec<i32> {
+    let mut x = seed ^ 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 32000) as i32
+        })
+        .collect()
+}
