@@ -135,12 +135,14 @@ pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
                 },
             },
             "sync" => Op::Sync,
-            other => return Err(bad(
-                line,
-                format!(
+            other => {
+                return Err(bad(
+                    line,
+                    format!(
                     "unknown op {other:?}: expected alloc, free, phase_begin, phase_end or sync"
                 ),
-            )),
+                ))
+            }
         });
     }
     Ok(ops)

@@ -18,6 +18,9 @@ pub const GIB: f64 = (1u64 << 30) as f64;
 /// Phi-3-mini's weights in f16: with a 20k q8_0 KV cache it fills a 12 GiB card like the report's.
 const SCENARIO_WEIGHTS: f64 = 7_640_000_000.0;
 
+/// A driver and the executor that runs on it.
+pub type Opened = (Arc<dyn Driver>, Box<dyn Executor>);
+
 /// What the runs execute on.
 pub enum Device {
     Sim {
@@ -83,7 +86,7 @@ impl Device {
     }
 
     /// A fresh driver for one run and the executor that runs on it.
-    pub fn open(&self) -> Result<(Arc<dyn Driver>, Box<dyn Executor>), RuntimeError> {
+    pub fn open(&self) -> Result<Opened, RuntimeError> {
         Ok(match self {
             Device::Sim { vram, backed: true } => {
                 let sim = Self::sim(*vram, true)?;

@@ -1,20 +1,9 @@
 //! What a pool hands out.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use crate::driver::DevicePtr;
+use crate::owners::{self, Parts};
 
-static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Identifies one pool instance, so a block can't be freed into the wrong pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PoolId(u64);
-
-impl PoolId {
-    pub(crate) fn fresh() -> Self {
-        Self(NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed))
-    }
-}
+pub use crate::owners::PoolId;
 
 /// One allocation from a pool.
 ///
@@ -87,15 +76,6 @@ impl Block {
     }
 }
 
-/// A block's fields, taken out of it: whoever holds them returns the memory.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Parts {
-    pub ptr: DevicePtr,
-    pub size: usize,
-    pub capacity: usize,
-    pub pool: PoolId,
-}
-
 impl Block {
     /// Takes the block apart; its drop no longer returns the memory.
     #[inline]
@@ -114,7 +94,7 @@ impl Block {
 impl Drop for Block {
     #[cold]
     fn drop(&mut self) {
-        crate::core::owners::reclaim(Parts {
+        owners::reclaim(Parts {
             ptr: self.ptr,
             size: self.size,
             capacity: self.capacity,

@@ -17,7 +17,7 @@ use crate::error::PoolError;
 use crate::invalid::InvalidConfig;
 use crate::kind::PoolKind;
 use crate::pool::Pool;
-use crate::pools::LegacyConfig;
+use crate::pools::{LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, VmmPool};
 use crate::upstream::vmm::VmmConfig;
 use std::sync::Arc;
 
@@ -128,7 +128,17 @@ impl PoolConfig {
         if self.kind.is_none() {
             tracing::info!(device = driver.ordinal(), pool = %kind, vmm_supported = driver.vmm_supported(), no_vmm = self.no_vmm, "pool chosen automatically");
         }
-        let pool = crate::pools::build(kind, driver, self)?;
+        // The one place that maps kinds to their pools.
+        let pool: Arc<dyn Pool> = match kind {
+            PoolKind::Vmm => Arc::new(VmmPool::with_config(driver, self.vmm.clone())?),
+            PoolKind::Legacy => Arc::new(LegacyPool::with_config(driver, self.legacy.clone())?),
+            PoolKind::Managed => Arc::new(ManagedPool::new(
+                driver,
+                ManagedConfig {
+                    allow_oversubscription: self.allow_oversubscription,
+                },
+            )),
+        };
         Ok(if self.fallback_managed {
             Arc::new(ManagedFallback::new(pool, self.allow_oversubscription))
         } else {

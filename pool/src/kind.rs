@@ -1,8 +1,8 @@
 //! The pool kinds: the one list of them.
 //!
 //! A kind is a placement over an upstream ([`crate::pools`]). Adding one is a placement file,
-//! one line in the table below and its builder in `pools.rs` (an exhaustive match, so the
-//! compiler asks for it); parsing, `GGML_POOL`, the error listing the names and the
+//! one line in the table below and its arm in `PoolConfig::build` (an exhaustive match, so
+//! the compiler asks for it); parsing, `GGML_POOL`, the error listing the names and the
 //! operation-sequence checker all read this table. This module imports nothing of the crate,
 //! so every layer can name a kind.
 

@@ -44,6 +44,7 @@ pub mod driver;
 mod error;
 mod invalid;
 mod kind;
+mod owners;
 pub mod placement;
 mod pool;
 pub mod pools;

@@ -6,14 +6,12 @@
 //! | [`LegacyPool`] | [`Slots`] (ggml's policy) | [`DeviceMalloc`] |
 //! | [`ManagedPool`] | [`Slots`], smaller idle buffers dropped on growth | [`ManagedMalloc`] |
 
-use crate::config::PoolConfig;
 use crate::core::{CoreOptions, CorePool};
 use crate::driver::Driver;
 use crate::error::PoolError;
 use crate::kind::PoolKind;
 use crate::placement::bump::Bump;
 use crate::placement::slots::{Slots, SlotsConfig};
-use crate::pool::Pool;
 use crate::upstream::device::DeviceMalloc;
 use crate::upstream::managed::ManagedMalloc;
 use crate::upstream::vmm::{VmmConfig, VmmReserve};
@@ -131,22 +129,4 @@ impl<U: Upstream> CorePool<Slots, U> {
     pub fn grow_size(&self, size: usize) -> usize {
         self.inspect(|p, _| p.config().grow_size(size))
     }
-}
-
-/// Builds a pool of `kind` (the one place that maps kinds to their parts).
-pub(crate) fn build(
-    kind: PoolKind,
-    driver: Arc<dyn Driver>,
-    c: &PoolConfig,
-) -> Result<Arc<dyn Pool>, PoolError> {
-    Ok(match kind {
-        PoolKind::Vmm => Arc::new(VmmPool::with_config(driver, c.vmm.clone())?),
-        PoolKind::Legacy => Arc::new(LegacyPool::with_config(driver, c.legacy.clone())?),
-        PoolKind::Managed => Arc::new(ManagedPool::new(
-            driver,
-            ManagedConfig {
-                allow_oversubscription: c.allow_oversubscription,
-            },
-        )),
-    })
 }

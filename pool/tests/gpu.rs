@@ -220,3 +220,90 @@ fn poison_makes_a_use_after_free_fail_on_the_gpu() {
         assert_eq!(mismatches as u64, n, "every stale read must see the poison");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_faults_injected_at_every_mapping_step_leave_nothing_behind() {
+    use cupool_pool::driver::fault::FaultInjector;
+    use cupool_pool::driver::{CallKind, ErrorCode};
+    let drv = Arc::new(CudaDriver::new(0).unwrap());
+    let counted = Arc::new(LimitedDriver::new(drv.clone(), usize::MAX));
+    let faults = Arc::new(FaultInjector::new(counted.clone()));
+    for kind in [
+        CallKind::Granularity,
+        CallKind::Reserve,
+        CallKind::Create,
+        CallKind::Map,
+        CallKind::SetAccess,
+        CallKind::Malloc,
+        CallKind::MallocManaged,
+    ] {
+        let pools: Vec<Arc<dyn Pool>> = vec![
+            Arc::new(VmmPool::new(faults.clone())),
+            Arc::new(LegacyPool::new(faults.clone())),
+            Arc::new(ManagedPool::new(faults.clone(), ManagedConfig::default())),
+        ];
+        for pool in pools {
+            faults.fail_nth(kind, 1, ErrorCode::Injected);
+            match pool.alloc(4 * MIB) {
+                Err(e) => assert!(e.to_string().contains(kind.cuda_name()), "{kind:?}: {e}"),
+                Ok(b) => pool.free(b).unwrap(), // this pool makes no call of that kind
+            }
+            faults.clear_faults();
+            let b = pool.alloc(4 * MIB).expect("usable after the fault");
+            pool.free(b).unwrap();
+            let token = synchronize(faults.as_ref()).unwrap();
+            pool.purge(&token, Purge::All).unwrap();
+        }
+        assert_eq!(counted.used(), 0, "{kind:?}: device memory left behind");
+    }
+    // A failed unmap keeps the mapping; the next trim takes it back.
+    let pool = VmmPool::new(faults.clone());
+    let b = pool.alloc(8 * MIB).unwrap();
+    pool.free(b).unwrap();
+    faults.fail_nth(CallKind::Unmap, 1, ErrorCode::Injected);
+    let token = synchronize(faults.as_ref()).unwrap();
+    assert!(pool.purge(&token, Purge::All).is_err());
+    assert!(counted.used() > 0);
+    let token = synchronize(faults.as_ref()).unwrap();
+    pool.purge(&token, Purge::All).unwrap();
+    assert_eq!(counted.used(), 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_memory_of_live_blocks_outlives_their_pool() {
+    let drv = Arc::new(CudaDriver::new(0).unwrap());
+    let k = kernels(&drv);
+    let counted = Arc::new(LimitedDriver::new(drv.clone(), usize::MAX));
+    let pools: Vec<Arc<dyn Pool>> = vec![
+        Arc::new(VmmPool::new(counted.clone())),
+        Arc::new(LegacyPool::new(counted.clone())),
+    ];
+    for pool in pools {
+        let kind = pool.kind();
+        let n = (16 * MIB / 4) as u64;
+        let live = pool.alloc(16 * MIB).unwrap();
+        let idle = pool.alloc(32 * MIB).unwrap();
+        pool.free(idle).unwrap();
+        drop(pool); // the idle 32 MiB go back; the live block's memory must stay mapped
+        assert!(
+            counted.used() >= 16 * MIB && counted.used() < 48 * MIB,
+            "{kind}: {}",
+            counted.used()
+        );
+        let (ptr, tag) = (live.ptr(), 5u32);
+        let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
+        let mut b = k.stream.launch_builder(&k.fill);
+        b.arg(&ptr).arg(&tag).arg(&n);
+        // SAFETY: the block is live (its pool is gone, its memory is not): n u32 fit in it.
+        unsafe { b.launch(cfg(n as usize)) }.unwrap();
+        let mut b = k.stream.launch_builder(&k.check);
+        b.arg(&ptr).arg(&tag).arg(&n).arg(&bad);
+        // SAFETY: as above.
+        unsafe { b.launch(cfg(n as usize)) }.unwrap();
+        assert_eq!(k.stream.clone_dtoh(&bad).unwrap()[0], 0, "{kind}");
+        drop(live); // the last block: now everything goes
+        assert_eq!(counted.used(), 0, "{kind}: memory left behind");
+    }
+}

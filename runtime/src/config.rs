@@ -80,4 +80,18 @@ impl RunConfig {
         }
         Ok(())
     }
+
+    /// `n` pseudo-random prompt token ids from the seed (xorshift), the same on every
+    /// executor and in the planner's dry run.
+    pub fn prompt_tokens(&self, n: usize) -> Vec<i32> {
+        let mut x = self.seed ^ 0x9E37_79B9_7F4A_7C15;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 32000) as i32
+            })
+            .collect()
+    }
 }

@@ -14,7 +14,6 @@ use crate::executor::dry_run::DryRun;
 use crate::executor::DeviceBuffers;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::policy::BudgetMode;
-use crate::runtime::prompt_tokens;
 use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool_pool::driver::Driver;
 use std::sync::Arc;
@@ -100,9 +99,9 @@ fn pool_peaks(
         kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
         cl: ComputeLayout::new(m, c.n_ubatch),
     };
-    let seed = c.seed;
+    let tokens = c.prompt_tokens(n_prompt);
     let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX)?;
-    let report = engine.decode(&prompt_tokens(seed, n_prompt))?;
+    let report = engine.decode(&tokens)?;
     if !report.completed {
         return Err(RuntimeError::Invalid(
             "the dry run ran out of a 256 TiB simulated card".into(),

@@ -109,7 +109,7 @@ impl Runtime {
 
     /// `n` pseudo-random prompt tokens from the configured seed.
     pub fn prompt_tokens(&self, n: usize) -> Vec<i32> {
-        prompt_tokens(self.engine.cfg.seed, n)
+        self.engine.cfg.prompt_tokens(n)
     }
 
     /// Prefills `n` prompt tokens.
@@ -123,17 +123,4 @@ impl Runtime {
     pub fn decode(&mut self, tokens: &[i32]) -> Result<RunReport, RuntimeError> {
         self.engine.decode(tokens)
     }
-}
-
-/// `n` pseudo-random token ids from `seed` (xorshift), the same on every executor.
-pub(crate) fn prompt_tokens(seed: u64, n: usize) -> Vec<i32> {
-    let mut x = seed ^ 0x9E37_79B9_7F4A_7C15;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 32000) as i32
-        })
-        .collect()
 }

@@ -6,18 +6,18 @@
 //! upstream ([`crate::upstream`]) makes the driver calls. Neither sees the other, and neither
 //! keeps a counter.
 
-pub(crate) mod owners;
+mod oom;
 
-use crate::block::{Block, Parts, PoolId};
-use crate::driver::{Driver, DriverError, MemInfo};
+use crate::block::Block;
+use crate::driver::{Driver, DriverError};
 use crate::error::{FreeError, OomReport, PoolError};
 use crate::kind::PoolKind;
+use crate::owners::{self, Parts, PoolId, Reclaim};
 use crate::placement::{Fit, Placement, Segment};
 use crate::pool::{checked_request, Pool, Purge, Released};
 use crate::stats::{PoolStats, Tracker};
 use crate::sync::{synchronize, SyncToken};
 use crate::upstream::Upstream;
-use owners::Reclaim;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -165,30 +165,14 @@ impl<P: Placement, U: Upstream> Shared<P, U> {
     }
 
     fn oom_report(&self, g: &State<P, U>, requested: usize, cause: String) -> OomReport {
-        let stats = g.tracker.snapshot();
-        let stranded = g.placement.stranded(requested);
-        let device: Option<MemInfo> = self.driver.mem_info().ok();
-        let suggestion = if stranded > 0 {
-            format!(
-                "{:.1} MiB of this pool's cache is too small for the request: purge it after a synchronize (Purge::SmallerThan or Purge::KeepFor) or enable flush-and-retry",
-                stranded as f64 / (1u64 << 20) as f64
-            )
-        } else if self.kind == PoolKind::Managed {
-            "managed memory is kept within the device's free memory, counting every managed allocation on the device; allow oversubscription explicitly only if you accept paging (and the risk of hanging the GPU)".to_string()
-        } else {
-            "the device has no room for this request: release memory held elsewhere on the device, or opt in to serving such requests from managed memory (GGML_CUDA_ALLOC_FALLBACK_MANAGED=1)".to_string()
-        };
-        OomReport {
+        oom::report(
+            self.driver.as_ref(),
+            self.kind,
             requested,
-            pool: self.kind,
-            live: stats.live_bytes,
-            reserved: stats.reserved_bytes,
-            cached: stats.cached_bytes,
-            stranded,
-            device,
+            &g.tracker.snapshot(),
+            g.placement.stranded(requested),
             cause,
-            suggestion,
-        }
+        )
     }
 
     /// Takes a block back; a segment the placement does not keep is released at once.

@@ -1,15 +1,36 @@
-//! Which pool core owns each pool id, so a dropped block finds its way back.
+//! Pool identities, and which pool core owns each, so a dropped block finds its way back.
 //!
 //! Blocks carry only their pool's id (an allocation pays no reference count). The table maps
 //! ids to cores: weakly while the pool is alive, strongly once a pool dropped with live blocks
 //! has retired, so the memory behind those blocks stays until they come back. Only the cold
 //! paths touch it: building and dropping a pool, and dropping a block instead of freeing it.
 
-use crate::block::{Parts, PoolId};
+use crate::driver::DevicePtr;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Identifies one pool instance, so a block can't be freed into the wrong pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId(u64);
+
+impl PoolId {
+    pub(crate) fn fresh() -> Self {
+        Self(NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A block's fields, taken out of it: whoever holds them returns the memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Parts {
+    pub ptr: DevicePtr,
+    pub size: usize,
+    pub capacity: usize,
+    pub pool: PoolId,
+}
 
 /// A pool core that takes blocks back outside the [`crate::Pool`] interface.
 pub(crate) trait Reclaim: Send + Sync {

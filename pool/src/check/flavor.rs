@@ -1,0 +1,114 @@
+//! The pool configurations the checker runs, on a small simulated card behind a fault
+//! injector.
+
+use crate::adaptors::{ManagedFallback, Phases};
+use crate::driver::fault::FaultInjector;
+use crate::driver::limit::LimitedDriver;
+use crate::driver::sim::{SimConfig, SimDevice};
+use crate::driver::Driver;
+use crate::placement::slots::SlotsConfig;
+use crate::pools::{LegacyConfig, LegacyPool};
+use crate::upstream::vmm::VmmConfig;
+use crate::{Pool, PoolConfig, PoolKind};
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+/// A pool configuration to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// A kind as [`PoolConfig`] builds it by default: every kind in [`PoolKind::ALL`].
+    Plain(PoolKind),
+    /// VMM growing by exactly the granularity (no amortised growth).
+    VmmExactGrowth,
+    /// Legacy with 3 slots (frequent driver frees) and flush-and-retry.
+    LegacyFewSlotsRetry,
+    /// VMM under a 24 MiB limit with the managed fallback.
+    FallbackOverVmm,
+}
+
+/// Every flavour: each kind, then the variants.
+pub fn flavors() -> Vec<Flavor> {
+    let mut v: Vec<Flavor> = PoolKind::ALL.iter().map(|&k| Flavor::Plain(k)).collect();
+    v.extend([
+        Flavor::VmmExactGrowth,
+        Flavor::LegacyFewSlotsRetry,
+        Flavor::FallbackOverVmm,
+    ]);
+    v
+}
+
+/// A small simulated card (64 MiB) behind a fault injector.
+#[derive(Debug)]
+pub struct Device {
+    /// The card: its ledger and its memory.
+    pub sim: Arc<SimDevice>,
+    /// The driver pools are built on: the card behind the injector.
+    pub faults: Arc<FaultInjector>,
+}
+
+impl Device {
+    /// A fresh card with no fault armed.
+    pub fn new() -> Self {
+        let sim = Arc::new(
+            SimDevice::new(SimConfig::gib(64.0 / 1024.0).record_calls(false))
+                .expect("a valid simulated card"),
+        );
+        let faults = Arc::new(FaultInjector::new(sim.clone()));
+        Self { sim, faults }
+    }
+
+    /// The driver to build pools on.
+    pub fn driver(&self) -> Arc<dyn Driver> {
+        self.faults.clone()
+    }
+}
+
+impl Default for Device {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Builds a pool of `flavor` on `driver`, wrapped in [`Phases`].
+pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
+    let pool: Arc<dyn Pool> = match flavor {
+        Flavor::Plain(kind) => PoolConfig::default()
+            .kind(kind)
+            .build(driver)
+            .expect("every kind builds on the simulated card"),
+        Flavor::VmmExactGrowth => Arc::new(
+            crate::pools::VmmPool::with_config(
+                driver,
+                VmmConfig {
+                    reserve_bytes: None,
+                    min_grow: 0,
+                    max_grow: 0,
+                },
+            )
+            .expect("valid settings"),
+        ),
+        Flavor::LegacyFewSlotsRetry => Arc::new(
+            LegacyPool::with_config(
+                driver,
+                LegacyConfig {
+                    placement: SlotsConfig {
+                        slots: 3,
+                        ..SlotsConfig::default()
+                    },
+                    flush_and_retry: true,
+                    ..LegacyConfig::default()
+                },
+            )
+            .expect("valid settings"),
+        ),
+        Flavor::FallbackOverVmm => {
+            let limited: Arc<dyn Driver> = Arc::new(LimitedDriver::new(driver, 24 * MIB));
+            Arc::new(ManagedFallback::new(
+                Arc::new(crate::pools::VmmPool::new(limited)),
+                false,
+            ))
+        }
+    };
+    Arc::new(Phases::new(pool))
+}
