@@ -8,9 +8,8 @@
 //! fallback and every managed pool on the device together stay within its free memory unless
 //! oversubscription was allowed explicitly.
 
-use crate::block::{Block, PoolId};
+use crate::block::Block;
 use crate::core::{CoreOptions, CorePool};
-use crate::driver::Driver;
 use crate::error::{FreeError, PoolError};
 use crate::kind::PoolKind;
 use crate::placement::direct::Direct;
@@ -80,17 +79,7 @@ impl ManagedFallback {
 }
 
 impl Pool for ManagedFallback {
-    fn id(&self) -> PoolId {
-        self.inner.id()
-    }
-
-    fn kind(&self) -> PoolKind {
-        self.inner.kind()
-    }
-
-    fn driver(&self) -> &Arc<dyn Driver> {
-        self.inner.driver()
-    }
+    forward_identity!(inner);
 
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let block = match self.inner.alloc(bytes) {
@@ -161,9 +150,5 @@ impl Pool for ManagedFallback {
             .store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
         self.reserved_peak
             .store(self.reserved_bytes(), Ordering::Relaxed);
-    }
-
-    fn alignment(&self) -> usize {
-        self.inner.alignment()
     }
 }

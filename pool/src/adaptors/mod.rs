@@ -8,6 +8,56 @@
 //! A memory limit and fault injection wrap the driver instead (they change what the device
 //! does, for every pool on it): see [`crate::driver::limit`] and [`crate::driver::fault`].
 
+/// The `Pool` methods naming the wrapped pool: an adaptor is the pool it wraps.
+macro_rules! forward_identity {
+    ($inner:ident) => {
+        fn id(&self) -> $crate::PoolId {
+            self.$inner.id()
+        }
+
+        fn kind(&self) -> $crate::PoolKind {
+            self.$inner.kind()
+        }
+
+        fn driver(&self) -> &std::sync::Arc<dyn $crate::driver::Driver> {
+            self.$inner.driver()
+        }
+
+        fn alignment(&self) -> usize {
+            self.$inner.alignment()
+        }
+    };
+}
+
+/// The `Pool` methods an adaptor that only watches allocations passes through unchanged.
+macro_rules! forward_accounting {
+    ($inner:ident) => {
+        fn purge(
+            &self,
+            token: &$crate::SyncToken,
+            what: $crate::Purge,
+        ) -> Result<$crate::Released, $crate::PoolError> {
+            self.$inner.purge(token, what)
+        }
+
+        fn releasable(&self, what: &$crate::Purge) -> usize {
+            self.$inner.releasable(what)
+        }
+
+        fn stats(&self) -> $crate::PoolStats {
+            self.$inner.stats()
+        }
+
+        fn reserved_bytes(&self) -> usize {
+            self.$inner.reserved_bytes()
+        }
+
+        fn reset_peaks(&self) {
+            self.$inner.reset_peaks()
+        }
+    };
+}
+
 pub mod managed_fallback;
 pub mod phases;
 pub mod recorder;

@@ -6,13 +6,10 @@
 //! phase's peak includes its inner phases'. The counters are atomics, so the hot path costs a
 //! few uncontended atomic operations and no lock; the stack is only locked to push and pop.
 
-use crate::block::{Block, PoolId};
-use crate::driver::Driver;
+use crate::block::Block;
 use crate::error::{FreeError, PoolError};
-use crate::kind::PoolKind;
-use crate::pool::{Pool, Purge, Released};
+use crate::pool::Pool;
 use crate::stats::{PhaseStats, PoolStats};
-use crate::sync::SyncToken;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -99,17 +96,8 @@ impl Phases {
 }
 
 impl Pool for Phases {
-    fn id(&self) -> PoolId {
-        self.inner.id()
-    }
-
-    fn kind(&self) -> PoolKind {
-        self.inner.kind()
-    }
-
-    fn driver(&self) -> &Arc<dyn Driver> {
-        self.inner.driver()
-    }
+    forward_identity!(inner);
+    forward_accounting!(inner);
 
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
@@ -127,29 +115,5 @@ impl Pool for Phases {
         self.inner.free(block)?;
         self.live.fetch_sub(size, Ordering::Relaxed);
         Ok(())
-    }
-
-    fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
-        self.inner.purge(token, what)
-    }
-
-    fn releasable(&self, what: &Purge) -> usize {
-        self.inner.releasable(what)
-    }
-
-    fn stats(&self) -> PoolStats {
-        self.inner.stats()
-    }
-
-    fn reserved_bytes(&self) -> usize {
-        self.inner.reserved_bytes()
-    }
-
-    fn reset_peaks(&self) {
-        self.inner.reset_peaks()
-    }
-
-    fn alignment(&self) -> usize {
-        self.inner.alignment()
     }
 }

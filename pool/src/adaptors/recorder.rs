@@ -5,13 +5,10 @@
 //! `{"op":"phase_begin","name":"ubatch 3"}`, `{"op":"phase_end","name":"ubatch 3","prefill":true}`,
 //! `{"op":"sync"}`. Ids number allocations in order; failed allocations are not recorded.
 
-use crate::block::{Block, PoolId};
-use crate::driver::{DevicePtr, Driver};
+use crate::block::Block;
+use crate::driver::DevicePtr;
 use crate::error::{FreeError, PoolError};
-use crate::kind::PoolKind;
-use crate::pool::{Pool, Purge, Released};
-use crate::stats::PoolStats;
-use crate::sync::SyncToken;
+use crate::pool::Pool;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -155,17 +152,8 @@ impl Recorder {
 }
 
 impl Pool for Recorder {
-    fn id(&self) -> PoolId {
-        self.inner.id()
-    }
-
-    fn kind(&self) -> PoolKind {
-        self.inner.kind()
-    }
-
-    fn driver(&self) -> &Arc<dyn Driver> {
-        self.inner.driver()
-    }
+    forward_identity!(inner);
+    forward_accounting!(inner);
 
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let block = self.inner.alloc(bytes)?;
@@ -189,29 +177,5 @@ impl Pool for Recorder {
             log.events.push(TraceEvent::Free { id });
         }
         Ok(())
-    }
-
-    fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
-        self.inner.purge(token, what)
-    }
-
-    fn releasable(&self, what: &Purge) -> usize {
-        self.inner.releasable(what)
-    }
-
-    fn stats(&self) -> PoolStats {
-        self.inner.stats()
-    }
-
-    fn reserved_bytes(&self) -> usize {
-        self.inner.reserved_bytes()
-    }
-
-    fn reset_peaks(&self) {
-        self.inner.reset_peaks()
-    }
-
-    fn alignment(&self) -> usize {
-        self.inner.alignment()
     }
 }
