@@ -31,8 +31,8 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// Compiles every source for `arch` (e.g. `compute_90`).
-pub fn compile(arch: &'static str) -> Result<Vec<(&'static str, Ptx)>, (String, CompileError)> {
+/// Compiles every source for `arch` (e.g. `compute_90`); the error names the source.
+pub fn compile(arch: &'static str) -> Result<Vec<(&'static str, Ptx)>, KernelError> {
     sources()
         .into_iter()
         .map(|(name, src)| {
@@ -43,7 +43,7 @@ pub fn compile(arch: &'static str) -> Result<Vec<(&'static str, Ptx)>, (String, 
             };
             compile_ptx_with_opts(src, opts)
                 .map(|p| (name, p))
-                .map_err(|e| (name.to_string(), e))
+                .map_err(|e: CompileError| KernelError::Compile(format!("{name}.cu: {e:?}")))
         })
         .collect()
 }
@@ -125,9 +125,7 @@ impl Kernels {
             _ => "compute_75",
         };
         let mut modules = std::collections::HashMap::new();
-        for (name, ptx) in
-            compile(arch).map_err(|(n, e)| KernelError::Compile(format!("{n}: {e:?}")))?
-        {
+        for (name, ptx) in compile(arch)? {
             modules.insert(name, ctx.load_module(ptx)?);
         }
         let f = |m: &str, name: &str| modules[m].load_function(name);
