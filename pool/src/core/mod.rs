@@ -5,6 +5,11 @@
 //! and the drop contract. The placement ([`crate::placement`]) decides where a block goes; the
 //! upstream ([`crate::upstream`]) makes the driver calls. Neither sees the other, and neither
 //! keeps a counter.
+//!
+//! The pool's state sits inline, so the hot path (a cached alloc and free) reaches it without
+//! chasing a pointer. Blocks dropped instead of freed wait in the pool's inbox and are taken
+//! back at the next slow path (growth, purge, stats). A pool dropped with live blocks moves its
+//! state into a retired core that the owners table keeps until those blocks are dropped.
 
 mod oom;
 
@@ -12,13 +17,14 @@ use crate::block::Block;
 use crate::driver::{Driver, DriverError};
 use crate::error::{FreeError, OomReport, PoolError};
 use crate::kind::PoolKind;
-use crate::owners::{self, Parts, PoolId, Reclaim};
+use crate::owners::{self, Inbox, Parts, PoolId, Reclaim};
 use crate::placement::{Fit, Placement, Segment};
 use crate::pool::{checked_request, Pool, Purge, Released};
 use crate::stats::{PoolStats, Tracker};
 use crate::sync::{synchronize, SyncToken};
 use crate::upstream::Upstream;
 use parking_lot::Mutex;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -39,32 +45,39 @@ struct State<P, U> {
     tracker: Tracker,
     /// Segments the upstream refused to release; retried at every purge and at the drop.
     pending: Vec<Segment>,
-    /// The pool's handle was dropped; the core lives on for its live blocks.
-    retired: bool,
 }
 
-struct Shared<P, U> {
+/// What the slow paths need besides the state: who the pool is and what it talks to.
+struct Ctx {
     id: PoolId,
     kind: PoolKind,
     driver: Arc<dyn Driver>,
     options: CoreOptions,
-    alignment: usize,
     /// `reserved_bytes`, readable without the lock.
     reserved: AtomicUsize,
-    state: Mutex<State<P, U>>,
 }
 
 /// A pool: a placement over an upstream. See the module docs.
 pub struct CorePool<P: Placement, U: Upstream> {
-    shared: Arc<Shared<P, U>>,
+    ctx: Ctx,
+    alignment: usize,
+    // Taken out once, in `drop`.
+    state: ManuallyDrop<Mutex<State<P, U>>>,
+    inbox: Arc<Inbox>,
+}
+
+/// The state of a pool dropped while blocks were live, kept until they are dropped.
+struct Retired<P, U> {
+    ctx: Ctx,
+    state: Mutex<State<P, U>>,
 }
 
 impl<P: Placement, U: Upstream> std::fmt::Debug for CorePool<P, U> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CorePool")
-            .field("id", &self.shared.id)
-            .field("kind", &self.shared.kind)
-            .field("reserved", &self.shared.reserved.load(Ordering::Relaxed))
+            .field("id", &self.ctx.id)
+            .field("kind", &self.ctx.kind)
+            .field("reserved", &self.ctx.reserved.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -75,34 +88,47 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
         // Releasing a block the moment it is freed is safe only if the release waits for the
         // device: a kernel queued on the block may still be running.
         const { assert!(!P::RELEASES_ON_FREE || U::RELEASE_WAITS) };
-        let shared = Arc::new(Shared {
-            id: PoolId::fresh(),
-            kind,
-            driver: upstream.driver().clone(),
-            options,
+        let id = PoolId::fresh();
+        Self {
+            ctx: Ctx {
+                id,
+                kind,
+                driver: upstream.driver().clone(),
+                options,
+                reserved: AtomicUsize::new(0),
+            },
             alignment: placement.alignment(),
-            reserved: AtomicUsize::new(0),
-            state: Mutex::new(State {
+            state: ManuallyDrop::new(Mutex::new(State {
                 placement,
                 upstream,
                 tracker: Tracker::default(),
                 pending: Vec::new(),
-                retired: false,
-            }),
-        });
-        let weak: std::sync::Weak<dyn Reclaim> = Arc::downgrade(&shared) as _;
-        owners::register(shared.id, weak);
-        Self { shared }
+            })),
+            inbox: owners::register(id),
+        }
     }
 
     /// Runs `f` on the placement and the upstream, under the pool's lock.
     pub fn inspect<R>(&self, f: impl FnOnce(&P, &U) -> R) -> R {
-        let g = self.shared.state.lock();
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
         f(&g.placement, &g.upstream)
+    }
+
+    /// Takes back the blocks that were dropped instead of freed.
+    fn take_dropped(&self, g: &mut State<P, U>) {
+        let dropped = self.inbox.take();
+        if !dropped.is_empty() {
+            let freed_at = self.ctx.driver.epoch().current();
+            for p in dropped {
+                self.ctx.give_back(g, p, freed_at);
+            }
+        }
     }
 }
 
-impl<P: Placement, U: Upstream> Shared<P, U> {
+impl Ctx {
+    #[inline]
     fn block(&self, fit: Fit, size: usize) -> Block {
         Block {
             ptr: fit.addr,
@@ -113,19 +139,26 @@ impl<P: Placement, U: Upstream> Shared<P, U> {
         }
     }
 
-    fn publish(&self, g: &State<P, U>) {
+    fn publish<P: Placement, U: Upstream>(&self, g: &State<P, U>) {
         self.reserved
             .store(g.tracker.s.reserved_bytes, Ordering::Relaxed);
     }
 
-    fn sync(&self, g: &mut State<P, U>) -> Result<SyncToken, DriverError> {
+    fn sync<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+    ) -> Result<SyncToken, DriverError> {
         let t = synchronize(self.driver.as_ref())?;
         g.tracker.s.calls.syncs += 1;
         Ok(t)
     }
 
     #[cold]
-    fn grow(&self, g: &mut State<P, U>, size: usize) -> Result<Block, PoolError> {
+    fn grow<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        size: usize,
+    ) -> Result<Block, PoolError> {
         if self.options.drop_smaller_on_grow
             && !g.placement.idle(&Purge::SmallerThan(size)).is_empty()
         {
@@ -164,7 +197,12 @@ impl<P: Placement, U: Upstream> Shared<P, U> {
         }
     }
 
-    fn oom_report(&self, g: &State<P, U>, requested: usize, cause: String) -> OomReport {
+    fn oom_report<P: Placement, U: Upstream>(
+        &self,
+        g: &State<P, U>,
+        requested: usize,
+        cause: String,
+    ) -> OomReport {
         oom::report(
             self.driver.as_ref(),
             self.kind,
@@ -177,7 +215,7 @@ impl<P: Placement, U: Upstream> Shared<P, U> {
 
     /// Takes a block back; a segment the placement does not keep is released at once.
     #[inline]
-    fn give_back(&self, g: &mut State<P, U>, p: Parts, freed_at: u64) {
+    fn give_back<P: Placement, U: Upstream>(&self, g: &mut State<P, U>, p: Parts, freed_at: u64) {
         g.tracker.on_free(p.size, p.capacity);
         g.upstream.note_free();
         let fit = Fit {
@@ -199,7 +237,7 @@ impl<P: Placement, U: Upstream> Shared<P, U> {
     /// Releases what `what` names and `token` covers, after retrying refused releases. Stops
     /// at the first refusal (the segments of a VMM range must go from the top down); what was
     /// released until then is counted.
-    fn release(
+    fn release<P: Placement, U: Upstream>(
         &self,
         g: &mut State<P, U>,
         token: &SyncToken,
@@ -246,7 +284,7 @@ impl<P: Placement, U: Upstream> Shared<P, U> {
 
     /// Releases everything idle after a synchronize; once no block is live, everything.
     /// Returns whether the core now holds nothing.
-    fn release_all(&self, g: &mut State<P, U>) -> bool {
+    fn release_all<P: Placement, U: Upstream>(&self, g: &mut State<P, U>) -> bool {
         let token = match self.sync(g) {
             Ok(t) => t,
             Err(e) => {
@@ -270,80 +308,80 @@ impl<P: Placement, U: Upstream> Shared<P, U> {
     }
 }
 
-impl<P: Placement, U: Upstream> Reclaim for Shared<P, U> {
+impl<P: Placement, U: Upstream> Reclaim for Retired<P, U> {
     fn reclaim(&self, parts: Parts) -> bool {
-        let freed_at = self.driver.epoch().current();
+        let freed_at = self.ctx.driver.epoch().current();
         let mut g = self.state.lock();
-        self.give_back(&mut g, parts, freed_at);
-        g.retired && self.release_all(&mut g)
+        self.ctx.give_back(&mut g, parts, freed_at);
+        self.ctx.release_all(&mut g)
     }
 }
 
 impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     fn id(&self) -> PoolId {
-        self.shared.id
+        self.ctx.id
     }
 
     fn kind(&self) -> PoolKind {
-        self.shared.kind
+        self.ctx.kind
     }
 
     fn driver(&self) -> &Arc<dyn Driver> {
-        &self.shared.driver
+        &self.ctx.driver
     }
 
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let size = checked_request(bytes)?;
-        let s = &*self.shared;
-        let mut g = s.state.lock();
+        let mut g = self.state.lock();
         if let Some(fit) = g.placement.take(size) {
             g.tracker.on_alloc(size, fit.capacity);
-            return Ok(s.block(fit, size));
+            return Ok(self.ctx.block(fit, size));
         }
-        s.grow(&mut g, size)
+        self.take_dropped(&mut g);
+        self.ctx.grow(&mut g, size)
     }
 
     #[inline]
     fn free(&self, block: Block) -> Result<(), FreeError> {
-        let s = &*self.shared;
-        if block.pool != s.id {
+        if block.pool != self.ctx.id {
             let error = PoolError::WrongPool {
                 owner: block.pool,
-                given_to: s.id,
+                given_to: self.ctx.id,
             };
             return Err(FreeError { error, block });
         }
         let p = block.into_parts();
         #[cfg(feature = "poison")]
-        if let Err(e) = s.driver.poison(p.ptr, p.capacity) {
+        if let Err(e) = self.ctx.driver.poison(p.ptr, p.capacity) {
             tracing::error!(error = %e, "poisoning a freed block failed");
         }
-        let freed_at = s.driver.epoch().current();
-        let mut g = s.state.lock();
-        s.give_back(&mut g, p, freed_at);
+        let freed_at = self.ctx.driver.epoch().current();
+        let mut g = self.state.lock();
+        self.ctx.give_back(&mut g, p, freed_at);
         Ok(())
     }
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
-        let s = &*self.shared;
-        if !token.is_for(s.driver.epoch()) {
+        if !token.is_for(self.ctx.driver.epoch()) {
             return Err(PoolError::WrongDevice {
-                device: s.driver.ordinal(),
+                device: self.ctx.driver.ordinal(),
             });
         }
-        let mut g = s.state.lock();
-        let r = s.release(&mut g, token, &what);
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
+        let r = self.ctx.release(&mut g, token, &what);
         if let Ok(r) = &r {
             if r.bytes > 0 || r.deferred_bytes > 0 {
-                tracing::debug!(pool = %s.kind, released = r.bytes, buffers = r.buffers, deferred = r.deferred_bytes, reserved = g.tracker.s.reserved_bytes, "purged");
+                tracing::debug!(pool = %self.ctx.kind, released = r.bytes, buffers = r.buffers, deferred = r.deferred_bytes, reserved = g.tracker.s.reserved_bytes, "purged");
             }
         }
         r
     }
 
     fn releasable(&self, what: &Purge) -> usize {
-        let g = self.shared.state.lock();
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
         let pending: usize = g.pending.iter().map(|s| s.len).sum();
         pending
             + g.placement
@@ -354,37 +392,58 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     }
 
     fn stats(&self) -> PoolStats {
-        self.shared.state.lock().tracker.snapshot()
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
+        g.tracker.snapshot()
     }
 
     #[inline]
     fn reserved_bytes(&self) -> usize {
-        self.shared.reserved.load(Ordering::Relaxed)
+        self.ctx.reserved.load(Ordering::Relaxed)
     }
 
     fn reset_peaks(&self) {
-        self.shared.state.lock().tracker.reset_peaks()
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
+        g.tracker.reset_peaks()
     }
 
     fn alignment(&self) -> usize {
-        self.shared.alignment
+        self.alignment
     }
 }
 
 impl<P: Placement, U: Upstream> Drop for CorePool<P, U> {
     fn drop(&mut self) {
-        let s = &self.shared;
-        let mut g = s.state.lock();
-        g.retired = true;
-        let live = (g.tracker.s.live_blocks, g.tracker.s.live_bytes);
-        let empty = s.release_all(&mut g);
-        if live.0 > 0 {
-            tracing::warn!(pool = %s.kind, blocks = live.0, bytes = live.1, "pool dropped with live blocks: their memory stays until they are dropped");
-        } else if !empty {
-            tracing::error!(pool = %s.kind, "pool dropped but the driver refused to take all of its memory back");
-        }
-        // Under the core's lock, so a block coming back now cannot finish first.
-        let keep: Option<Arc<dyn Reclaim>> = (!empty).then(|| s.clone() as Arc<dyn Reclaim>);
-        owners::retire(s.id, keep);
+        // SAFETY: the state is taken out once, here, and the pool is not used again.
+        let mut state = unsafe { ManuallyDrop::take(&mut self.state) }.into_inner();
+        let ctx = Ctx {
+            id: self.ctx.id,
+            kind: self.ctx.kind,
+            driver: self.ctx.driver.clone(),
+            options: self.ctx.options,
+            reserved: AtomicUsize::new(self.ctx.reserved.load(Ordering::Relaxed)),
+        };
+        // Under the inbox's lock, so a block dropped meanwhile is either among `dropped` or
+        // finds the retired core.
+        self.inbox.retire(move |dropped| {
+            let freed_at = ctx.driver.epoch().current();
+            for p in dropped {
+                ctx.give_back(&mut state, p, freed_at);
+            }
+            let live = (state.tracker.s.live_blocks, state.tracker.s.live_bytes);
+            if ctx.release_all(&mut state) {
+                return None;
+            }
+            if live.0 > 0 {
+                tracing::warn!(pool = %ctx.kind, blocks = live.0, bytes = live.1, "pool dropped with live blocks: their memory stays until they are dropped");
+            } else {
+                tracing::error!(pool = %ctx.kind, "pool dropped but the driver refused to take all of its memory back");
+            }
+            Some(Box::new(Retired {
+                ctx,
+                state: Mutex::new(state),
+            }) as Box<dyn Reclaim>)
+        });
     }
 }

@@ -21,6 +21,8 @@ pub struct Bump {
     segments: Vec<Segment>,
     /// End of the highest live block (an address; the range's start when none is live).
     top: u64,
+    /// End of the range (an address): the last segment's end.
+    end: u64,
     /// Free ranges below `top`: address → length.
     holes: BTreeMap<u64, usize>,
     /// The same holes by (length, address): the best fit is the first at or above a size.
@@ -30,6 +32,7 @@ pub struct Bump {
 }
 
 impl Bump {
+    #[inline]
     fn end(&self) -> u64 {
         self.segments
             .last()
@@ -46,11 +49,13 @@ impl Bump {
         self.holes.len()
     }
 
+    #[inline]
     fn insert_hole(&mut self, at: u64, len: usize) {
         self.holes.insert(at, len);
         self.by_size.insert((len, at));
     }
 
+    #[inline]
     fn remove_hole(&mut self, at: u64) -> Option<usize> {
         let len = self.holes.remove(&at)?;
         self.by_size.remove(&(len, at));
@@ -58,6 +63,7 @@ impl Bump {
     }
 
     /// Adds a free range below `top`, merged with its neighbours.
+    #[inline]
     fn add_hole(&mut self, mut at: u64, mut len: usize) {
         if let Some((&p, &pl)) = self.holes.range(..at).next_back() {
             if p + pl as u64 == at {
@@ -72,6 +78,7 @@ impl Bump {
         self.insert_hole(at, len);
     }
 
+    #[inline]
     fn rounded(size: usize) -> usize {
         // Sizes are at most MAX_REQUEST, far from overflowing.
         size.next_multiple_of(VMM_ALIGN)
@@ -100,7 +107,8 @@ impl Placement for Bump {
                 });
             }
         }
-        if self.segments.is_empty() || self.top + n as u64 > self.end() {
+        if self.top + n as u64 > self.end {
+            // Also when there is no segment yet: `end` is then 0.
             return None;
         }
         let addr = self.top;
@@ -117,8 +125,12 @@ impl Placement for Bump {
         if self.segments.is_empty() {
             self.top = seg.ptr;
         }
-        debug_assert_eq!(seg.ptr, self.end(), "VMM segments must extend the range");
+        debug_assert!(
+            self.segments.is_empty() || seg.ptr == self.end,
+            "VMM segments must extend the range"
+        );
         self.segments.push(seg);
+        self.end = seg.ptr + seg.len as u64;
         let n = Self::rounded(size);
         let addr = self.top;
         self.top += n as u64;
@@ -165,8 +177,9 @@ impl Placement for Bump {
         if self.segments.last() == Some(seg) {
             self.segments.pop();
         }
-        if self.segments.is_empty() {
-            self.top = 0;
+        match self.segments.last() {
+            Some(s) => self.end = s.ptr + s.len as u64,
+            None => (self.top, self.end) = (0, 0),
         }
     }
 

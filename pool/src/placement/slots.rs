@@ -96,6 +96,7 @@ impl Slots {
     }
 
     /// Occupied slot indices, ascending.
+    #[inline]
     fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.occupied.iter().enumerate().flat_map(|(w, &bits)| {
             let mut b = bits;
@@ -110,6 +111,7 @@ impl Slots {
         })
     }
 
+    #[inline]
     fn first_empty(&self) -> Option<usize> {
         self.occupied.iter().enumerate().find_map(|(w, &bits)| {
             let i = w * 64 + (!bits).trailing_zeros() as usize;
@@ -117,12 +119,14 @@ impl Slots {
         })
     }
 
+    #[inline]
     fn clear(&mut self, i: usize) {
         self.occupied[i / 64] &= !(1 << (i % 64));
     }
 
     /// Best fit over `candidates`, as ggml scans: smallest excess below `max_excess`, ties to
     /// the first, an exact fit ends the scan. Returns the position in `candidates`.
+    #[inline]
     fn best_fit(
         &self,
         candidates: impl Iterator<Item = usize>,
