@@ -61,9 +61,23 @@ struct Ctx {
 pub struct CorePool<P: Placement, U: Upstream> {
     ctx: Ctx,
     alignment: usize,
-    // Taken out once, in `drop`.
-    state: ManuallyDrop<Mutex<State<P, U>>>,
+    // On cache lines of its own; taken out once, in `drop`.
+    state: Padded<ManuallyDrop<Mutex<State<P, U>>>>,
     inbox: Arc<Inbox>,
+}
+
+/// A value on cache lines of its own: the lock and counters every allocation writes must not
+/// share a line with another pool's (threads on their own pools would slow each other down).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// The state of a pool dropped while blocks were live, kept until they are dropped.
@@ -98,12 +112,12 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
                 reserved: AtomicUsize::new(0),
             },
             alignment: placement.alignment(),
-            state: ManuallyDrop::new(Mutex::new(State {
+            state: Padded(ManuallyDrop::new(Mutex::new(State {
                 placement,
                 upstream,
                 tracker: Tracker::default(),
                 pending: Vec::new(),
-            })),
+            }))),
             inbox: owners::register(id),
         }
     }
@@ -416,7 +430,7 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
 impl<P: Placement, U: Upstream> Drop for CorePool<P, U> {
     fn drop(&mut self) {
         // SAFETY: the state is taken out once, here, and the pool is not used again.
-        let mut state = unsafe { ManuallyDrop::take(&mut self.state) }.into_inner();
+        let mut state = unsafe { ManuallyDrop::take(&mut self.state.0) }.into_inner();
         let ctx = Ctx {
             id: self.ctx.id,
             kind: self.ctx.kind,

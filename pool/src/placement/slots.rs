@@ -69,8 +69,15 @@ pub struct Slots {
     ptr: Vec<u64>,
     size: Vec<usize>,
     freed_at: Vec<u64>,
-    occupied: Vec<u64>,
+    occupied: Vec<Line>,
 }
+
+/// 1,024 occupancy bits on cache lines of their own: the bitmap is written by every allocation
+/// and free, so it must not share a line with another pool's data (threads on their own pools
+/// would otherwise slow each other down).
+#[repr(C, align(128))]
+#[derive(Clone, Copy, Debug, Default)]
+struct Line([u64; 16]);
 
 impl Slots {
     /// An empty table; the configuration must have passed [`SlotsConfig::validate`].
@@ -81,7 +88,7 @@ impl Slots {
             ptr: vec![0; n],
             size: vec![0; n],
             freed_at: vec![0; n],
-            occupied: vec![0; n.div_ceil(64)],
+            occupied: vec![Line::default(); n.div_ceil(1024)],
         }
     }
 
@@ -95,10 +102,25 @@ impl Slots {
         self.iter().map(|i| self.size[i]).collect()
     }
 
+    /// The bitmap's words that hold slots.
+    #[inline]
+    fn words(&self) -> &[u64] {
+        let n = self.ptr.len().div_ceil(64);
+        // SAFETY: `Line` is `repr(C)` around `[u64; 16]` with no padding (128 bytes, aligned
+        // to 128), so the lines are `16 * len` contiguous, initialised words, and `n` is at
+        // most that (`new` makes `slots.div_ceil(1024)` lines).
+        unsafe { std::slice::from_raw_parts(self.occupied.as_ptr().cast::<u64>(), n) }
+    }
+
+    #[inline]
+    fn word_mut(&mut self, w: usize) -> &mut u64 {
+        &mut self.occupied[w / 16].0[w % 16]
+    }
+
     /// Occupied slot indices, ascending.
     #[inline]
     fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        self.occupied.iter().enumerate().flat_map(|(w, &bits)| {
+        self.words().iter().enumerate().flat_map(|(w, &bits)| {
             let mut b = bits;
             std::iter::from_fn(move || {
                 if b == 0 {
@@ -113,7 +135,7 @@ impl Slots {
 
     #[inline]
     fn first_empty(&self) -> Option<usize> {
-        self.occupied.iter().enumerate().find_map(|(w, &bits)| {
+        self.words().iter().enumerate().find_map(|(w, &bits)| {
             let i = w * 64 + (!bits).trailing_zeros() as usize;
             (bits != u64::MAX && i < self.ptr.len()).then_some(i)
         })
@@ -121,7 +143,7 @@ impl Slots {
 
     #[inline]
     fn clear(&mut self, i: usize) {
-        self.occupied[i / 64] &= !(1 << (i % 64));
+        *self.word_mut(i / 64) &= !(1 << (i % 64));
     }
 
     /// Best fit over `candidates`, as ggml scans: smallest excess below `max_excess`, ties to
@@ -199,7 +221,7 @@ impl Placement for Slots {
         self.ptr[i] = fit.addr;
         self.size[i] = fit.capacity;
         self.freed_at[i] = freed_at;
-        self.occupied[i / 64] |= 1 << (i % 64);
+        *self.word_mut(i / 64) |= 1 << (i % 64);
         None
     }
 
