@@ -49,6 +49,20 @@ pub fn is_available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// How many CUDA devices there are (an error when the driver library is missing).
+pub fn device_count() -> Result<usize, DriverError> {
+    if !is_available() {
+        return Err(DriverError::new(
+            CallKind::Init,
+            ErrorCode::LibraryMissing,
+            "libcuda could not be loaded",
+        ));
+    }
+    let n =
+        CudaContext::device_count().map_err(|e| cuda_err(CallKind::Init, e, "counting devices"))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 impl CudaDriver {
     /// Opens device `ordinal` (its primary context).
     pub fn new(ordinal: usize) -> Result<Self, DriverError> {

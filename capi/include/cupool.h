@@ -1,0 +1,102 @@
+/* libcupool: cupool's C API. Generated from capi/src by cbindgen; do not edit. */
+
+#ifndef CUPOOL_H
+#define CUPOOL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+// The version of this C API: incremented when a function changes meaning or signature.
+#define CUPOOL_API_VERSION 1
+
+// What a call did. 0 is success; every other value comes with an error text.
+typedef enum cupool_status {
+  // Done.
+  CUPOOL_STATUS_OK = 0,
+  // An argument is out of range (a device, a size, a null pointer, a configuration value).
+  CUPOOL_STATUS_INVALID_ARGUMENT = 1,
+  // The device has no memory for the request.
+  CUPOOL_STATUS_OUT_OF_MEMORY = 2,
+  // The library is not initialised (or was shut down).
+  CUPOOL_STATUS_NOT_INITIALIZED = 3,
+  // A pointer cupool did not hand out on that device and stream, or one already freed.
+  CUPOOL_STATUS_UNKNOWN_POINTER = 4,
+  // A pointer freed with another size than it was allocated with.
+  CUPOOL_STATUS_SIZE_MISMATCH = 5,
+  // A driver call failed.
+  CUPOOL_STATUS_DRIVER = 6,
+  // A bug in cupool (a caught panic); the text says where.
+  CUPOOL_STATUS_INTERNAL = 7,
+} cupool_status;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+// The version of the C API this library implements ([`CUPOOL_API_VERSION`]).
+uint32_t cupool_api_version(void);
+
+// Opens the library. `config` is a string of `NAME=VALUE` pairs (the environment variables'
+// names, e.g. `"GGML_POOL=vmm GGML_CUDA_ALLOC_FALLBACK_MANAGED=1"`), or null to read the
+// environment. Fails if already open.
+//
+// # Safety
+// `config` is null or a NUL-terminated string.
+enum cupool_status cupool_init(const char *config);
+
+// Closes the library and gives its memory back. Refused while blocks are live.
+enum cupool_status cupool_shutdown(void);
+
+// How many devices the open library has, or -1 (with the error text set).
+int32_t cupool_device_count(void);
+
+// Allocates `size` bytes on `device` for `stream` (an opaque stream handle; one pool per
+// device × stream). Writes the usable bytes to `actual` if it is not null. Returns null on
+// failure.
+//
+// # Safety
+// `actual` is null or points to writable memory for one `size_t`.
+void *cupool_alloc(int32_t device, uint64_t stream, size_t size, size_t *actual);
+
+// Returns `ptr`, allocated on `device` for `stream` with `size` bytes. A pointer cupool did
+// not hand out there, a second free or another size is refused and changes nothing.
+enum cupool_status cupool_free(int32_t device, uint64_t stream, void *ptr, size_t size);
+
+// Synchronizes `device`, then returns its pools' idle memory to the driver: every idle
+// buffer smaller than `smaller_than` bytes, or everything idle when it is 0 (for VMM pools,
+// the mapped memory above the live top). Writes the bytes released to `released` if not null.
+//
+// # Safety
+// `released` is null or points to writable memory for one `size_t`.
+enum cupool_status cupool_purge(int32_t device, size_t smaller_than, size_t *released);
+
+// Sets the peaks of `device`'s statistics (every device when -1) to the current values.
+enum cupool_status cupool_reset_peaks(int32_t device);
+
+// Writes `device`'s statistics (every device when -1) as a NUL-terminated JSON object into
+// `buf` (`cap` bytes; truncated if too small) and returns the JSON's length without the NUL,
+// so a call with a null `buf` asks for the size. Returns 0 on failure.
+//
+// # Safety
+// `buf` is null or points to `cap` writable bytes.
+size_t cupool_stats_json(int32_t device, char *buf, size_t cap);
+
+// The text of the last failure on this thread ("" after a success). Valid until the next
+// cupool call on this thread.
+const char *cupool_last_error(void);
+
+// PyTorch's allocation entry point.
+void *cupool_torch_alloc(size_t size, int32_t device, void *stream);
+
+// PyTorch's free entry point. Errors cannot be returned to PyTorch: they are logged and
+// readable through `cupool_last_error`.
+void cupool_torch_free(void *ptr, size_t size, int32_t device, void *stream);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* CUPOOL_H */

@@ -1,0 +1,209 @@
+//! The C functions. Each runs inside `guard`: a failure sets the thread's error text and
+//! returns its status (or null, or 0); no panic crosses.
+
+use crate::config::Config;
+use crate::state::{self, with_stream};
+use crate::status::{guard, status, CupoolStatus, Failure};
+use cupool_pool::{synchronize, Purge};
+use std::ffi::{c_char, c_void, CStr};
+
+/// The version of this C API: incremented when a function changes meaning or signature.
+pub const CUPOOL_API_VERSION: u32 = 1;
+
+/// The version of the C API this library implements ([`CUPOOL_API_VERSION`]).
+#[no_mangle]
+pub extern "C" fn cupool_api_version() -> u32 {
+    CUPOOL_API_VERSION
+}
+
+/// Opens the library. `config` is a string of `NAME=VALUE` pairs (the environment variables'
+/// names, e.g. `"GGML_POOL=vmm GGML_CUDA_ALLOC_FALLBACK_MANAGED=1"`), or null to read the
+/// environment. Fails if already open.
+///
+/// # Safety
+/// `config` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_init(config: *const c_char) -> CupoolStatus {
+    status(|| {
+        let text = if config.is_null() {
+            None
+        } else {
+            // SAFETY: the caller passes a NUL-terminated string.
+            let c = unsafe { CStr::from_ptr(config) };
+            Some(c.to_str().map_err(|_| {
+                Failure::new(
+                    CupoolStatus::InvalidArgument,
+                    "the configuration string is not UTF-8",
+                )
+            })?)
+        };
+        state::init(Config::parse(text)?)
+    })
+}
+
+/// Closes the library and gives its memory back. Refused while blocks are live.
+#[no_mangle]
+pub extern "C" fn cupool_shutdown() -> CupoolStatus {
+    status(state::shutdown)
+}
+
+/// How many devices the open library has, or -1 (with the error text set).
+#[no_mangle]
+pub extern "C" fn cupool_device_count() -> i32 {
+    guard(|_| -1, || Ok(state::lib()?.devices as i32))
+}
+
+pub(crate) fn alloc_on(device: i32, stream: u64, size: usize) -> Result<(u64, usize), Failure> {
+    with_stream(device, stream, true, |s| {
+        let b = s.pool.alloc(size)?;
+        let (ptr, capacity) = (b.ptr(), b.capacity());
+        s.live.lock().insert(ptr, (size, b));
+        Ok((ptr, capacity))
+    })
+}
+
+pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result<(), Failure> {
+    with_stream(device, stream, false, |s| {
+        let mut live = s.live.lock();
+        match live.remove(&ptr) {
+            None => Err(Failure::new(
+                CupoolStatus::UnknownPointer,
+                format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
+            )),
+            Some((asked, b)) if asked != size => {
+                live.insert(ptr, (asked, b));
+                Err(Failure::new(
+                    CupoolStatus::SizeMismatch,
+                    format!("{ptr:#x} was allocated with {asked} bytes but freed with {size}: pass the size it was allocated with"),
+                ))
+            }
+            Some((_, b)) => {
+                drop(live);
+                s.pool.free(b).map_err(|e| Failure::from(e.error))
+            }
+        }
+    })
+}
+
+/// Allocates `size` bytes on `device` for `stream` (an opaque stream handle; one pool per
+/// device × stream). Writes the usable bytes to `actual` if it is not null. Returns null on
+/// failure.
+///
+/// # Safety
+/// `actual` is null or points to writable memory for one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_alloc(
+    device: i32,
+    stream: u64,
+    size: usize,
+    actual: *mut usize,
+) -> *mut c_void {
+    guard(
+        |_| std::ptr::null_mut(),
+        || {
+            let (ptr, capacity) = alloc_on(device, stream, size)?;
+            if !actual.is_null() {
+                // SAFETY: the caller passes null or a writable size_t.
+                unsafe { actual.write(capacity) };
+            }
+            Ok(ptr as *mut c_void)
+        },
+    )
+}
+
+/// Returns `ptr`, allocated on `device` for `stream` with `size` bytes. A pointer cupool did
+/// not hand out there, a second free or another size is refused and changes nothing.
+#[no_mangle]
+pub extern "C" fn cupool_free(
+    device: i32,
+    stream: u64,
+    ptr: *mut c_void,
+    size: usize,
+) -> CupoolStatus {
+    status(|| free_on(device, stream, ptr as u64, size))
+}
+
+/// Synchronizes `device`, then returns its pools' idle memory to the driver: every idle
+/// buffer smaller than `smaller_than` bytes, or everything idle when it is 0 (for VMM pools,
+/// the mapped memory above the live top). Writes the bytes released to `released` if not null.
+///
+/// # Safety
+/// `released` is null or points to writable memory for one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_purge(
+    device: i32,
+    smaller_than: usize,
+    released: *mut usize,
+) -> CupoolStatus {
+    status(|| {
+        let lib = state::lib()?;
+        let d = lib.check_device(device)?;
+        let what = if smaller_than == 0 {
+            Purge::All
+        } else {
+            Purge::SmallerThan(smaller_than)
+        };
+        let driver = lib.registry.driver(d).ok_or_else(|| {
+            Failure::new(
+                CupoolStatus::InvalidArgument,
+                format!("device {d} has no driver"),
+            )
+        })?;
+        let token = synchronize(driver.as_ref())?;
+        let mut total = 0;
+        for s in lib.pools_of(Some(d)) {
+            total += s.pool.purge(&token, what.clone())?.bytes;
+        }
+        if !released.is_null() {
+            // SAFETY: the caller passes null or a writable size_t.
+            unsafe { released.write(total) };
+        }
+        Ok(())
+    })
+}
+
+/// Sets the peaks of `device`'s statistics (every device when -1) to the current values.
+#[no_mangle]
+pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {
+    status(|| {
+        let lib = state::lib()?;
+        let d = if device == -1 {
+            None
+        } else {
+            Some(lib.check_device(device)?)
+        };
+        lib.pools_of(d).iter().for_each(|s| s.pool.reset_peaks());
+        Ok(())
+    })
+}
+
+/// Writes `device`'s statistics (every device when -1) as a NUL-terminated JSON object into
+/// `buf` (`cap` bytes; truncated if too small) and returns the JSON's length without the NUL,
+/// so a call with a null `buf` asks for the size. Returns 0 on failure.
+///
+/// # Safety
+/// `buf` is null or points to `cap` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_stats_json(device: i32, buf: *mut c_char, cap: usize) -> usize {
+    guard(
+        |_| 0,
+        || {
+            let lib = state::lib()?;
+            let d = if device == -1 {
+                None
+            } else {
+                Some(lib.check_device(device)?)
+            };
+            let json = crate::stats::json(&lib.pools_of(d));
+            if !buf.is_null() && cap > 0 {
+                let n = json.len().min(cap - 1);
+                // SAFETY: `buf` has `cap` writable bytes; `n + 1 <= cap`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), n);
+                    buf.add(n).write(0);
+                }
+            }
+            Ok(json.len())
+        },
+    )
+}

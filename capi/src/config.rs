@@ -1,0 +1,114 @@
+//! The configuration string of `cupool_init`: `NAME=VALUE` pairs, separated by spaces, commas
+//! or semicolons, with the names of the environment variables (a null string reads the
+//! environment itself):
+//!
+//! | name | values |
+//! |---|---|
+//! | `GGML_POOL` | `vmm`, `legacy`, `managed` (unset: vmm where supported, else legacy) |
+//! | `GGML_CUDA_NO_VMM`, `GGML_CUDA_POOL_USE_MANAGED`, `GGML_CUDA_ALLOC_FALLBACK_MANAGED`, `CUPOOL_ALLOW_OVERSUBSCRIPTION` | booleans |
+//! | `CUPOOL_DEVICE` | `cuda` (every CUDA device), `sim` (simulated cards), `auto` (the default: cuda if present) |
+//! | `CUPOOL_SIM_GIB` | each simulated card's memory in GiB (default 16) |
+//! | `CUPOOL_SIM_DEVICES` | how many simulated cards (default 1) |
+
+use crate::status::{CupoolStatus, Failure};
+use cupool_pool::PoolConfig;
+use std::collections::HashMap;
+
+const NAMES: &[&str] = &[
+    "GGML_POOL",
+    "GGML_CUDA_NO_VMM",
+    "GGML_CUDA_POOL_USE_MANAGED",
+    "GGML_CUDA_ALLOC_FALLBACK_MANAGED",
+    "CUPOOL_ALLOW_OVERSUBSCRIPTION",
+    "CUPOOL_DEVICE",
+    "CUPOOL_SIM_GIB",
+    "CUPOOL_SIM_DEVICES",
+];
+
+/// Which devices the library runs on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Devices {
+    Cuda,
+    Sim { gib: f64, count: usize },
+    Auto { gib: f64, count: usize },
+}
+
+/// A parsed configuration.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub pool: PoolConfig,
+    pub devices: Devices,
+}
+
+fn invalid(text: String) -> Failure {
+    Failure::new(CupoolStatus::InvalidArgument, text)
+}
+
+impl Config {
+    /// Parses `text`, or the environment when `None`.
+    pub fn parse(text: Option<&str>) -> Result<Self, Failure> {
+        let pairs: HashMap<String, String> = match text {
+            None => NAMES
+                .iter()
+                .filter_map(|n| std::env::var(n).ok().map(|v| (n.to_string(), v)))
+                .collect(),
+            Some(t) => {
+                let mut m = HashMap::new();
+                for item in t
+                    .split([' ', ',', ';', '\n', '\t'])
+                    .filter(|s| !s.is_empty())
+                {
+                    let (k, v) = item.split_once('=').ok_or_else(|| {
+                        invalid(format!("configuration item {item:?} is not NAME=VALUE"))
+                    })?;
+                    if !NAMES.contains(&k) {
+                        return Err(invalid(format!(
+                            "unknown configuration name {k:?}: accepted names are {}",
+                            NAMES.join(", ")
+                        )));
+                    }
+                    m.insert(k.to_string(), v.to_string());
+                }
+                m
+            }
+        };
+        let pool = PoolConfig::from_lookup(|k| pairs.get(k).cloned())?;
+        let gib = match pairs.get("CUPOOL_SIM_GIB") {
+            None => 16.0,
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|g| g.is_finite() && *g > 0.0 && *g <= 256.0 * 1024.0)
+                .ok_or_else(|| invalid(format!("CUPOOL_SIM_GIB={v:?} is not valid: accepted values are numbers of GiB above 0 and up to 262144")))?,
+        };
+        let count = match pairs.get("CUPOOL_SIM_DEVICES") {
+            None => 1,
+            Some(v) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "CUPOOL_SIM_DEVICES={v:?} is not valid: accepted values are 1 to 64"
+                    ))
+                })?,
+        };
+        let devices = match pairs
+            .get("CUPOOL_DEVICE")
+            .map(|s| s.trim().to_ascii_lowercase())
+        {
+            None => Devices::Auto { gib, count },
+            Some(d) if d == "auto" => Devices::Auto { gib, count },
+            Some(d) if d == "cuda" => Devices::Cuda,
+            Some(d) if d == "sim" => Devices::Sim { gib, count },
+            Some(d) => {
+                return Err(invalid(format!(
+                    "CUPOOL_DEVICE={d:?} is not valid: accepted values are cuda, sim, auto"
+                )))
+            }
+        };
+        Ok(Self { pool, devices })
+    }
+}

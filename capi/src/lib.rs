@@ -1,0 +1,29 @@
+//! libcupool: cupool's C ABI.
+//!
+//! A shared (`libcupool.so`) and a static (`libcupool.a`) library over the pool registry, with
+//! the header `include/cupool.h` generated from these sources by cbindgen (a test fails when
+//! the checked-in header is stale). Every function:
+//! - returns a status code or a null pointer on failure, and sets a thread-local error text
+//!   (`cupool_last_error`) that says what was wrong and what is accepted;
+//! - lets no Rust panic cross the boundary (a panic becomes `CUPOOL_STATUS_INTERNAL`);
+//! - checks every pointer it is given back: a pointer cupool never handed out, a double free or
+//!   a size mismatch is reported and leaves the pool untouched.
+//!
+//! Layers: `status.rs` (codes, last error, the panic guard), `config.rs` (the configuration
+//! string), `state.rs` (the process-wide library state: devices, one pool per device × stream,
+//! the live blocks by address), `api.rs` (the C functions), `torch.rs` (PyTorch's
+//! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON).
+
+mod api;
+mod config;
+mod state;
+mod stats;
+mod status;
+mod torch;
+
+pub use api::*;
+pub use status::{cupool_last_error, CupoolStatus};
+pub use torch::{cupool_torch_alloc, cupool_torch_free};
+
+#[cfg(test)]
+mod tests;

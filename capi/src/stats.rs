@@ -1,0 +1,56 @@
+//! Statistics as JSON, with the keys of `torch.cuda.memory_stats()` where they mean the same.
+//!
+//! Per device, over its stream pools. Peaks are each pool's own peak added up: exact with one
+//! stream, an upper bound with several.
+
+use crate::state::StreamPool;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
+    let mut t = cupool_pool::PoolStats::default();
+    for p in pools {
+        let s = p.pool.stats();
+        t.live_bytes += s.live_bytes;
+        t.live_peak_bytes += s.live_peak_bytes;
+        t.live_blocks += s.live_blocks;
+        t.reserved_bytes += s.reserved_bytes;
+        t.reserved_peak_bytes += s.reserved_peak_bytes;
+        t.cached_bytes += s.cached_bytes;
+        t.allocs += s.allocs;
+        t.frees += s.frees;
+        t.ooms += s.ooms;
+        t.retries += s.retries;
+        t.fallbacks += s.fallbacks;
+        t.fallback_live_bytes += s.fallback_live_bytes;
+        t.purges += s.purges;
+        t.purged_bytes += s.purged_bytes;
+        t.calls = t.calls.plus(&s.calls);
+    }
+    let mut out = String::from("{");
+    let mut put = |k: &str, v: u64| {
+        let _ = write!(out, "{}\"{k}\":{v}", if out.len() > 1 { "," } else { "" });
+    };
+    put("allocated_bytes.all.current", t.live_bytes as u64);
+    put("allocated_bytes.all.peak", t.live_peak_bytes as u64);
+    put("reserved_bytes.all.current", t.reserved_bytes as u64);
+    put("reserved_bytes.all.peak", t.reserved_peak_bytes as u64);
+    put("active.all.current", t.live_blocks as u64);
+    put("allocation.all.allocated", t.allocs);
+    put("allocation.all.freed", t.frees);
+    put("num_alloc_retries", t.retries);
+    put("num_ooms", t.ooms);
+    put("cupool.pools", pools.len() as u64);
+    put("cupool.cached_bytes.current", t.cached_bytes as u64);
+    put("cupool.fallbacks", t.fallbacks);
+    put(
+        "cupool.fallback_bytes.current",
+        t.fallback_live_bytes as u64,
+    );
+    put("cupool.purges", t.purges);
+    put("cupool.purged_bytes", t.purged_bytes as u64);
+    put("cupool.driver_allocations", t.calls.acquisitions());
+    put("cupool.driver_releases", t.calls.releases());
+    out.push('}');
+    out
+}

@@ -1,0 +1,128 @@
+//! Status codes, the thread-local error text, and the guard that keeps panics inside.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// What a call did. 0 is success; every other value comes with an error text.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CupoolStatus {
+    /// Done.
+    Ok = 0,
+    /// An argument is out of range (a device, a size, a null pointer, a configuration value).
+    InvalidArgument = 1,
+    /// The device has no memory for the request.
+    OutOfMemory = 2,
+    /// The library is not initialised (or was shut down).
+    NotInitialized = 3,
+    /// A pointer cupool did not hand out on that device and stream, or one already freed.
+    UnknownPointer = 4,
+    /// A pointer freed with another size than it was allocated with.
+    SizeMismatch = 5,
+    /// A driver call failed.
+    Driver = 6,
+    /// A bug in cupool (a caught panic); the text says where.
+    Internal = 7,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// An error: a status and its text.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub status: CupoolStatus,
+    pub text: String,
+}
+
+impl Failure {
+    pub fn new(status: CupoolStatus, text: impl Into<String>) -> Self {
+        Self {
+            status,
+            text: text.into(),
+        }
+    }
+}
+
+impl From<cupool_pool::PoolError> for Failure {
+    fn from(e: cupool_pool::PoolError) -> Self {
+        use cupool_pool::PoolError as E;
+        let status = match &e {
+            E::OutOfMemory(_) => CupoolStatus::OutOfMemory,
+            E::Driver(_) => CupoolStatus::Driver,
+            E::NoSuchDevice { .. } | E::InvalidSize { .. } | E::InvalidConfig(_) => {
+                CupoolStatus::InvalidArgument
+            }
+            _ => CupoolStatus::InvalidArgument,
+        };
+        Self::new(status, e.to_string())
+    }
+}
+
+impl From<cupool_pool::driver::DriverError> for Failure {
+    fn from(e: cupool_pool::driver::DriverError) -> Self {
+        Self::new(CupoolStatus::Driver, e.to_string())
+    }
+}
+
+fn set_error(text: &str) {
+    // An interior NUL would cut the text short; replace it rather than lose the message.
+    let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// Runs `f` with panics caught; a failure sets the error text and becomes `fail`'s value.
+pub(crate) fn guard<T>(
+    fail: impl FnOnce(CupoolStatus) -> T,
+    f: impl FnOnce() -> Result<T, Failure>,
+) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => {
+            LAST_ERROR.with(|e| e.borrow_mut().clear());
+            v
+        }
+        Ok(Err(failure)) => {
+            tracing::debug!(status = ?failure.status, "{}", failure.text);
+            set_error(&failure.text);
+            fail(failure.status)
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!("panic caught at the C boundary: {what}");
+            set_error(&format!(
+                "internal error (a bug in cupool; please report it): {what}"
+            ));
+            fail(CupoolStatus::Internal)
+        }
+    }
+}
+
+/// A status call: `CupoolStatus::Ok` or the failure's status.
+pub(crate) fn status(f: impl FnOnce() -> Result<(), Failure>) -> CupoolStatus {
+    guard(|s| s, || f().map(|()| CupoolStatus::Ok))
+}
+
+/// The text of the last failure on this thread ("" after a success). Valid until the next
+/// cupool call on this thread.
+#[no_mangle]
+pub extern "C" fn cupool_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+trait ClearCString {
+    fn clear(&mut self);
+}
+
+impl ClearCString for CString {
+    fn clear(&mut self) {
+        if !self.as_bytes().is_empty() {
+            *self = CString::default();
+        }
+    }
+}

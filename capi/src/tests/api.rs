@@ -1,0 +1,209 @@
+// The C API on simulated cards: allocation, free, stats, every error path, bad pointers, and
+// eight threads. The library is process-wide, so the tests take turns.
+use crate::*;
+use std::ffi::{c_void, CStr, CString};
+use std::sync::Mutex;
+
+static TURN: Mutex<()> = Mutex::new(());
+const MIB: usize = 1 << 20;
+
+fn error() -> String {
+    // SAFETY: cupool_last_error returns a NUL-terminated string valid until the next call.
+    unsafe { CStr::from_ptr(cupool_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn init(config: &str) -> CupoolStatus {
+    let c = CString::new(config).unwrap();
+    // SAFETY: a NUL-terminated string.
+    unsafe { cupool_init(c.as_ptr()) }
+}
+
+fn alloc(device: i32, stream: u64, size: usize) -> (*mut c_void, usize) {
+    let mut actual = 0usize;
+    // SAFETY: `actual` is a writable size_t.
+    let p = unsafe { cupool_alloc(device, stream, size, &mut actual) };
+    (p, actual)
+}
+
+fn stats(device: i32) -> String {
+    // SAFETY: a null buffer asks for the length; then a buffer of that length plus the NUL.
+    let n = unsafe { cupool_stats_json(device, std::ptr::null_mut(), 0) };
+    assert!(n > 0, "{}", error());
+    let mut buf = vec![0u8; n + 1];
+    // SAFETY: `buf` has n + 1 writable bytes.
+    let m = unsafe { cupool_stats_json(device, buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(m, n);
+    CStr::from_bytes_until_nul(&buf)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn stat(json: &str, key: &str) -> u64 {
+    let at = json
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("{key} in {json}"));
+    json[at + key.len() + 3..]
+        .split([',', '}'])
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn allocate_free_and_report() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(cupool_api_version(), CUPOOL_API_VERSION);
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 CUPOOL_SIM_DEVICES=2 GGML_POOL=vmm"),
+        CupoolStatus::Ok,
+        "{}",
+        error()
+    );
+    assert_eq!(cupool_device_count(), 2);
+    let (a, actual) = alloc(0, 7, 3 * MIB + 1);
+    assert!(!a.is_null(), "{}", error());
+    assert!(actual > 3 * MIB);
+    let (b, _) = alloc(1, 0, MIB);
+    assert!(!b.is_null());
+    let s = stats(0);
+    assert_eq!(
+        stat(&s, "allocated_bytes.all.current"),
+        (3 * MIB + 1) as u64
+    );
+    assert!(stat(&s, "reserved_bytes.all.current") >= 3 * MIB as u64);
+    assert_eq!(stat(&stats(-1), "allocation.all.allocated"), 2);
+    assert_eq!(
+        cupool_free(0, 7, a, 3 * MIB + 1),
+        CupoolStatus::Ok,
+        "{}",
+        error()
+    );
+    assert_eq!(cupool_free(1, 0, b, MIB), CupoolStatus::Ok);
+    let mut released = 0usize;
+    // SAFETY: `released` is a writable size_t.
+    let purged = unsafe { cupool_purge(0, 0, &mut released) };
+    assert_eq!(purged, CupoolStatus::Ok);
+    assert!(released >= 3 * MIB, "{released}");
+    assert_eq!(stat(&stats(0), "reserved_bytes.all.current"), 0);
+    assert_eq!(cupool_reset_peaks(-1), CupoolStatus::Ok);
+    assert_eq!(stat(&stats(0), "allocated_bytes.all.peak"), 0);
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
+}
+
+#[test]
+fn every_error_path_is_reported_and_changes_nothing() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    // Not open.
+    assert!(alloc(0, 0, 64).0.is_null());
+    assert!(error().contains("cupool_init"), "{}", error());
+    assert_eq!(
+        cupool_free(0, 0, 0x1000 as *mut c_void, 64),
+        CupoolStatus::NotInitialized
+    );
+    // Bad configurations name what is accepted.
+    for (bad, says) in [
+        ("GGML_POOL=bogus", "vmm, legacy, managed"),
+        ("GGML_POOL", "NAME=VALUE"),
+        ("GGML_POLL=vmm", "accepted names"),
+        ("CUPOOL_DEVICE=tpu", "cuda, sim, auto"),
+        ("CUPOOL_SIM_GIB=-1", "GiB"),
+        ("CUPOOL_SIM_DEVICES=0", "1 to 64"),
+    ] {
+        assert_eq!(init(bad), CupoolStatus::InvalidArgument, "{bad}");
+        assert!(error().contains(says), "{bad}: {}", error());
+    }
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=0.25 GGML_POOL=legacy"),
+        CupoolStatus::Ok,
+        "{}",
+        error()
+    );
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim"),
+        CupoolStatus::InvalidArgument,
+        "a second init is refused"
+    );
+    // Bad device.
+    assert!(alloc(3, 0, 64).0.is_null());
+    assert!(error().contains("device 3 does not exist"), "{}", error());
+    // Out of memory: null, with the pool's report.
+    assert!(alloc(0, 0, 1 << 30).0.is_null());
+    assert!(error().contains("out of device memory"), "{}", error());
+    // Bad pointers: foreign, wrong stream, wrong size, double free.
+    let (p, _) = alloc(0, 0, 1000);
+    assert!(!p.is_null());
+    let before = stats(0);
+    assert_eq!(
+        cupool_free(0, 0, 0xdead_0000 as *mut c_void, 1000),
+        CupoolStatus::UnknownPointer
+    );
+    assert!(error().contains("not handed out"), "{}", error());
+    assert_eq!(cupool_free(0, 9, p, 1000), CupoolStatus::UnknownPointer);
+    assert_eq!(cupool_free(0, 0, p, 999), CupoolStatus::SizeMismatch);
+    assert!(
+        error().contains("1000 bytes but freed with 999"),
+        "{}",
+        error()
+    );
+    assert_eq!(stats(0), before, "refused frees changed nothing");
+    // Shutdown is refused while the block is live: its memory must stay valid.
+    assert_eq!(cupool_shutdown(), CupoolStatus::InvalidArgument);
+    assert!(error().contains("still live"), "{}", error());
+    assert_eq!(cupool_free(0, 0, p, 1000), CupoolStatus::Ok);
+    assert_eq!(error(), "", "a success clears the error text");
+    assert_eq!(
+        cupool_free(0, 0, p, 1000),
+        CupoolStatus::UnknownPointer,
+        "double free"
+    );
+    assert_eq!(stat(&stats(0), "allocation.all.freed"), 1);
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
+}
+
+#[test]
+fn eight_threads_through_the_torch_entry_points() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=4"),
+        CupoolStatus::Ok,
+        "{}",
+        error()
+    );
+    std::thread::scope(|s| {
+        for t in 0..8usize {
+            s.spawn(move || {
+                // Threads 0-3 share stream 0; 4-7 have their own.
+                let stream = if t < 4 {
+                    std::ptr::null_mut()
+                } else {
+                    (0x100 * t) as *mut c_void
+                };
+                let mut live = Vec::new();
+                for i in 0..2000usize {
+                    let size = 256 + (i * 7919 + t * 104729) % (256 << 10);
+                    let p = cupool_torch_alloc(size, 0, stream);
+                    assert!(!p.is_null(), "{}", error());
+                    live.push((p, size));
+                    if i % 3 != 0 {
+                        let (p, size) = live.swap_remove(i % live.len());
+                        cupool_torch_free(p, size, 0, stream);
+                        assert_eq!(error(), "", "free refused");
+                    }
+                }
+                for (p, size) in live {
+                    cupool_torch_free(p, size, 0, stream);
+                }
+            });
+        }
+    });
+    let s = stats(0);
+    assert_eq!(stat(&s, "allocated_bytes.all.current"), 0, "{s}");
+    assert_eq!(stat(&s, "allocation.all.allocated"), 16_000);
+    assert_eq!(stat(&s, "allocation.all.freed"), 16_000);
+    assert_eq!(stat(&s, "cupool.pools"), 5);
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
+}

@@ -1,0 +1,5 @@
+//! The C API's tests: they run as unit tests because the library builds only a shared and a
+//! static library (no Rust library, whose file name would collide with the `cupool` crate's).
+
+mod api;
+mod header;
