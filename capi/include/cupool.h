@@ -73,6 +73,13 @@ enum cupool_status cupool_free(int32_t device, uint64_t stream, void *ptr, size_
 // `released` is null or points to writable memory for one `size_t`.
 enum cupool_status cupool_purge(int32_t device, size_t smaller_than, size_t *released);
 
+// Synchronizes `device` and returns everything its pools hold idle to the driver (for VMM
+// pools, the mapped memory above the live top): `cupool_purge(device, 0, released)`.
+//
+// # Safety
+// `released` is null or points to writable memory for one `size_t`.
+enum cupool_status cupool_trim(int32_t device, size_t *released);
+
 // Sets the peaks of `device`'s statistics (every device when -1) to the current values.
 enum cupool_status cupool_reset_peaks(int32_t device);
 

@@ -162,6 +162,17 @@ pub unsafe extern "C" fn cupool_purge(
     })
 }
 
+/// Synchronizes `device` and returns everything its pools hold idle to the driver (for VMM
+/// pools, the mapped memory above the live top): `cupool_purge(device, 0, released)`.
+///
+/// # Safety
+/// `released` is null or points to writable memory for one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_trim(device: i32, released: *mut usize) -> CupoolStatus {
+    // SAFETY: the same contract as ours.
+    unsafe { cupool_purge(device, 0, released) }
+}
+
 /// Sets the peaks of `device`'s statistics (every device when -1) to the current values.
 #[no_mangle]
 pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {

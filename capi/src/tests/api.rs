@@ -85,7 +85,7 @@ fn allocate_free_and_report() {
     assert_eq!(cupool_free(1, 0, b, MIB), CupoolStatus::Ok);
     let mut released = 0usize;
     // SAFETY: `released` is a writable size_t.
-    let purged = unsafe { cupool_purge(0, 0, &mut released) };
+    let purged = unsafe { cupool_trim(0, &mut released) };
     assert_eq!(purged, CupoolStatus::Ok);
     assert!(released >= 3 * MIB, "{released}");
     assert_eq!(stat(&stats(0), "reserved_bytes.all.current"), 0);
