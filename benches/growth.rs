@@ -42,6 +42,7 @@ fn grow(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
                                 reserve_bytes: Some(8 << 30),
                                 min_grow,
                                 max_grow,
+                                ..VmmConfig::default()
                             },
                         )
                         .expect("valid settings");

@@ -49,7 +49,8 @@ pub fn trace_parser(data: &[u8]) {
         (PoolKind::Vmm, PurgePolicy::Always),
     ] {
         // Errors (double alloc, unknown free, ...) are fine; panics are not.
-        let _ = crate::trace::replay(&ops, kind, purge, Some(256 << 20));
+        let config = cupool_pool::PoolConfig::default().kind(kind);
+        let _ = crate::trace::replay(&ops, &config, purge, Some(256 << 20));
     }
 }
 

@@ -7,7 +7,7 @@
 
 use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool_pool::driver::Driver;
-use cupool_pool::{synchronize, Block, Pool, PoolConfig, PoolError, PoolKind, Purge};
+use cupool_pool::{synchronize, Block, Pool, PoolConfig, PoolError, Purge};
 use cupool_runtime::PurgePolicy;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -194,19 +194,19 @@ fn next_requests(ops: &[Op], from: usize, stream: u64) -> Vec<usize> {
     out
 }
 
-/// Replays `ops` through pools of `kind` (one per stream) on a simulated card of `vram` bytes
+/// Replays `ops` through pools that `config` builds (one per stream) on a simulated card of `vram` bytes
 /// (unlimited when `None`), purging at prefill phase ends by `purge`. Allocations that run out
 /// of memory are counted, not fatal.
 pub fn replay(
     ops: &[Op],
-    kind: PoolKind,
+    config: &PoolConfig,
     purge: PurgePolicy,
     vram: Option<usize>,
 ) -> Result<ReplayReport, TraceError> {
     let mut sim = SimConfig::gib(0.0).backed(false).record_calls(false);
     sim.capacity = vram.map_or(MAX_CAPACITY, |v| v.min(MAX_CAPACITY));
     let driver: Arc<dyn Driver> = Arc::new(SimDevice::new(sim).map_err(PoolError::from)?);
-    let config = PoolConfig::default().kind(kind);
+    let kind = config.resolve(true)?;
     let mut pools: HashMap<u64, Arc<dyn Pool>> = HashMap::new();
     let mut live: HashMap<u64, (u64, Block)> = HashMap::new();
     let mut failed: std::collections::HashSet<u64> = Default::default();

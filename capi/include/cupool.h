@@ -91,6 +91,32 @@ enum cupool_status cupool_reset_peaks(int32_t device);
 // `buf` is null or points to `cap` writable bytes.
 size_t cupool_stats_json(int32_t device, char *buf, size_t cap);
 
+// Starts recording every allocation and free (all devices and streams) as a trace in `path`,
+// the JSON-lines format `repro-prefill replay` reads. Blocks allocated before the start are
+// not in it. Fails if a recording is open or the file cannot be created.
+//
+// # Safety
+// `path` is a NUL-terminated string.
+enum cupool_status cupool_record_start(const char *path);
+
+// Stops the recording and flushes its file. Writes the number of allocations recorded to
+// `allocations` if not null. Fails if nothing records or a write failed.
+//
+// # Safety
+// `allocations` is null or points to writable memory for one `uint64_t`.
+enum cupool_status cupool_record_stop(uint64_t *allocations);
+
+// Marks the start of a phase named `name` in the recording (a no-op when nothing records),
+// closing an open one: a replay reports each phase's high-water mark.
+//
+// # Safety
+// `name` is a NUL-terminated string.
+enum cupool_status cupool_phase_begin(const char *name);
+
+// Marks the end of the open phase in the recording; a nonzero `prefill` makes it a purge
+// boundary for the replay (as a prefill ubatch is).
+enum cupool_status cupool_phase_end(int32_t prefill);
+
 // The text of the last failure on this thread ("" after a success). Valid until the next
 // cupool call on this thread.
 const char *cupool_last_error(void);

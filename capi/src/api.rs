@@ -53,11 +53,34 @@ pub extern "C" fn cupool_device_count() -> i32 {
     guard(|_| -1, || Ok(state::lib()?.devices as i32))
 }
 
+/// Allocates from the pool of `device` × `stream`. When the device is out of memory, the idle
+/// memory of all its pools (other streams' included) goes back to the driver after a
+/// synchronize, and the allocation is tried once more.
 pub(crate) fn alloc_on(device: i32, stream: u64, size: usize) -> Result<(u64, usize), Failure> {
+    match try_alloc(device, stream, size) {
+        Err(f) if f.status == CupoolStatus::OutOfMemory => {
+            let released = purge_device(device, &Purge::All)?;
+            if released == 0 {
+                return Err(f);
+            }
+            tracing::info!(
+                device,
+                size,
+                released,
+                "out of memory: trimmed every pool of the device and retrying"
+            );
+            try_alloc(device, stream, size)
+        }
+        r => r,
+    }
+}
+
+fn try_alloc(device: i32, stream: u64, size: usize) -> Result<(u64, usize), Failure> {
     with_stream(device, stream, true, |s| {
         let b = s.pool.alloc(size)?;
         let (ptr, capacity) = (b.ptr(), b.capacity());
         s.live.lock().insert(ptr, (size, b));
+        crate::record::alloc(s.device, stream, ptr, size);
         Ok((ptr, capacity))
     })
 }
@@ -79,6 +102,7 @@ pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result
             }
             Some((_, b)) => {
                 drop(live);
+                crate::record::free(s.device, ptr);
                 s.pool.free(b).map_err(|e| Failure::from(e.error))
             }
         }
@@ -136,30 +160,37 @@ pub unsafe extern "C" fn cupool_purge(
     released: *mut usize,
 ) -> CupoolStatus {
     status(|| {
-        let lib = state::lib()?;
-        let d = lib.check_device(device)?;
         let what = if smaller_than == 0 {
             Purge::All
         } else {
             Purge::SmallerThan(smaller_than)
         };
-        let driver = lib.registry.driver(d).ok_or_else(|| {
-            Failure::new(
-                CupoolStatus::InvalidArgument,
-                format!("device {d} has no driver"),
-            )
-        })?;
-        let token = synchronize(driver.as_ref())?;
-        let mut total = 0;
-        for s in lib.pools_of(Some(d)) {
-            total += s.pool.purge(&token, what.clone())?.bytes;
-        }
+        let total = purge_device(device, &what)?;
         if !released.is_null() {
             // SAFETY: the caller passes null or a writable size_t.
             unsafe { released.write(total) };
         }
         Ok(())
     })
+}
+
+/// Synchronizes `device`, then purges `what` from each of its pools; returns the bytes released.
+fn purge_device(device: i32, what: &Purge) -> Result<usize, Failure> {
+    let lib = state::lib()?;
+    let d = lib.check_device(device)?;
+    let driver = lib.registry.driver(d).ok_or_else(|| {
+        Failure::new(
+            CupoolStatus::InvalidArgument,
+            format!("device {d} has no driver"),
+        )
+    })?;
+    let token = synchronize(driver.as_ref())?;
+    crate::record::sync();
+    let mut total = 0;
+    for s in lib.pools_of(Some(d)) {
+        total += s.pool.purge(&token, what.clone())?.bytes;
+    }
+    Ok(total)
 }
 
 /// Synchronizes `device` and returns everything its pools hold idle to the driver (for VMM
@@ -217,4 +248,81 @@ pub unsafe extern "C" fn cupool_stats_json(device: i32, buf: *mut c_char, cap: u
             Ok(json.len())
         },
     )
+}
+
+/// Starts recording every allocation and free (all devices and streams) as a trace in `path`,
+/// the JSON-lines format `repro-prefill replay` reads. Blocks allocated before the start are
+/// not in it. Fails if a recording is open or the file cannot be created.
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_record_start(path: *const c_char) -> CupoolStatus {
+    status(|| {
+        // SAFETY: the caller passes null or a NUL-terminated string.
+        let path = unsafe { text_arg(path, "the trace path") }?;
+        crate::record::start(path)
+    })
+}
+
+/// Stops the recording and flushes its file. Writes the number of allocations recorded to
+/// `allocations` if not null. Fails if nothing records or a write failed.
+///
+/// # Safety
+/// `allocations` is null or points to writable memory for one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_record_stop(allocations: *mut u64) -> CupoolStatus {
+    status(|| {
+        let n = crate::record::stop()?;
+        if !allocations.is_null() {
+            // SAFETY: the caller passes null or a writable uint64_t.
+            unsafe { allocations.write(n) };
+        }
+        Ok(())
+    })
+}
+
+/// Marks the start of a phase named `name` in the recording (a no-op when nothing records),
+/// closing an open one: a replay reports each phase's high-water mark.
+///
+/// # Safety
+/// `name` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_phase_begin(name: *const c_char) -> CupoolStatus {
+    status(|| {
+        // SAFETY: the caller passes null or a NUL-terminated string.
+        let name = unsafe { text_arg(name, "the phase name") }?;
+        crate::record::phase_begin(name);
+        Ok(())
+    })
+}
+
+/// Marks the end of the open phase in the recording; a nonzero `prefill` makes it a purge
+/// boundary for the replay (as a prefill ubatch is).
+#[no_mangle]
+pub extern "C" fn cupool_phase_end(prefill: i32) -> CupoolStatus {
+    status(|| {
+        crate::record::phase_end(prefill != 0);
+        Ok(())
+    })
+}
+
+/// A string argument, checked for null and UTF-8.
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string that outlives the call.
+unsafe fn text_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, Failure> {
+    if p.is_null() {
+        return Err(Failure::new(
+            CupoolStatus::InvalidArgument,
+            format!("{what} is null: pass a NUL-terminated UTF-8 string"),
+        ));
+    }
+    // SAFETY: checked non-null; the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| {
+        Failure::new(
+            CupoolStatus::InvalidArgument,
+            format!("{what} is not UTF-8"),
+        )
+    })
 }

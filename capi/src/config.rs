@@ -4,11 +4,12 @@
 //!
 //! | name | values |
 //! |---|---|
-//! | `GGML_POOL` | `vmm`, `legacy`, `managed` (unset: vmm where supported, else legacy) |
+//! | `GGML_POOL` | `vmm`, `legacy`, `managed`, `torch`, `direct` (unset: vmm where supported, else legacy) |
 //! | `GGML_CUDA_NO_VMM`, `GGML_CUDA_POOL_USE_MANAGED`, `GGML_CUDA_ALLOC_FALLBACK_MANAGED`, `CUPOOL_ALLOW_OVERSUBSCRIPTION` | booleans |
 //! | `CUPOOL_DEVICE` | `cuda` (every CUDA device), `sim` (simulated cards), `auto` (the default: cuda if present) |
 //! | `CUPOOL_SIM_GIB` | each simulated card's memory in GiB (default 16) |
 //! | `CUPOOL_SIM_DEVICES` | how many simulated cards (default 1) |
+//! | `CUPOOL_VMM_ROUND_LARGE` | the VMM pool rounds requests above 1 MiB up to this power of two (here 2 MiB by default, for PyTorch's traffic) |
 
 use crate::status::{CupoolStatus, Failure};
 use cupool_pool::PoolConfig;
@@ -23,7 +24,13 @@ const NAMES: &[&str] = &[
     "CUPOOL_DEVICE",
     "CUPOOL_SIM_GIB",
     "CUPOOL_SIM_DEVICES",
+    "CUPOOL_VMM_ROUND_LARGE",
 ];
+
+/// The VMM pool's rounding of large requests unless configured: the 2 MiB granule. A
+/// framework's tensors are replaced by slightly larger ones (a KV cache concatenated every
+/// chunk); with ggml's 128 bytes the holes they leave are just too small (docs/pytorch.md).
+const ROUND_LARGE: usize = 2 << 20;
 
 /// Which devices the library runs on.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,7 +79,10 @@ impl Config {
                 m
             }
         };
-        let pool = PoolConfig::from_lookup(|k| pairs.get(k).cloned())?;
+        let mut pool = PoolConfig::from_lookup(|k| pairs.get(k).cloned())?;
+        if !pairs.contains_key("CUPOOL_VMM_ROUND_LARGE") {
+            pool.vmm.large_rounding = ROUND_LARGE;
+        }
         let gib = match pairs.get("CUPOOL_SIM_GIB") {
             None => 16.0,
             Some(v) => v

@@ -12,10 +12,12 @@
 //! Layers: `status.rs` (codes, last error, the panic guard), `config.rs` (the configuration
 //! string), `state.rs` (the process-wide library state: devices, one pool per device × stream,
 //! the live blocks by address), `api.rs` (the C functions), `torch.rs` (PyTorch's
-//! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON).
+//! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
+//! `repro-prefill replay`).
 
 mod api;
 mod config;
+mod record;
 mod state;
 mod stats;
 mod status;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 /// The pool of one device × stream and the blocks it handed out: address → (size asked for,
 /// block).
 pub(crate) struct StreamPool {
+    pub device: usize,
     pub pool: Arc<dyn Pool>,
     pub live: Mutex<HashMap<u64, (usize, Block)>>,
 }
@@ -84,6 +85,7 @@ impl Lib {
             .entry((device, stream))
             .or_insert_with(|| {
                 Arc::new(StreamPool {
+                    device,
                     pool,
                     live: Mutex::new(HashMap::new()),
                 })
@@ -138,8 +140,25 @@ thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache { generation: 0, lib: None, streams: HashMap::new() });
 }
 
+/// Sends the library's log to stderr, filtered by `CUPOOL_LOG` (else `RUST_LOG`, else
+/// warnings and errors; `CUPOOL_LOG=off` silences it). A host that installed its own tracing
+/// subscriber in this library's copy of `tracing` keeps it.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("CUPOOL_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .try_init();
+}
+
 /// Opens the library with `config`.
 pub(crate) fn init(config: Config) -> Result<(), Failure> {
+    init_logging();
     let mut lib = LIB.write();
     if lib.is_some() {
         return Err(Failure::new(

@@ -1,6 +1,8 @@
 //! Command-line arguments.
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use cupool::pool::PoolKind;
 use std::path::PathBuf;
 
 /// Reproduces the long-context prefill OOM of llama.cpp-style engines and shows each fix.
@@ -50,13 +52,6 @@ pub enum ComputeArg {
     DryRun,
     /// Reference maths on the simulated device (small shapes).
     Cpu,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PoolArg {
-    Vmm,
-    Legacy,
-    Managed,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -145,8 +140,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub vram: Option<f64>,
     /// Pool (default: GGML_POOL, else the comparison).
-    #[arg(long, value_enum)]
-    pub pool: Option<PoolArg>,
+    #[arg(long, value_parser = pool_kind())]
+    pub pool: Option<PoolKind>,
     /// Purge policy at prefill ubatch boundaries.
     #[arg(long, value_enum, default_value = "never")]
     pub purge: PurgeArg,
@@ -174,19 +169,31 @@ pub struct RunArgs {
 pub struct ReplayArgs {
     /// The trace file.
     pub trace: PathBuf,
-    /// Pool.
-    #[arg(long, value_enum, default_value = "vmm")]
-    pub pool: PoolArg,
+    /// Pool (torch: PyTorch's native caching allocator, to see what it would reserve).
+    #[arg(long, value_parser = pool_kind(), default_value = "vmm")]
+    pub pool: PoolKind,
     /// Purge policy at prefill phase ends.
     #[arg(long, value_enum, default_value = "never")]
     pub purge: PurgeArg,
     /// The simulated card in GiB (default: large enough never to run out).
     #[arg(long)]
     pub vram: Option<f64>,
+    /// The VMM pool rounds requests above 1 MiB up to this many bytes (a power of two;
+    /// default CUPOOL_VMM_ROUND_LARGE, else 128; libcupool uses 2097152).
+    #[arg(long)]
+    pub round_large: Option<usize>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,
     /// Only errors on stderr.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// The `--pool` values: every kind of the pool crate's table.
+fn pool_kind() -> impl clap::builder::TypedValueParser<Value = PoolKind> {
+    clap::builder::PossibleValuesParser::new(PoolKind::ALL.iter().map(|k| k.name())).try_map(|s| {
+        PoolKind::parse(&s)
+            .ok_or_else(|| format!("unknown pool {s:?}: accepted are {}", PoolKind::names()))
+    })
 }

@@ -55,7 +55,7 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 fn pool_choice(a: &RunArgs) -> Result<Option<PoolConfig>, String> {
     let mut env = PoolConfig::from_env().map_err(|e| e.to_string())?;
     if let Some(p) = a.pool {
-        env.kind = Some(scenario::pool_kind(p));
+        env.kind = Some(p);
     }
     env.fallback_managed |= a.fallback_managed;
     Ok(if env.kind.is_some() || a.fallback_managed {
@@ -214,12 +214,18 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
         Ok(v) => v,
         Err(e) => return usage(e),
     };
-    let r = match replay::replay(
-        &ops,
-        scenario::pool_kind(a.pool),
-        scenario::purge_policy(a.purge),
-        vram,
-    ) {
+    // The environment's settings (CUPOOL_VMM_ROUND_LARGE, ...), with the pool asked for.
+    let config = match PoolConfig::from_env() {
+        Ok(mut c) => {
+            c.kind = Some(a.pool);
+            if let Some(r) = a.round_large {
+                c.vmm.large_rounding = r;
+            }
+            c
+        }
+        Err(e) => return usage(e.to_string()),
+    };
+    let r = match replay::replay(&ops, &config, scenario::purge_policy(a.purge), vram) {
         Ok(r) => r,
         Err(e) => return usage(format!("{}: {e}", a.trace.display())),
     };

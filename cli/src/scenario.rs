@@ -1,6 +1,6 @@
 //! Building devices, models and runtimes from the arguments, and running them.
 
-use crate::cli::{BudgetArg, ComputeArg, DeviceArg, KvArg, PoolArg, PurgeArg, RunArgs};
+use crate::cli::{BudgetArg, ComputeArg, DeviceArg, KvArg, PurgeArg, RunArgs};
 use cupool::kernels::KvType;
 use cupool::pool::driver::cuda::CudaDriver;
 use cupool::pool::driver::limit::LimitedDriver;
@@ -173,14 +173,6 @@ pub fn kv_type(k: KvArg) -> KvType {
     match k {
         KvArg::F16 => KvType::F16,
         KvArg::Q8_0 => KvType::Q8_0,
-    }
-}
-
-pub fn pool_kind(p: PoolArg) -> PoolKind {
-    match p {
-        PoolArg::Vmm => PoolKind::Vmm,
-        PoolArg::Legacy => PoolKind::Legacy,
-        PoolArg::Managed => PoolKind::Managed,
     }
 }
 

@@ -2,11 +2,12 @@
 //!
 //! | variable | meaning |
 //! |---|---|
-//! | `GGML_POOL=vmm\|legacy\|managed` | the pool kind; unset: vmm where the device supports VMM, else legacy |
+//! | `GGML_POOL=vmm\|legacy\|managed\|torch\|direct` | the pool kind; unset: vmm where the device supports VMM, else legacy |
 //! | `GGML_CUDA_NO_VMM=1` | never use VMM (ggml's name) |
 //! | `GGML_CUDA_POOL_USE_MANAGED=1` | same as `GGML_POOL=managed` (ggml's name) |
 //! | `GGML_CUDA_ALLOC_FALLBACK_MANAGED=1` | on device OOM, serve that allocation from managed memory |
 //! | `CUPOOL_ALLOW_OVERSUBSCRIPTION=1` | let managed memory exceed the device's free memory |
+//! | `CUPOOL_VMM_ROUND_LARGE=BYTES` | the VMM pool rounds requests above 1 MiB up to this power of two (default 128) |
 //!
 //! Boolean variables accept `1/0`, `true/false`, `yes/no`, `on/off`; anything else is an
 //! error naming the variable, the value and what is accepted.
@@ -16,8 +17,11 @@ use crate::driver::Driver;
 use crate::error::PoolError;
 use crate::invalid::InvalidConfig;
 use crate::kind::PoolKind;
+use crate::placement::caching::CachingConfig;
 use crate::pool::Pool;
-use crate::pools::{LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, VmmPool};
+use crate::pools::{
+    DirectPool, LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, TorchPool, VmmPool,
+};
 use crate::upstream::vmm::VmmConfig;
 use std::sync::Arc;
 
@@ -46,6 +50,8 @@ pub struct PoolConfig {
     pub legacy: LegacyConfig,
     /// VMM-pool settings.
     pub vmm: VmmConfig,
+    /// Settings of the `torch` kind (PyTorch's caching policy).
+    pub torch: CachingConfig,
 }
 
 impl PoolConfig {
@@ -87,6 +93,16 @@ impl PoolConfig {
         }
         c.fallback_managed = flag("GGML_CUDA_ALLOC_FALLBACK_MANAGED")?;
         c.allow_oversubscription = flag("CUPOOL_ALLOW_OVERSUBSCRIPTION")?;
+        if let Some(v) = get("CUPOOL_VMM_ROUND_LARGE") {
+            c.vmm.large_rounding = v.trim().parse().map_err(|_| {
+                InvalidConfig::new(
+                    "CUPOOL_VMM_ROUND_LARGE",
+                    &v,
+                    "a power of two from 128 to 1073741824 (bytes)",
+                )
+            })?;
+            c.vmm.validate()?;
+        }
         Ok(c)
     }
 
@@ -118,6 +134,7 @@ impl PoolConfig {
     pub fn validate(&self) -> Result<(), PoolError> {
         self.legacy.placement.validate()?;
         self.vmm.validate()?;
+        self.torch.validate()?;
         Ok(())
     }
 
@@ -138,6 +155,8 @@ impl PoolConfig {
                     allow_oversubscription: self.allow_oversubscription,
                 },
             )),
+            PoolKind::Torch => Arc::new(TorchPool::with_config(driver, self.torch)?),
+            PoolKind::Direct => Arc::new(DirectPool::new(driver)),
         };
         Ok(if self.fallback_managed {
             Arc::new(ManagedFallback::new(pool, self.allow_oversubscription))

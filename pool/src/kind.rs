@@ -35,6 +35,11 @@ pool_kinds! {
     Legacy = "legacy";
     /// The legacy policy on managed memory (ggml's `GGML_CUDA_POOL_USE_MANAGED`).
     Managed = "managed";
+    /// PyTorch's native caching allocator, to show what it would reserve for a trace.
+    Torch = "torch";
+    /// No cache: each request its own device allocation, freed at once (under a caching layer
+    /// such as PyTorch's `MemPool`).
+    Direct = "direct";
 }
 
 impl PoolKind {

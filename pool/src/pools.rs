@@ -5,12 +5,16 @@
 //! | [`VmmPool`] | [`Bump`] | [`VmmReserve`] |
 //! | [`LegacyPool`] | [`Slots`] (ggml's policy) | [`DeviceMalloc`] |
 //! | [`ManagedPool`] | [`Slots`], smaller idle buffers dropped on growth | [`ManagedMalloc`] |
+//! | [`TorchPool`] | [`Caching`] (PyTorch's policy), emptied and retried on OOM | [`DeviceMalloc`] |
+//! | [`DirectPool`] | [`Direct`]: no cache | [`DeviceMalloc`] |
 
 use crate::core::{CoreOptions, CorePool};
 use crate::driver::Driver;
 use crate::error::PoolError;
 use crate::kind::PoolKind;
 use crate::placement::bump::Bump;
+use crate::placement::caching::{Caching, CachingConfig};
+use crate::placement::direct::Direct;
 use crate::placement::slots::{Slots, SlotsConfig};
 use crate::upstream::device::DeviceMalloc;
 use crate::upstream::managed::ManagedMalloc;
@@ -29,6 +33,16 @@ pub type LegacyPool = CorePool<Slots, DeviceMalloc>;
 /// memory and page over PCIe later). Unlike the PR it never asks for more managed memory than
 /// the device has free unless oversubscription is allowed.
 pub type ManagedPool = CorePool<Slots, ManagedMalloc>;
+
+/// PyTorch's native caching allocator: [`Caching`] over `cudaMalloc`, the whole cache emptied
+/// and the allocation retried once on out-of-memory, as PyTorch does. For replaying traces:
+/// it shows what PyTorch would reserve.
+pub type TorchPool = CorePool<Caching, DeviceMalloc>;
+
+/// No cache: every request is a `cudaMalloc` of its own, freed at once (`cudaFree` waits for
+/// the device). For use under a caching layer, such as a `torch.cuda.MemPool`, where a second
+/// cache would only hold memory the layer above already gave up.
+pub type DirectPool = CorePool<Direct, DeviceMalloc>;
 
 /// The legacy pool's settings. [`Default`] is ggml's policy exactly.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -53,7 +67,7 @@ impl VmmPool {
     pub fn new(driver: Arc<dyn Driver>) -> Self {
         Self::from_parts(
             PoolKind::Vmm,
-            Bump::default(),
+            Bump::with_large_rounding(VmmConfig::default().large_rounding),
             VmmReserve::new(driver, VmmConfig::default()),
             CoreOptions::default(),
         )
@@ -65,7 +79,7 @@ impl VmmPool {
         config.validate()?;
         Ok(Self::from_parts(
             PoolKind::Vmm,
-            Bump::default(),
+            Bump::with_large_rounding(config.large_rounding),
             VmmReserve::new(driver, config),
             CoreOptions::default(),
         ))
@@ -114,6 +128,34 @@ impl ManagedPool {
                 flush_and_retry: false,
                 drop_smaller_on_grow: true,
             },
+        )
+    }
+}
+
+impl TorchPool {
+    /// A pool with PyTorch's policy and `config` (checked).
+    pub fn with_config(driver: Arc<dyn Driver>, config: CachingConfig) -> Result<Self, PoolError> {
+        config.validate()?;
+        Ok(Self::from_parts(
+            PoolKind::Torch,
+            Caching::new(config),
+            DeviceMalloc::new(driver),
+            CoreOptions {
+                flush_and_retry: true,
+                drop_smaller_on_grow: false,
+            },
+        ))
+    }
+}
+
+impl DirectPool {
+    /// A pool that caches nothing.
+    pub fn new(driver: Arc<dyn Driver>) -> Self {
+        Self::from_parts(
+            PoolKind::Direct,
+            Direct,
+            DeviceMalloc::new(driver),
+            CoreOptions::default(),
         )
     }
 }

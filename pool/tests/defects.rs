@@ -61,8 +61,12 @@ impl Driver for Meter {
         Ok(p)
     }
     fn free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
-        self.inner.free(ptr)?;
+        // Forget the address before the driver may hand it out again to another thread.
         let b = self.sizes.lock().remove(&ptr).unwrap_or(0);
+        if let Err(e) = self.inner.free(ptr) {
+            self.sizes.lock().insert(ptr, b);
+            return Err(e);
+        }
         self.held.fetch_sub(b, Ordering::SeqCst);
         Ok(())
     }
@@ -214,6 +218,7 @@ fn a_trim_that_fails_halfway_counts_what_it_released() {
             reserve_bytes: None,
             min_grow: 0,
             max_grow: 0,
+            ..VmmConfig::default()
         },
     )
     .unwrap();
@@ -325,6 +330,13 @@ fn every_bad_setting_is_an_error_naming_its_field() {
                 ..Default::default()
             }),
             "VmmConfig::max_grow",
+        ),
+        (
+            vmm(VmmConfig {
+                large_rounding: 3 << 20,
+                ..Default::default()
+            }),
+            "VmmConfig::large_rounding",
         ),
         (
             SimDevice::new(SimConfig::gib(1.0).granularity(0))

@@ -17,6 +17,7 @@ fn pool<D: Driver + 'static>(dev: &Arc<D>, min_grow: usize) -> VmmPool {
             reserve_bytes: None,
             min_grow,
             max_grow: min_grow,
+            ..VmmConfig::default()
         },
     )
     .unwrap()
@@ -198,6 +199,7 @@ fn reservation_exhaustion_is_an_error() {
             reserve_bytes: Some(8 * MIB),
             min_grow: 0,
             max_grow: 0,
+            ..VmmConfig::default()
         },
     )
     .unwrap();

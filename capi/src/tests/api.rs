@@ -207,3 +207,64 @@ fn eight_threads_through_the_torch_entry_points() {
     assert_eq!(stat(&s, "cupool.pools"), 5);
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
 }
+
+#[test]
+fn records_a_trace_the_replay_reads() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1"), CupoolStatus::Ok);
+    let before = alloc(0, 0, MIB);
+    let dir = std::env::temp_dir().join(format!("cupool-record-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = CString::new(dir.join("t.jsonl").to_str().unwrap()).unwrap();
+    // SAFETY: NUL-terminated strings and a writable u64 below.
+    unsafe {
+        assert_eq!(cupool_record_start(path.as_ptr()), CupoolStatus::Ok);
+        assert_eq!(
+            cupool_record_start(path.as_ptr()),
+            CupoolStatus::InvalidArgument
+        );
+        assert!(error().contains("already being recorded"), "{}", error());
+        let phase = CString::new("chunk \"0\"").unwrap();
+        assert_eq!(cupool_phase_begin(phase.as_ptr()), CupoolStatus::Ok);
+        assert_eq!(
+            cupool_phase_begin(std::ptr::null()),
+            CupoolStatus::InvalidArgument
+        );
+    }
+    let a = alloc(0, 0, 3 * MIB);
+    let b = alloc(0, 7, 512);
+    assert_eq!(cupool_free(0, 0, a.0, 3 * MIB), CupoolStatus::Ok);
+    assert_eq!(cupool_phase_end(1), CupoolStatus::Ok);
+    assert_eq!(cupool_free(0, 0, before.0, MIB), CupoolStatus::Ok);
+    let mut n = 0u64;
+    // SAFETY: a writable u64.
+    assert_eq!(unsafe { cupool_record_stop(&mut n) }, CupoolStatus::Ok);
+    assert_eq!(n, 2);
+    // SAFETY: as above.
+    let again = unsafe { cupool_record_stop(&mut n) };
+    assert_eq!(again, CupoolStatus::InvalidArgument);
+    assert_eq!(cupool_free(0, 7, b.0, 512), CupoolStatus::Ok);
+    let text = std::fs::read_to_string(dir.join("t.jsonl")).unwrap();
+    let events: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(
+        events,
+        [
+            r#"{"op":"phase_begin","name":"chunk \"0\""}"#,
+            r#"{"op":"alloc","id":0,"size":3145728,"stream":0}"#,
+            r#"{"op":"alloc","id":1,"size":512,"stream":1}"#,
+            r#"{"op":"free","id":0}"#,
+            r#"{"op":"phase_end","name":"chunk \"0\"","prefill":true}"#,
+        ]
+    );
+    let bad = CString::new(dir.join("no/such/dir/t.jsonl").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated string.
+    let refused = unsafe { cupool_record_start(bad.as_ptr()) };
+    assert_eq!(refused, CupoolStatus::InvalidArgument);
+    assert!(
+        error().contains("cannot create the trace file"),
+        "{}",
+        error()
+    );
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

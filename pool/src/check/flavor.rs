@@ -19,7 +19,8 @@ const MIB: usize = 1 << 20;
 pub enum Flavor {
     /// A kind as [`PoolConfig`] builds it by default: every kind in [`PoolKind::ALL`].
     Plain(PoolKind),
-    /// VMM growing by exactly the granularity (no amortised growth).
+    /// VMM growing by exactly the granularity (no amortised growth), large requests rounded to
+    /// 2 MiB (libcupool's setting).
     VmmExactGrowth,
     /// Legacy with 3 slots (frequent driver frees) and flush-and-retry.
     LegacyFewSlotsRetry,
@@ -84,6 +85,7 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                     reserve_bytes: None,
                     min_grow: 0,
                     max_grow: 0,
+                    large_rounding: 2 << 20,
                 },
             )
             .expect("valid settings"),

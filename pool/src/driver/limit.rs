@@ -125,10 +125,17 @@ impl Driver for LimitedDriver {
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
-        self.inner.free(ptr)?;
-        let mut s = self.state.lock();
-        if let Some(b) = s.mallocs.remove(&ptr) {
-            s.used = s.used.saturating_sub(b);
+        // Forget the address before the driver can hand it out again (to another thread), and
+        // count the bytes free only once they are.
+        let bytes = self.state.lock().mallocs.remove(&ptr);
+        if let Err(e) = self.inner.free(ptr) {
+            if let Some(b) = bytes {
+                self.state.lock().mallocs.insert(ptr, b);
+            }
+            return Err(e);
+        }
+        if let Some(b) = bytes {
+            self.give_back(b);
         }
         Ok(())
     }

@@ -6,6 +6,12 @@
 //! fit (smallest, then lowest). Holes are indexed by address and by size, so a placement
 //! stays O(log n) with any number of holes. Segments wholly above the highest live block are
 //! what a trim releases, the highest first.
+//!
+//! Requests above 1 MiB may be rounded up further ([`Bump::with_large_rounding`]): traffic
+//! where large blocks are replaced by slightly larger ones (a KV cache concatenated every chunk)
+//! leaves holes just too small for the next request; rounding to the 2 MiB granule lets them
+//! serve it. Measured on a PyTorch prefill trace, the mapped peak over the live peak fell from
+//! 1.126 to 1.088 (docs/pytorch.md).
 
 use super::{Fit, Idle, Placement, Segment};
 use crate::pool::Purge;
@@ -15,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const VMM_ALIGN: usize = 128;
 
 /// See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Bump {
     /// The segments, contiguous and ascending.
     segments: Vec<Segment>,
@@ -29,9 +35,34 @@ pub struct Bump {
     by_size: BTreeSet<(usize, u64)>,
     /// Epoch of the latest free: a trim may release only what a token covers.
     last_free: u64,
+    /// Requests above [`LARGE`] are rounded up to a multiple of this (at least [`VMM_ALIGN`]).
+    large_rounding: usize,
+}
+
+/// Requests above this size are *large*: see [`Bump::with_large_rounding`].
+pub const LARGE: usize = 1 << 20;
+
+impl Default for Bump {
+    fn default() -> Self {
+        Self::with_large_rounding(VMM_ALIGN)
+    }
 }
 
 impl Bump {
+    /// A placement rounding requests above [`LARGE`] up to a multiple of `rounding` (a power
+    /// of two; [`VMM_ALIGN`], ggml's rounding, when smaller).
+    pub fn with_large_rounding(rounding: usize) -> Self {
+        Self {
+            segments: Vec::new(),
+            top: 0,
+            end: 0,
+            holes: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+            last_free: 0,
+            large_rounding: rounding.max(VMM_ALIGN),
+        }
+    }
+
     #[inline]
     fn end(&self) -> u64 {
         self.segments
@@ -79,9 +110,13 @@ impl Bump {
     }
 
     #[inline]
-    fn rounded(size: usize) -> usize {
-        // Sizes are at most MAX_REQUEST, far from overflowing.
-        size.next_multiple_of(VMM_ALIGN)
+    fn rounded(&self, size: usize) -> usize {
+        // Sizes are at most MAX_REQUEST and the rounding at most 1 GiB: no overflow.
+        if size > LARGE {
+            size.next_multiple_of(self.large_rounding)
+        } else {
+            size.next_multiple_of(VMM_ALIGN)
+        }
     }
 }
 
@@ -94,7 +129,7 @@ impl Placement for Bump {
 
     #[inline]
     fn take(&mut self, size: usize) -> Option<Fit> {
-        let n = Self::rounded(size);
+        let n = self.rounded(size);
         if !self.by_size.is_empty() {
             if let Some(&(len, at)) = self.by_size.range((n, 0)..).next() {
                 self.remove_hole(at);
@@ -117,7 +152,7 @@ impl Placement for Bump {
     }
 
     fn grow_request(&self, size: usize) -> usize {
-        let need = self.top + Self::rounded(size) as u64;
+        let need = self.top + self.rounded(size) as u64;
         (need - self.end().min(need)) as usize
     }
 
@@ -131,7 +166,7 @@ impl Placement for Bump {
         );
         self.segments.push(seg);
         self.end = seg.ptr + seg.len as u64;
-        let n = Self::rounded(size);
+        let n = self.rounded(size);
         let addr = self.top;
         self.top += n as u64;
         Fit { addr, capacity: n }
@@ -184,7 +219,7 @@ impl Placement for Bump {
     }
 
     fn stranded(&self, size: usize) -> usize {
-        let n = Self::rounded(size);
+        let n = self.rounded(size);
         self.by_size.range(..(n, 0)).map(|&(l, _)| l).sum()
     }
 

@@ -8,10 +8,12 @@
 //!
 //! - [`slots::Slots`]: ggml's legacy pool, a fixed table of idle buffers searched best-fit;
 //! - [`bump::Bump`]: the VMM pool, one contiguous range with a bump pointer and indexed holes;
+//! - [`caching::Caching`]: PyTorch's caching allocator, to show what it would reserve;
 //! - [`direct::Direct`]: nothing cached; every request is its own segment (the managed
 //!   fallback).
 
 pub mod bump;
+pub mod caching;
 pub mod direct;
 pub mod slots;
 

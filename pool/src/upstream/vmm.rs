@@ -31,6 +31,10 @@ pub struct VmmConfig {
     /// Largest amortised growth, 0 to 256 TiB: consecutive growths double from `min_grow` up
     /// to this. A single larger request still maps what it needs.
     pub max_grow: usize,
+    /// The placement rounds requests above 1 MiB up to a multiple of this: a power of two,
+    /// 128 bytes (ggml's rounding, the default) to 1 GiB. libcupool uses the 2 MiB granule,
+    /// which suits PyTorch's traffic (`CUPOOL_VMM_ROUND_LARGE`).
+    pub large_rounding: usize,
 }
 
 impl Default for VmmConfig {
@@ -39,6 +43,7 @@ impl Default for VmmConfig {
             reserve_bytes: None,
             min_grow: 2 << 20,
             max_grow: 64 << 20,
+            large_rounding: 128,
         }
     }
 }
@@ -51,6 +56,14 @@ impl VmmConfig {
         }
         InvalidConfig::range("VmmConfig::min_grow", self.min_grow, 0, MAX_BYTES)?;
         InvalidConfig::range("VmmConfig::max_grow", self.max_grow, 0, MAX_BYTES)?;
+        if !self.large_rounding.is_power_of_two() || !(128..=1 << 30).contains(&self.large_rounding)
+        {
+            return Err(InvalidConfig::new(
+                "VmmConfig::large_rounding",
+                self.large_rounding,
+                "a power of two from 128 to 1073741824",
+            ));
+        }
         Ok(())
     }
 }

@@ -1,0 +1,146 @@
+"""One allocator, one process: HF transformers prefill of a long prompt in chunks with the
+default DynamicCache, then greedy decode. Prints one JSON line of measurements.
+
+    python3 bench/torch/prefill.py --allocator cupool --model phi3 --prompt 20000 --chunk 512
+
+Allocators: native, expandable (expandable_segments:True), async (backend:cudaMallocAsync),
+cupool (installed as PyTorch's allocator), cupool-mempool (a torch.cuda.MemPool over cupool).
+Weights are random bf16; only shapes matter. The peak device memory the driver saw is sampled
+by nvidia-smi in another process (no load on this one), over the prefill, above the memory
+in use just before the model is built.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+p = argparse.ArgumentParser()
+p.add_argument("--allocator", required=True,
+               choices=["native", "expandable", "async", "cupool", "cupool-mempool"])
+p.add_argument("--model", default="phi3", choices=["phi3", "llama3"])
+p.add_argument("--prompt", type=int, default=20000)
+p.add_argument("--chunk", type=int, default=512)
+p.add_argument("--decode", type=int, default=32)
+p.add_argument("--pool", help="cupool's pool kind (default: vmm installed, direct as a MemPool)")
+p.add_argument("--record", help="write cupool's trace here (cupool allocators only)")
+p.add_argument("--sample-ms", type=int, default=50)
+a = p.parse_args()
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import allocators  # noqa: E402
+
+torch = allocators.select(a.allocator, a.pool)
+import cupool  # noqa: E402
+import cupool.torch  # noqa: E402
+
+dev = torch.cuda.current_device()
+
+import transformers  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
+
+if a.model == "phi3":
+    cfg = transformers.Phi3Config(hidden_size=3072, num_hidden_layers=32, num_attention_heads=32,
+                                  num_key_value_heads=32, intermediate_size=8192, vocab_size=32064,
+                                  max_position_embeddings=131072)
+else:
+    cfg = transformers.LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                   num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                                   max_position_embeddings=131072, rope_theta=500000.0)
+cfg._attn_implementation = "sdpa"
+
+
+class Sampler:
+    """nvidia-smi's memory.used of this GPU, sampled in another process."""
+
+    def __init__(self, ms):
+        self.p = subprocess.Popen(
+            ["nvidia-smi", f"--id=GPU-{torch.cuda.get_device_properties(dev).uuid}",
+             "--query-gpu=memory.used", "--format=csv,noheader,nounits", f"-lms={ms}"],
+            stdout=subprocess.PIPE, text=True)
+
+    def stop(self):
+        self.p.terminate()
+        out, _ = self.p.communicate()
+        return [int(x) for x in out.split() if x.isdigit()]
+
+
+def used_mib():
+    free, total = torch.cuda.mem_get_info(dev)
+    return (total - free) / 2**20
+
+
+mempool = cupool.torch.mempool(pool=a.pool or "direct") if a.allocator == "cupool-mempool" else None
+ctx = torch.cuda.use_mem_pool(mempool) if mempool is not None else None
+if ctx:
+    ctx.__enter__()
+rec = cupool.record(a.record) if a.record else None
+
+base = used_mib()
+t0 = time.time()
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+model.eval()
+torch.cuda.synchronize()
+build_s = time.time() - t0
+ids = torch.randint(0, cfg.vocab_size, (1, a.prompt), device="cuda")
+if a.allocator in ("native", "expandable"):
+    torch.cuda.reset_peak_memory_stats()
+
+sampler = Sampler(a.sample_ms)
+time.sleep(0.3)
+torch.cuda.synchronize()
+t0 = time.time()
+cache = DynamicCache()
+with torch.no_grad():
+    for s in range(0, a.prompt, a.chunk):
+        if rec:
+            with cupool.phase(f"prefill {s}"):
+                out = model(input_ids=ids[:, s:s + a.chunk], past_key_values=cache, use_cache=True)
+        else:
+            out = model(input_ids=ids[:, s:s + a.chunk], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1:].argmax(-1)
+        del out
+    torch.cuda.synchronize()
+    prefill_s = time.time() - t0
+    time.sleep(0.3)
+    samples = sampler.stop()
+    peak_torch = {}
+    if a.allocator in ("native", "expandable", "async"):
+        st = torch.cuda.memory_stats()
+        peak_torch = {"peak_allocated_mib": st.get("allocated_bytes.all.peak", 0) / 2**20,
+                      "peak_reserved_mib": st.get("reserved_bytes.all.peak", 0) / 2**20,
+                      "num_alloc_retries": st.get("num_alloc_retries", 0)}
+    t1 = time.time()
+    for _ in range(a.decode):
+        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1:].argmax(-1)
+        del out
+    torch.cuda.synchronize()
+    decode_s = time.time() - t1
+
+if rec:
+    rec.stop()
+result = {
+    "allocator": a.allocator, "model": a.model, "prompt": a.prompt, "chunk": a.chunk,
+    "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+    "transformers": transformers.__version__,
+    "prefill_tok_s": a.prompt / prefill_s, "decode_tok_s": a.decode / decode_s,
+    "build_s": build_s, "baseline_used_mib": base,
+    "driver_peak_mib": (max(samples) - base) if samples else None, "samples": len(samples),
+    **peak_torch,
+}
+if a.allocator.startswith("cupool"):
+    s = cupool.stats(dev)
+    result.update({"cupool_peak_reserved_mib": s["reserved_bytes.all.peak"] / 2**20,
+                   "cupool_peak_allocated_mib": s["allocated_bytes.all.peak"] / 2**20,
+                   "cupool_ooms": s["num_ooms"]})
+if mempool is not None:
+    st = torch.cuda.memory_stats()
+    result.update({"peak_allocated_mib": st.get("allocated_bytes.all.peak", 0) / 2**20,
+                   "peak_reserved_mib": st.get("reserved_bytes.all.peak", 0) / 2**20})
+print(json.dumps(result))

@@ -1,0 +1,154 @@
+"""cupool from Python: the CUDA memory pool as PyTorch's and CuPy's allocator.
+
+Pure Python over libcupool's C API (ctypes, no build step). Importing this package imports
+neither torch nor cupy::
+
+    import cupool.torch
+    cupool.torch.install(pool="vmm")     # before the first CUDA tensor
+    ...
+    print(cupool.stats(0)["reserved_bytes.all.peak"])
+
+``cupool.torch.mempool()`` gives a ``torch.cuda.MemPool`` over cupool instead, and
+``cupool.cupy.install()`` makes cupool CuPy's allocator. See docs/pytorch.md.
+"""
+
+import contextlib
+
+from ._lib import CupoolError, LibraryNotFound, load
+from . import _lib
+
+__all__ = ["CupoolError", "LibraryNotFound", "init", "is_initialized", "shutdown", "stats",
+           "trim", "purge", "reset_peaks", "record", "phase", "device_count", "library_path",
+           "config_string"]
+
+#: The configuration names ``init`` takes as keywords, and the C API's names for them.
+OPTIONS = {
+    "fallback_managed": "GGML_CUDA_ALLOC_FALLBACK_MANAGED",
+    "no_vmm": "GGML_CUDA_NO_VMM",
+    "allow_oversubscription": "CUPOOL_ALLOW_OVERSUBSCRIPTION",
+    "device": "CUPOOL_DEVICE",
+    "sim_gib": "CUPOOL_SIM_GIB",
+    "sim_devices": "CUPOOL_SIM_DEVICES",
+    "vmm_round_large": "CUPOOL_VMM_ROUND_LARGE",
+}
+
+
+def config_string(pool=None, **options):
+    """The C API's configuration string for ``pool`` (vmm, legacy, managed, torch) and the
+    keywords of ``OPTIONS``; an unknown keyword is a ``TypeError`` naming the accepted ones."""
+    config = {}
+    if pool is not None:
+        config["GGML_POOL"] = pool
+    for k, v in options.items():
+        if k not in OPTIONS:
+            raise TypeError(f"unknown cupool option {k!r}: accepted are {', '.join(OPTIONS)}")
+        if v is not None:
+            config[OPTIONS[k]] = v
+    return _lib.encode(config).decode()
+
+
+_initialized = False
+
+
+def init(pool=None, config=None, **options):
+    """Opens the library: with ``config`` (a ``NAME=VALUE`` string) if given, else with
+    ``pool`` and the keywords of ``OPTIONS``; with neither, from the environment
+    (``GGML_POOL`` and the rest)."""
+    global _initialized
+    if config is None and (pool is not None or options):
+        config = config_string(pool, **options)
+    _lib.check(load().cupool_init(_lib.encode(config)))
+    _initialized = True
+
+
+def is_initialized():
+    """Whether ``init`` (or an install) opened the library in this process."""
+    return _initialized
+
+
+def shutdown():
+    """Closes the library (refused while blocks are live)."""
+    global _initialized
+    _lib.check(load().cupool_shutdown())
+    _initialized = False
+
+
+def device_count():
+    """How many devices the open library has."""
+    n = load().cupool_device_count()
+    if n < 0:
+        raise CupoolError(_lib.NOT_INITIALIZED, _lib.last_error())
+    return n
+
+
+def library_path():
+    """The path of the loaded libcupool."""
+    return load().path
+
+
+def stats(device=-1):
+    """Statistics of ``device`` (every device when -1) as a dict, with the keys of
+    ``torch.cuda.memory_stats()`` where they mean the same, plus ``cupool.*``."""
+    return _lib.stats_json(device)
+
+
+def purge(device=0, smaller_than=0):
+    """Synchronizes ``device`` and returns its pools' idle memory smaller than ``smaller_than``
+    bytes (all of it when 0) to the driver. Returns the bytes released."""
+    import ctypes
+    out = ctypes.c_size_t(0)
+    _lib.check(load().cupool_purge(device, smaller_than, ctypes.byref(out)))
+    return out.value
+
+
+def trim(device=0):
+    """Synchronizes ``device`` and returns everything its pools hold idle. Returns the bytes
+    released."""
+    return purge(device, 0)
+
+
+def reset_peaks(device=-1):
+    """Sets the peaks of ``device`` (every device when -1) to the current values."""
+    _lib.check(load().cupool_reset_peaks(device))
+
+
+class Recording:
+    """A trace being written; ``stop()`` (or leaving the ``with`` block) closes it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.allocations = None
+        _lib.check(load().cupool_record_start(self.path.encode()))
+
+    def stop(self):
+        """Flushes and closes the trace; returns the number of allocations recorded."""
+        import ctypes
+        if self.allocations is None:
+            n = ctypes.c_uint64(0)
+            _lib.check(load().cupool_record_stop(ctypes.byref(n)))
+            self.allocations = n.value
+        return self.allocations
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def record(path):
+    """Starts writing every allocation and free through cupool to ``path`` as a trace that
+    ``repro-prefill replay PATH --pool KIND`` reads. Use as ``with cupool.record(p): ...`` or
+    call ``.stop()`` on the result."""
+    return Recording(path)
+
+
+@contextlib.contextmanager
+def phase(name, prefill=False):
+    """Marks a phase (a prefill chunk, a decode step) in an open recording; a replay reports each
+    phase's high-water mark, and ``prefill=True`` makes its end a purge boundary."""
+    _lib.check(load().cupool_phase_begin(str(name).encode()))
+    try:
+        yield
+    finally:
+        _lib.check(load().cupool_phase_end(1 if prefill else 0))

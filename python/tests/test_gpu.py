@@ -1,0 +1,65 @@
+"""The Python package with real PyTorch and CuPy on a GPU. Each case runs in its own process
+(an allocator is installed once per process). Skipped without a GPU.
+
+Run on the GPU machine: CUPOOL_LIB=... python3 -m pytest -m gpu python/tests/test_gpu.py
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def has_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")]
+
+
+def run(script, *args, pool="vmm"):
+    env = dict(os.environ, POOL=pool)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "gpu", script), *args], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"{script} failed:\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+@pytest.mark.parametrize("pool", ["vmm", "legacy"])
+def test_torch_installed(tmp_path, pool):
+    p = run("torch_installed.py", str(tmp_path / "trace.jsonl"), pool=pool)
+    assert "ok" in p.stdout
+    assert (tmp_path / "trace.jsonl").stat().st_size > 0
+
+
+@pytest.mark.parametrize("pool", ["direct", "vmm"])
+def test_torch_mempool_and_oom(pool):
+    p = run("torch_mempool.py", pool=pool)
+    assert "torch.OutOfMemoryError" in p.stdout
+    # cupool's own report reaches the log: what was asked, and what the device had.
+    assert "out of memory" in p.stderr.lower() or "could not serve" in p.stderr, p.stderr
+
+
+def test_cupy_hook():
+    pytest.importorskip("cupy")
+    p = run("cupy_hook.py")
+    assert "cupy OutOfMemoryError" in p.stdout
+
+
+def gpu_count():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    except OSError:
+        return 0
+    return sum(1 for l in out.splitlines() if l.startswith("GPU "))
+
+
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs")
+def test_torch_two_devices():
+    p = run("torch_two_devices.py")
+    assert "two devices: ok" in p.stdout

@@ -1,0 +1,157 @@
+"""The Python package over libcupool on simulated cards (no GPU): configuration, stats, errors,
+trim, recording a trace that repro-prefill replays, and eight threads.
+
+Run: CUPOOL_LIB=target/release python3 -m pytest python/tests/test_sim.py
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import cupool  # noqa: E402
+from cupool import _lib  # noqa: E402
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def sim():
+    cupool.init(pool="vmm", device="sim", sim_gib=1, sim_devices=2)
+    yield _lib.load()
+    cupool.shutdown()
+
+
+def alloc(lib, size, device=0, stream=0):
+    actual = ctypes.c_size_t(0)
+    p = lib.cupool_alloc(device, stream, size, ctypes.byref(actual))
+    assert p, _lib.last_error()
+    return p, actual.value
+
+
+def test_importing_does_not_import_torch():
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(HERE)!r}); import cupool, cupool.torch, cupool.cupy; assert 'torch' not in sys.modules and 'cupy' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_library_names_the_paths_tried(tmp_path):
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(HERE)!r}); import cupool\n"
+            "try:\n    cupool.stats()\nexcept cupool.LibraryNotFound as e:\n    print(e)\n")
+    env = dict(os.environ, CUPOOL_LIB=str(tmp_path / "nowhere.so"), CARGO_TARGET_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "nowhere.so: no such file" in out, out
+    assert "cupool/libcupool.so" in out.replace(os.sep, "/"), out
+    assert "CUPOOL_LIB" in out, out
+
+
+def test_stats_trim_and_peaks(sim):
+    a, actual = alloc(sim, 3 * MIB)
+    assert actual >= 3 * MIB
+    b, _ = alloc(sim, 512, stream=7)
+    s = cupool.stats(0)
+    assert s["allocated_bytes.all.current"] == 3 * MIB + 512
+    assert s["cupool.pools"] == 2
+    assert cupool.device_count() == 2
+    _lib.check(sim.cupool_free(0, 0, a, 3 * MIB))
+    assert cupool.trim(0) > 0
+    s = cupool.stats(0)
+    assert s["allocated_bytes.all.current"] == 512 and s["allocated_bytes.all.peak"] == 3 * MIB + 512
+    cupool.reset_peaks()
+    assert cupool.stats(0)["allocated_bytes.all.peak"] == 512
+    _lib.check(sim.cupool_free(0, 7, b, 512))
+    assert cupool.stats(-1)["allocation.all.freed"] == 2
+
+
+def test_errors_say_what_was_wrong(sim):
+    with pytest.raises(cupool.CupoolError, match="already initialised"):
+        cupool.init(pool="legacy", device="sim")
+    with pytest.raises(TypeError, match="accepted are fallback_managed"):
+        cupool.config_string(pool="vmm", colour="red")
+    p, _ = alloc(sim, MIB)
+    with pytest.raises(cupool.CupoolError, match="size mismatch.*allocated with 1048576"):
+        _lib.check(sim.cupool_free(0, 0, p, 5))
+    _lib.check(sim.cupool_free(0, 0, p, MIB))
+    with pytest.raises(cupool.CupoolError, match="freed already"):
+        _lib.check(sim.cupool_free(0, 0, p, MIB))
+    with pytest.raises(cupool.CupoolError, match="device 5 does not exist"):
+        cupool.trim(5)
+    # The simulated card has 1 GiB: a 2 GiB request is refused and the pool stays usable.
+    assert not sim.cupool_alloc(0, 0, 2 << 30, None)
+    assert "out of memory" in _lib.last_error().lower() or "no room" in _lib.last_error()
+    q, _ = alloc(sim, MIB)
+    _lib.check(sim.cupool_free(0, 0, q, MIB))
+
+
+def test_bad_configuration_names_the_accepted_values():
+    with pytest.raises(cupool.CupoolError, match="accepted values are vmm, legacy, managed, torch, direct"):
+        cupool.init(pool="fancy", device="sim")
+    assert not cupool.is_initialized()
+
+
+def test_pytorch_entry_points_from_eight_threads(sim):
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(300):
+                size = 512 + 4096 * ((i * 7 + t) % 50)
+                p = sim.cupool_torch_alloc(size, 0, t)
+                assert p, _lib.last_error()
+                sim.cupool_torch_free(p, size, 0, t)
+                assert _lib.last_error() == ""
+        except AssertionError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    s = cupool.stats(0)
+    assert s["allocation.all.allocated"] == s["allocation.all.freed"] == 2400
+    assert s["cupool.pools"] == 8
+
+
+def repro_prefill():
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(HERE, "..", "..", "target"))
+    path = os.path.join(target, "release", "repro-prefill")
+    assert os.path.exists(path), f"{path} is missing: cargo build --release -p cupool-cli"
+    return path
+
+
+def test_a_recorded_trace_replays(sim, tmp_path):
+    path = tmp_path / "t.jsonl"
+    with cupool.record(path) as rec:
+        for chunk in range(4):
+            with cupool.phase(f"chunk {chunk}", prefill=True):
+                kv, _ = alloc(sim, (chunk + 1) * 4 * MIB)
+                tmp, _ = alloc(sim, 3 * MIB)
+                _lib.check(sim.cupool_free(0, 0, tmp, 3 * MIB))
+                if chunk:
+                    _lib.check(sim.cupool_free(0, 0, old, chunk * 4 * MIB))  # noqa: F821
+                old = kv
+    assert rec.allocations == 8
+    _lib.check(sim.cupool_free(0, 0, old, 16 * MIB))
+    lines = [json.loads(l) for l in path.read_text().splitlines() if not l.startswith("#")]
+    assert sum(1 for e in lines if e["op"] == "alloc") == 8
+    assert sum(1 for e in lines if e["op"] == "phase_end" and e["prefill"]) == 4
+    reports = {}
+    for pool in ("vmm", "legacy", "torch"):
+        out = subprocess.run([repro_prefill(), "replay", str(path), "--pool", pool, "--format", "json", "--quiet"],
+                             capture_output=True, text=True, check=True).stdout
+        reports[pool] = json.loads(out)
+        assert reports[pool]["ooms"] == 0
+        # At the last chunk: the old KV (12 MiB), the new one (16 MiB) and the temporary (3 MiB).
+        assert reports[pool]["peak_live_bytes"] == 31 * MIB
+    # PyTorch's policy by hand: the 4 and 8 MiB KV and the temporaries share one 20 MiB segment;
+    # the 12 MiB KV (10 MiB or more) gets a segment of its own; the 16 MiB one then fits the
+    # first segment again, whole once the 8 MiB KV is freed.
+    assert reports["torch"]["peak_reserved_bytes"] == 32 * MIB
+    assert reports["torch"]["driver_mallocs"] == 2
