@@ -9,10 +9,11 @@
 //! | `CUPOOL_DEVICE` | `cuda` (every CUDA device), `sim` (simulated cards), `auto` (the default: cuda if present) |
 //! | `CUPOOL_SIM_GIB` | each simulated card's memory in GiB (default 16) |
 //! | `CUPOOL_SIM_DEVICES` | how many simulated cards (default 1) |
+//! | `CUPOOL_SIZE_CLASSES` | byte bounds of size classes with a pool each, or `none` (here `1048576` by default for vmm) |
 //! | `CUPOOL_VMM_ROUND_LARGE` | the VMM pool rounds requests above 1 MiB up to this power of two (here 2 MiB by default, for PyTorch's traffic) |
 
 use crate::status::{CupoolStatus, Failure};
-use cupool_pool::PoolConfig;
+use cupool_pool::{PoolConfig, PoolKind};
 use std::collections::HashMap;
 
 const NAMES: &[&str] = &[
@@ -25,12 +26,18 @@ const NAMES: &[&str] = &[
     "CUPOOL_SIM_GIB",
     "CUPOOL_SIM_DEVICES",
     "CUPOOL_VMM_ROUND_LARGE",
+    "CUPOOL_SIZE_CLASSES",
 ];
 
 /// The VMM pool's rounding of large requests unless configured: the 2 MiB granule. A
 /// framework's tensors are replaced by slightly larger ones (a KV cache concatenated every
 /// chunk); with ggml's 128 bytes the holes they leave are just too small (docs/pytorch.md).
 const ROUND_LARGE: usize = 2 << 20;
+
+/// The VMM pool's size classes unless configured: small (up to 1 MiB) and large requests in
+/// address ranges of their own, so small tensors do not pin the holes large ones leave
+/// (docs/pytorch.md).
+const SIZE_CLASSES: [usize; 1] = [1 << 20];
 
 /// Which devices the library runs on.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -82,6 +89,11 @@ impl Config {
         let mut pool = PoolConfig::from_lookup(|k| pairs.get(k).cloned())?;
         if !pairs.contains_key("CUPOOL_VMM_ROUND_LARGE") {
             pool.vmm.large_rounding = ROUND_LARGE;
+        }
+        if !pairs.contains_key("CUPOOL_SIZE_CLASSES")
+            && matches!(pool.kind, None | Some(PoolKind::Vmm))
+        {
+            pool.size_classes = SIZE_CLASSES.to_vec();
         }
         let gib = match pairs.get("CUPOOL_SIM_GIB") {
             None => 16.0,

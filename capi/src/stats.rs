@@ -10,22 +10,7 @@ use std::sync::Arc;
 pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
     let mut t = cupool_pool::PoolStats::default();
     for p in pools {
-        let s = p.pool.stats();
-        t.live_bytes += s.live_bytes;
-        t.live_peak_bytes += s.live_peak_bytes;
-        t.live_blocks += s.live_blocks;
-        t.reserved_bytes += s.reserved_bytes;
-        t.reserved_peak_bytes += s.reserved_peak_bytes;
-        t.cached_bytes += s.cached_bytes;
-        t.allocs += s.allocs;
-        t.frees += s.frees;
-        t.ooms += s.ooms;
-        t.retries += s.retries;
-        t.fallbacks += s.fallbacks;
-        t.fallback_live_bytes += s.fallback_live_bytes;
-        t.purges += s.purges;
-        t.purged_bytes += s.purged_bytes;
-        t.calls = t.calls.plus(&s.calls);
+        t.merge(&p.pool.stats());
     }
     let mut out = String::from("{");
     let mut put = |k: &str, v: u64| {

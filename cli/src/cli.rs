@@ -182,6 +182,10 @@ pub struct ReplayArgs {
     /// default CUPOOL_VMM_ROUND_LARGE, else 128; libcupool uses 2097152).
     #[arg(long)]
     pub round_large: Option<usize>,
+    /// Size classes with a pool each: byte bounds separated by commas, or none (default
+    /// CUPOOL_SIZE_CLASSES, else none; libcupool uses 1048576 for vmm).
+    #[arg(long)]
+    pub size_classes: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,

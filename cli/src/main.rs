@@ -221,6 +221,15 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
             if let Some(r) = a.round_large {
                 c.vmm.large_rounding = r;
             }
+            if let Some(s) = &a.size_classes {
+                match cupool::pool::config::parse_size_classes(s) {
+                    Ok(b) => c.size_classes = b,
+                    Err(e) => return usage(e.to_string()),
+                }
+            }
+            if let Err(e) = c.validate() {
+                return usage(e.to_string());
+            }
             c
         }
         Err(e) => return usage(e.to_string()),

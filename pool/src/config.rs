@@ -7,12 +7,13 @@
 //! | `GGML_CUDA_POOL_USE_MANAGED=1` | same as `GGML_POOL=managed` (ggml's name) |
 //! | `GGML_CUDA_ALLOC_FALLBACK_MANAGED=1` | on device OOM, serve that allocation from managed memory |
 //! | `CUPOOL_ALLOW_OVERSUBSCRIPTION=1` | let managed memory exceed the device's free memory |
+//! | `CUPOOL_SIZE_CLASSES=B1,B2,...` | a pool of its own for each size class: requests up to B1 bytes, up to B2, ..., above (default: none) |
 //! | `CUPOOL_VMM_ROUND_LARGE=BYTES` | the VMM pool rounds requests above 1 MiB up to this power of two (default 128) |
 //!
 //! Boolean variables accept `1/0`, `true/false`, `yes/no`, `on/off`; anything else is an
 //! error naming the variable, the value and what is accepted.
 
-use crate::adaptors::ManagedFallback;
+use crate::adaptors::{ManagedFallback, SizeClasses};
 use crate::driver::Driver;
 use crate::error::PoolError;
 use crate::invalid::InvalidConfig;
@@ -52,6 +53,29 @@ pub struct PoolConfig {
     pub vmm: VmmConfig,
     /// Settings of the `torch` kind (PyTorch's caching policy).
     pub torch: CachingConfig,
+    /// Upper bounds of size classes, ascending: when not empty, each class gets a pool of its
+    /// own ([`SizeClasses`]). Empty (the default): one pool.
+    pub size_classes: Vec<usize>,
+}
+
+/// Parses a `CUPOOL_SIZE_CLASSES` value: byte bounds separated by commas, strictly
+/// ascending, or `none`.
+pub fn parse_size_classes(value: &str) -> Result<Vec<usize>, InvalidConfig> {
+    const ACCEPTED: &str =
+        "none, or byte sizes above 0, strictly ascending, separated by commas (e.g. 1048576,67108864)";
+    let v = value.trim();
+    if v.is_empty() || v.eq_ignore_ascii_case("none") {
+        return Ok(Vec::new());
+    }
+    let bounds = v
+        .split(',')
+        .map(|b| b.trim().parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| InvalidConfig::new("CUPOOL_SIZE_CLASSES", value, ACCEPTED))?;
+    if bounds.first() == Some(&0) || bounds.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(InvalidConfig::new("CUPOOL_SIZE_CLASSES", value, ACCEPTED));
+    }
+    Ok(bounds)
 }
 
 impl PoolConfig {
@@ -93,6 +117,9 @@ impl PoolConfig {
         }
         c.fallback_managed = flag("GGML_CUDA_ALLOC_FALLBACK_MANAGED")?;
         c.allow_oversubscription = flag("CUPOOL_ALLOW_OVERSUBSCRIPTION")?;
+        if let Some(v) = get("CUPOOL_SIZE_CLASSES") {
+            c.size_classes = parse_size_classes(&v)?;
+        }
         if let Some(v) = get("CUPOOL_VMM_ROUND_LARGE") {
             c.vmm.large_rounding = v.trim().parse().map_err(|_| {
                 InvalidConfig::new(
@@ -145,7 +172,27 @@ impl PoolConfig {
         if self.kind.is_none() {
             tracing::info!(device = driver.ordinal(), pool = %kind, vmm_supported = driver.vmm_supported(), no_vmm = self.no_vmm, "pool chosen automatically");
         }
-        // The one place that maps kinds to their pools.
+        let pool = if self.size_classes.is_empty() {
+            self.build_kind(kind, driver)?
+        } else {
+            let pools = (0..=self.size_classes.len())
+                .map(|_| self.build_kind(kind, driver.clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Arc::new(SizeClasses::new(self.size_classes.clone(), pools)?)
+        };
+        Ok(if self.fallback_managed {
+            Arc::new(ManagedFallback::new(pool, self.allow_oversubscription))
+        } else {
+            pool
+        })
+    }
+
+    /// One pool of `kind`: the one place that maps kinds to their pools.
+    fn build_kind(
+        &self,
+        kind: PoolKind,
+        driver: Arc<dyn Driver>,
+    ) -> Result<Arc<dyn Pool>, PoolError> {
         let pool: Arc<dyn Pool> = match kind {
             PoolKind::Vmm => Arc::new(VmmPool::with_config(driver, self.vmm.clone())?),
             PoolKind::Legacy => Arc::new(LegacyPool::with_config(driver, self.legacy.clone())?),
@@ -158,10 +205,6 @@ impl PoolConfig {
             PoolKind::Torch => Arc::new(TorchPool::with_config(driver, self.torch)?),
             PoolKind::Direct => Arc::new(DirectPool::new(driver)),
         };
-        Ok(if self.fallback_managed {
-            Arc::new(ManagedFallback::new(pool, self.allow_oversubscription))
-        } else {
-            pool
-        })
+        Ok(pool)
     }
 }

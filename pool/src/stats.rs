@@ -116,6 +116,28 @@ pub struct PoolStats {
     pub purged_bytes: usize,
 }
 
+impl PoolStats {
+    /// Adds `o`'s counts to these: the statistics of several pools as one. Peaks are added
+    /// too, so the sum's peak is an upper bound (exact when the pools peak together).
+    pub fn merge(&mut self, o: &PoolStats) {
+        self.live_bytes += o.live_bytes;
+        self.live_peak_bytes += o.live_peak_bytes;
+        self.live_blocks += o.live_blocks;
+        self.reserved_bytes += o.reserved_bytes;
+        self.reserved_peak_bytes += o.reserved_peak_bytes;
+        self.cached_bytes += o.cached_bytes;
+        self.allocs += o.allocs;
+        self.frees += o.frees;
+        self.calls = self.calls.plus(&o.calls);
+        self.ooms += o.ooms;
+        self.retries += o.retries;
+        self.fallbacks += o.fallbacks;
+        self.fallback_live_bytes += o.fallback_live_bytes;
+        self.purges += o.purges;
+        self.purged_bytes += o.purged_bytes;
+    }
+}
+
 /// One phase's numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PhaseStats {

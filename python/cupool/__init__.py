@@ -30,6 +30,7 @@ OPTIONS = {
     "sim_gib": "CUPOOL_SIM_GIB",
     "sim_devices": "CUPOOL_SIM_DEVICES",
     "vmm_round_large": "CUPOOL_VMM_ROUND_LARGE",
+    "size_classes": "CUPOOL_SIZE_CLASSES",
 }
 
 

@@ -3,7 +3,8 @@
 //!
 //! - [`Phases`]: per-phase high-water marks (the runtime's per-ubatch numbers);
 //! - [`Recorder`]: a replayable trace of every allocation, free and phase;
-//! - [`ManagedFallback`]: on device OOM, serve that one allocation from managed memory.
+//! - [`ManagedFallback`]: on device OOM, serve that one allocation from managed memory;
+//! - [`SizeClasses`]: a pool for each range of request sizes.
 //!
 //! A memory limit and fault injection wrap the driver instead (they change what the device
 //! does, for every pool on it): see [`crate::driver::limit`] and [`crate::driver::fault`].
@@ -61,7 +62,9 @@ macro_rules! forward_accounting {
 pub mod managed_fallback;
 pub mod phases;
 pub mod recorder;
+pub mod size_classes;
 
 pub use managed_fallback::ManagedFallback;
 pub use phases::Phases;
 pub use recorder::{Recorder, TraceEvent};
+pub use size_classes::SizeClasses;

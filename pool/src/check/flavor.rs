@@ -26,6 +26,9 @@ pub enum Flavor {
     LegacyFewSlotsRetry,
     /// VMM under a 24 MiB limit with the managed fallback.
     FallbackOverVmm,
+    /// libcupool's VMM setting: size classes (up to 1 MiB, above), large requests rounded to
+    /// 2 MiB.
+    VmmSizeClasses,
 }
 
 /// Every flavour: each kind, then the variants.
@@ -35,6 +38,7 @@ pub fn flavors() -> Vec<Flavor> {
         Flavor::VmmExactGrowth,
         Flavor::LegacyFewSlotsRetry,
         Flavor::FallbackOverVmm,
+        Flavor::VmmSizeClasses,
     ]);
     v
 }
@@ -110,6 +114,12 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                 Arc::new(crate::pools::VmmPool::new(limited)),
                 false,
             ))
+        }
+        Flavor::VmmSizeClasses => {
+            let mut c = PoolConfig::default().kind(PoolKind::Vmm);
+            c.size_classes = vec![MIB];
+            c.vmm.large_rounding = 2 * MIB;
+            c.build(driver).expect("valid settings")
         }
     };
     Arc::new(Phases::new(pool))

@@ -11,10 +11,40 @@ use cudarc::driver::{result, sys, CudaContext};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
+/// The context current on this thread when it was made; made current again when dropped.
+struct Restore(Option<sys::CUcontext>);
+
+impl Restore {
+    fn save(call: CallKind) -> Result<Self, DriverError> {
+        result::ctx::get_current()
+            .map(Restore)
+            .map_err(|e| cuda_err(call, e, "reading the current context"))
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let previous = self.0.unwrap_or(std::ptr::null_mut());
+        if matches!(result::ctx::get_current(), Ok(Some(now)) if now == previous) {
+            return;
+        }
+        // SAFETY: `previous` was current on this thread moments ago (a context stays alive
+        // while current: primary contexts are retained by whoever made them current), or it
+        // is null, which unbinds.
+        if let Err(e) = unsafe { result::ctx::set_current(previous) } {
+            tracing::error!(error = %e, "restoring the thread's CUDA context failed");
+        }
+    }
+}
+
 /// A CUDA device.
 #[derive(Debug)]
 pub struct CudaDriver {
     ctx: Arc<CudaContext>,
+    /// This device and every device that can reach its memory over peer access: VMM mappings
+    /// are made accessible to all of them, as `cudaMalloc` memory is once peer access is on
+    /// (a framework copies between devices).
+    access: Vec<sys::CUmemAccessDesc>,
     shared: DeviceShared,
     vmm: bool,
     name: String,
@@ -63,6 +93,27 @@ pub fn device_count() -> Result<usize, DriverError> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// `ordinal` and the devices that can access its memory as peers, by ordinal.
+fn peers(ordinal: usize) -> Vec<i32> {
+    let me = ordinal as i32;
+    let mut out = vec![me];
+    let (Ok(n), Ok(dev)) = (CudaContext::device_count(), result::device::get(me)) else {
+        return out;
+    };
+    for other in (0..n).filter(|&o| o != me) {
+        let Ok(peer) = result::device::get(other) else {
+            continue;
+        };
+        let mut can = 0;
+        // SAFETY: two valid device handles and an int to write.
+        let ok = unsafe { sys::cuDeviceCanAccessPeer(&mut can, peer, dev) }.result();
+        if ok.is_ok() && can != 0 {
+            out.push(other);
+        }
+    }
+    out
+}
+
 impl CudaDriver {
     /// Opens device `ordinal` (its primary context).
     pub fn new(ordinal: usize) -> Result<Self, DriverError> {
@@ -73,6 +124,8 @@ impl CudaDriver {
                 "libcuda could not be loaded; use the simulated device (--device sim) on machines without a GPU",
             ));
         }
+        result::init().map_err(|e| cuda_err(CallKind::Init, e, "cuInit"))?;
+        let _restore = Restore::save(CallKind::Init)?;
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| cuda_err(CallKind::Init, e, format!("device {ordinal}")))?;
         let vmm = ctx
@@ -84,8 +137,20 @@ impl CudaDriver {
         let name = ctx
             .name()
             .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let access = peers(ordinal)
+            .into_iter()
+            .map(|id| {
+                // SAFETY: a plain C struct for which all-zero is a valid (empty) value.
+                let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+                d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+                d.location.id = id;
+                d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                d
+            })
+            .collect();
         Ok(Self {
             ctx,
+            access,
             shared: DeviceShared::new(),
             vmm,
             name,
@@ -97,10 +162,14 @@ impl CudaDriver {
         &self.ctx
     }
 
-    fn bind(&self, call: CallKind) -> Result<(), DriverError> {
+    /// Makes this device's context current for one call; the guard puts back the context the
+    /// thread had, so a host (PyTorch's current device, for one) never sees it change.
+    fn bind(&self, call: CallKind) -> Result<Restore, DriverError> {
+        let restore = Restore::save(call)?;
         self.ctx
             .bind_to_thread()
-            .map_err(|e| cuda_err(call, e, "binding the context"))
+            .map_err(|e| cuda_err(call, e, "binding the context"))?;
+        Ok(restore)
     }
 
     fn prop(&self) -> sys::CUmemAllocationProp {
@@ -127,35 +196,35 @@ impl Driver for CudaDriver {
     }
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
-        self.bind(CallKind::MemInfo)?;
+        let _restore = self.bind(CallKind::MemInfo)?;
         let (free, total) =
             result::mem_get_info().map_err(|e| cuda_err(CallKind::MemInfo, e, ""))?;
         Ok(MemInfo { free, total })
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.bind(CallKind::Malloc)?;
+        let _restore = self.bind(CallKind::Malloc)?;
         // SAFETY: a plain allocation; the context is bound to this thread.
         unsafe { result::malloc_sync(bytes) }
             .map_err(|e| cuda_err(CallKind::Malloc, e, format!("{bytes} bytes")))
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DriverError> {
-        self.bind(CallKind::Free)?;
+        let _restore = self.bind(CallKind::Free)?;
         // SAFETY: the caller (a pool) owns `ptr` from `malloc` and no longer hands it out.
         unsafe { result::free_sync(ptr) }
             .map_err(|e| cuda_err(CallKind::Free, e, format!("{ptr:#x}")))
     }
 
     fn malloc_managed(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.bind(CallKind::MallocManaged)?;
+        let _restore = self.bind(CallKind::MallocManaged)?;
         // SAFETY: a plain managed allocation, attached globally like cudaMallocManaged.
         unsafe { result::malloc_managed(bytes, sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL) }
             .map_err(|e| cuda_err(CallKind::MallocManaged, e, format!("{bytes} bytes")))
     }
 
     fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
-        self.bind(CallKind::FreeManaged)?;
+        let _restore = self.bind(CallKind::FreeManaged)?;
         // SAFETY: as in `free`.
         unsafe { result::free_sync(ptr) }
             .map_err(|e| cuda_err(CallKind::FreeManaged, e, format!("{ptr:#x}")))
@@ -173,7 +242,7 @@ impl Driver for CudaDriver {
                 "device has no VMM",
             ));
         }
-        self.bind(CallKind::Granularity)?;
+        let _restore = self.bind(CallKind::Granularity)?;
         let prop = self.prop();
         let mut g = MaybeUninit::<usize>::uninit();
         // SAFETY: `g` is written by the call on success; `prop` outlives it.
@@ -190,7 +259,7 @@ impl Driver for CudaDriver {
     }
 
     fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.bind(CallKind::Reserve)?;
+        let _restore = self.bind(CallKind::Reserve)?;
         let mut base = MaybeUninit::<sys::CUdeviceptr>::uninit();
         // SAFETY: reserves address space only; `base` is written on success.
         unsafe {
@@ -202,7 +271,7 @@ impl Driver for CudaDriver {
     }
 
     fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        self.bind(CallKind::ReleaseReservation)?;
+        let _restore = self.bind(CallKind::ReleaseReservation)?;
         // SAFETY: the caller hands back a reservation of exactly this size, with nothing mapped.
         unsafe { sys::cuMemAddressFree(base, bytes) }
             .result()
@@ -216,7 +285,7 @@ impl Driver for CudaDriver {
     }
 
     fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError> {
-        self.bind(CallKind::Create)?;
+        let _restore = self.bind(CallKind::Create)?;
         let prop = self.prop();
         let mut handle = MaybeUninit::<sys::CUmemGenericAllocationHandle>::uninit();
         // SAFETY: creates physical memory; `handle` is written on success.
@@ -237,12 +306,11 @@ impl Driver for CudaDriver {
                 format!("{bytes} bytes at {at:#x}"),
             ));
         }
-        let access = sys::CUmemAccessDesc {
-            location: prop.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the range was just mapped; on failure it is unmapped and released.
-        if let Err(e) = unsafe { sys::cuMemSetAccess(at, bytes, &access, 1) }.result() {
+        let (descs, n) = (self.access.as_ptr(), self.access.len());
+        // SAFETY: the range was just mapped; `descs` holds `n` descriptors; on failure the
+        // range is unmapped and released.
+        let granted = unsafe { sys::cuMemSetAccess(at, bytes, descs, n) };
+        if let Err(e) = granted.result() {
             // SAFETY: undoing our own map and create.
             unsafe {
                 let _ = sys::cuMemUnmap(at, bytes);
@@ -258,7 +326,7 @@ impl Driver for CudaDriver {
     }
 
     fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError> {
-        self.bind(CallKind::Unmap)?;
+        let _restore = self.bind(CallKind::Unmap)?;
         // SAFETY: the caller hands back a mapping from `map`, idle on the device.
         unsafe { sys::cuMemUnmap(at, bytes) }
             .result()
@@ -290,7 +358,7 @@ impl Driver for CudaDriver {
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        self.bind(CallKind::MemInfo)?;
+        let _restore = self.bind(CallKind::MemInfo)?;
         // SAFETY: the range is pool memory no user holds; the memset is queued on the legacy
         // default stream, after the kernels that used the block.
         unsafe { result::memset_d8_async(ptr, 0xFF, bytes, std::ptr::null_mut()) }.map_err(|e| {
@@ -303,6 +371,7 @@ impl Driver for CudaDriver {
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {
+        let _restore = Restore::save(CallKind::Synchronize)?;
         self.ctx
             .synchronize()
             .map_err(|e| cuda_err(CallKind::Synchronize, e, ""))

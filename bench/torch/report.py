@@ -1,0 +1,43 @@
+"""Markdown tables from the benchmarks' JSON lines: median over the repetitions, [min, max] in
+brackets. Usage: python3 bench/torch/report.py prefill-*.jsonl"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+ORDER = ["native", "expandable", "async", "cupool", "cupool-mempool"]
+runs = defaultdict(list)
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line)
+        runs[(r["model"], r["allocator"])].append(r)
+
+
+def cell(rs, key, fmt="{:,.0f}"):
+    v = [r[key] for r in rs if r.get(key) is not None]
+    if not v:
+        return "–"
+    m = fmt.format(statistics.median(v))
+    return m if min(v) == max(v) else f"{m} [{fmt.format(min(v))}, {fmt.format(max(v))}]"
+
+
+for model in sorted({m for m, _ in runs}):
+    # PyTorch's own count of live bytes, from its native allocator's runs (else any of its).
+    src = next(a for a in ["native", "expandable", "async"] if runs.get((model, a)))
+    alloc = statistics.median(r["peak_allocated_mib"] for r in runs[(model, src)] if "failed" not in r)
+    print(f"\n{model}: PyTorch's peak allocated ({src} runs) {alloc:,.0f} MiB\n")
+    print("| allocator | runs | reserved peak (MiB) | driver peak (MiB) | driver / allocated | prefill tok/s | decode tok/s |")
+    print("|---|---|---|---|---|---|---|")
+    for a in ORDER:
+        rs = runs.get((model, a), [])
+        ok = [r for r in rs if "failed" not in r]
+        if not rs:
+            continue
+        if not ok:
+            print(f"| {a} | {len(rs)} | out of memory | | | | |")
+            continue
+        for r in ok:
+            r["reserved"] = r.get("cupool_peak_reserved_mib") if a == "cupool" else r.get("peak_reserved_mib")
+            r["ratio"] = r["driver_peak_mib"] / alloc
+        print(f"| {a} | {len(ok)} | {cell(ok, 'reserved')} | {cell(ok, 'driver_peak_mib')} | {cell(ok, 'ratio', '{:.3f}')} "
+              f"| {cell(ok, 'prefill_tok_s')} | {cell(ok, 'decode_tok_s', '{:.1f}')} |")
