@@ -37,6 +37,11 @@ def test_torch_installed(tmp_path, pool):
     assert (tmp_path / "trace.jsonl").stat().st_size > 0
 
 
+def test_torch_install_after_cuda_work_is_refused():
+    p = run("torch_install_too_late.py")
+    assert "refused" in p.stdout
+
+
 @pytest.mark.parametrize("pool", ["direct", "vmm"])
 def test_torch_mempool_and_oom(pool):
     p = run("torch_mempool.py", pool=pool)
