@@ -19,7 +19,7 @@ from . import _lib
 
 __all__ = ["CupoolError", "LibraryNotFound", "init", "is_initialized", "shutdown", "stats",
            "trim", "purge", "reset_peaks", "record", "phase", "device_count", "library_path",
-           "config_string"]
+           "config_string", "ensure_open"]
 
 #: The configuration names ``init`` takes as keywords, and the C API's names for them.
 OPTIONS = {
@@ -60,6 +60,19 @@ def init(pool=None, config=None, **options):
         config = config_string(pool, **options)
     _lib.check(load().cupool_init(_lib.encode(config)))
     _initialized = True
+
+
+def ensure_open(pool, default_pool, config, options):
+    """Opens the library on CUDA with ``pool`` (else ``default_pool``), ``config`` and
+    ``options``; if it is open already, checks that no settings are asked for."""
+    if not _initialized:
+        if config is None:
+            pool = pool or default_pool
+        init(pool=pool, config=config, device=options.pop("device", "cuda"), **options)
+    elif pool is not None or config is not None or options:
+        raise CupoolError(_lib.INVALID_ARGUMENT,
+                          "cupool is already open with another configuration: "
+                          "call cupool.shutdown() first, or pass no configuration")
 
 
 def is_initialized():

@@ -47,9 +47,9 @@ def allocate(size):
     return cupy.cuda.memory.MemoryPointer(mem, 0)
 
 
-def install(pool="vmm", config=None, **options):
-    """Makes cupool CuPy's allocator (``pool`` and ``options`` as ``cupool.init``)."""
+def install(pool=None, config=None, **options):
+    """Makes cupool CuPy's allocator (``pool``, vmm by default, and ``options`` as
+    ``cupool.init``; none if the library is open already)."""
     import cupy
-    if not cupool.is_initialized():
-        cupool.init(pool=pool, config=config, device=options.pop("device", "cuda"), **options)
+    cupool.ensure_open(pool, "vmm", config, dict(options))
     cupy.cuda.set_allocator(allocate)

@@ -28,18 +28,10 @@ def _pluggable():
     return _allocator
 
 
-def _open(pool, config, options):
-    if not cupool.is_initialized():
-        cupool.init(pool=pool, config=config, device=options.pop("device", "cuda"), **options)
-    elif pool is not None or config is not None or options:
-        raise cupool.CupoolError(_lib.INVALID_ARGUMENT,
-                                 "cupool is already open with another configuration: "
-                                 "call cupool.shutdown() first, or pass no configuration")
-
-
-def install(pool="vmm", config=None, **options):
+def install(pool=None, config=None, **options):
     """Makes cupool the allocator of every CUDA tensor in this process. ``pool`` is vmm (the
-    default), legacy, managed or torch; ``options`` are ``cupool.OPTIONS``. Raises a
+    default), legacy, managed, torch or direct; ``options`` are ``cupool.OPTIONS``. If
+    ``cupool.init`` already opened the library, pass no settings: its own are used. Raises a
     ``RuntimeError`` if PyTorch already allocated CUDA memory."""
     import torch
     if torch.cuda.is_initialized() and (torch.cuda.memory_reserved() > 0
@@ -49,7 +41,7 @@ def install(pool="vmm", config=None, **options):
             f"its own allocator already holds {torch.cuda.memory_reserved()} bytes. Call it "
             "first thing (before any CUDA tensor or model.to('cuda')), or use "
             "cupool.torch.mempool() to route part of the work through cupool.")
-    _open(pool, config, dict(options))
+    cupool.ensure_open(pool, "vmm", config, dict(options))
     try:
         torch.cuda.memory.change_current_allocator(_pluggable())
     except RuntimeError as e:
@@ -57,12 +49,12 @@ def install(pool="vmm", config=None, **options):
                            f"allocator ({e}). Call it before any CUDA work.") from e
 
 
-def mempool(pool="direct", config=None, **options):
+def mempool(pool=None, config=None, **options):
     """A ``torch.cuda.MemPool`` whose memory comes from cupool. Use with
     ``torch.cuda.use_mem_pool(p)``. PyTorch caches on top and returns segments when it empties
     its cache (after an out-of-memory, too), so the default pool, ``direct``, caches nothing
     and gives each segment back to the driver at once; ``fallback_managed=True`` serves what
     the device cannot from managed memory."""
     import torch
-    _open(pool, config, dict(options))
+    cupool.ensure_open(pool, "direct", config, dict(options))
     return torch.cuda.MemPool(_pluggable().allocator())

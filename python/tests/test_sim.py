@@ -88,6 +88,12 @@ def test_errors_say_what_was_wrong(sim):
     _lib.check(sim.cupool_free(0, 0, q, MIB))
 
 
+def test_an_open_library_takes_no_new_settings(sim):
+    cupool.ensure_open(None, "vmm", None, {})  # what install() does when init() came first
+    with pytest.raises(cupool.CupoolError, match="already open with another configuration"):
+        cupool.ensure_open("legacy", "vmm", None, {})
+
+
 def test_bad_configuration_names_the_accepted_values():
     with pytest.raises(cupool.CupoolError, match="accepted values are vmm, legacy, managed, torch, direct"):
         cupool.init(pool="fancy", device="sim")

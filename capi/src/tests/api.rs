@@ -268,3 +268,29 @@ fn records_a_trace_the_replay_reads() {
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn out_of_memory_trims_the_other_streams_pools_and_retries() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 GGML_POOL=vmm"),
+        CupoolStatus::Ok
+    );
+    let a = alloc(0, 1, 600 * MIB);
+    assert!(!a.0.is_null(), "{}", error());
+    assert_eq!(cupool_free(0, 1, a.0, 600 * MIB), CupoolStatus::Ok);
+    // Stream 1's pool keeps its 600 MiB mapped; stream 2 needs them.
+    let b = alloc(0, 2, 600 * MIB);
+    assert!(!b.0.is_null(), "{}", error());
+    let s = stats(0);
+    assert!(
+        stat(&s, "reserved_bytes.all.current") < 700 * MIB as u64,
+        "{s}"
+    );
+    assert!(stat(&s, "cupool.purged_bytes") >= 600 * MIB as u64, "{s}");
+    // With nothing idle anywhere, the failure is the pool's report.
+    assert!(alloc(0, 3, 600 * MIB).0.is_null());
+    assert!(error().contains("out of device memory"), "{}", error());
+    assert_eq!(cupool_free(0, 2, b.0, 600 * MIB), CupoolStatus::Ok);
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
+}
