@@ -16,18 +16,15 @@ use crate::status::{CupoolStatus, Failure};
 use cupool_pool::{PoolConfig, PoolKind};
 use std::collections::HashMap;
 
-const NAMES: &[&str] = &[
-    "GGML_POOL",
-    "GGML_CUDA_NO_VMM",
-    "GGML_CUDA_POOL_USE_MANAGED",
-    "GGML_CUDA_ALLOC_FALLBACK_MANAGED",
-    "CUPOOL_ALLOW_OVERSUBSCRIPTION",
-    "CUPOOL_DEVICE",
-    "CUPOOL_SIM_GIB",
-    "CUPOOL_SIM_DEVICES",
-    "CUPOOL_VMM_ROUND_LARGE",
-    "CUPOOL_SIZE_CLASSES",
-];
+/// The library's own names; the pool's ([`cupool_pool::config::ENV_NAMES`]) come too.
+const OWN_NAMES: &[&str] = &["CUPOOL_DEVICE", "CUPOOL_SIM_GIB", "CUPOOL_SIM_DEVICES"];
+
+fn names() -> impl Iterator<Item = &'static str> {
+    cupool_pool::config::ENV_NAMES
+        .iter()
+        .chain(OWN_NAMES)
+        .copied()
+}
 
 /// The VMM pool's rounding of large requests unless configured: the 2 MiB granule. A
 /// framework's tensors are replaced by slightly larger ones (a KV cache concatenated every
@@ -62,10 +59,21 @@ impl Config {
     /// Parses `text`, or the environment when `None`.
     pub fn parse(text: Option<&str>) -> Result<Self, Failure> {
         let pairs: HashMap<String, String> = match text {
-            None => NAMES
-                .iter()
-                .filter_map(|n| std::env::var(n).ok().map(|v| (n.to_string(), v)))
-                .collect(),
+            None => {
+                let mut m = HashMap::new();
+                for n in names() {
+                    match std::env::var(n) {
+                        Ok(v) => {
+                            m.insert(n.to_string(), v);
+                        }
+                        Err(std::env::VarError::NotUnicode(_)) => {
+                            return Err(invalid(format!("{n} is not UTF-8 text")));
+                        }
+                        Err(std::env::VarError::NotPresent) => {}
+                    }
+                }
+                m
+            }
             Some(t) => {
                 let mut m = HashMap::new();
                 for item in t
@@ -75,10 +83,10 @@ impl Config {
                     let (k, v) = item.split_once('=').ok_or_else(|| {
                         invalid(format!("configuration item {item:?} is not NAME=VALUE"))
                     })?;
-                    if !NAMES.contains(&k) {
+                    if !names().any(|n| n == k) {
                         return Err(invalid(format!(
                             "unknown configuration name {k:?}: accepted names are {}",
-                            NAMES.join(", ")
+                            names().collect::<Vec<_>>().join(", ")
                         )));
                     }
                     m.insert(k.to_string(), v.to_string());

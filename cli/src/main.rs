@@ -1,5 +1,7 @@
 //! `repro-prefill`: reproduces the long-context prefill OOM and shows each fix.
 
+#[macro_use]
+mod stdout;
 mod cli;
 mod output;
 mod plot;
@@ -42,12 +44,12 @@ fn main() -> ExitCode {
 }
 
 fn usage(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {msg}");
+    stdout::err(&format!("error: {msg}"));
     ExitCode::from(EXIT_USAGE)
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {msg}");
+    stdout::err(&format!("error: {msg}"));
     ExitCode::from(EXIT_ERROR)
 }
 
@@ -132,14 +134,14 @@ fn run(a: RunArgs) -> ExitCode {
         base.n_ubatch
     );
     match a.format {
-        FormatArg::Table => print!("{}", output::run_table(&outcomes, &header)),
-        FormatArg::Csv => print!("{}", output::run_csv(&outcomes)),
+        FormatArg::Table => stdout::out(&output::run_table(&outcomes, &header)),
+        FormatArg::Csv => stdout::out(&output::run_csv(&outcomes)),
         FormatArg::Json => {
             let v = serde_json::json!({
                 "scenario": output::scenario_json(&base, a.prompt, &dev.describe(), dev.executor_name(), dev.card_bytes()),
                 "runs": outcomes.iter().map(output::run_json).collect::<Vec<_>>(),
             });
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         }
     }
     if let Some(path) = &a.plot {
@@ -189,13 +191,13 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
         FormatArg::Json => {
             let scen =
                 output::scenario_json(&cfg, a.prompt, &dev.describe(), "dry-run", dev.card_bytes());
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&output::plan_json(&p, &cfg, scen))
                     .unwrap_or_default()
             );
         }
-        _ => print!("{}", output::plan_table(&p, &cfg)),
+        _ => stdout::out(&output::plan_table(&p, &cfg)),
     }
     ExitCode::SUCCESS
 }
@@ -239,10 +241,10 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
         Err(e) => return usage(format!("{}: {e}", a.trace.display())),
     };
     match a.format {
-        FormatArg::Json => println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default()),
+        FormatArg::Json => outln!("{}", serde_json::to_string_pretty(&r).unwrap_or_default()),
         FormatArg::Csv => {
-            println!("pool,purge,events,peak_live_bytes,peak_reserved_bytes,end_reserved_bytes,driver_mallocs,driver_frees,driver_maps,driver_unmaps,ooms");
-            println!(
+            outln!("pool,purge,events,peak_live_bytes,peak_reserved_bytes,end_reserved_bytes,driver_mallocs,driver_frees,driver_maps,driver_unmaps,ooms");
+            outln!(
                 "{},{},{},{},{},{},{},{},{},{},{}",
                 r.pool,
                 r.purge,
@@ -258,21 +260,24 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
             );
         }
         FormatArg::Table => {
-            println!(
+            outln!(
                 "replay of {} ({} events) through {} / purge {}",
                 a.trace.display(),
                 r.events,
                 r.pool,
                 r.purge
             );
-            println!("  peak live      {:>14} bytes", r.peak_live_bytes);
-            println!("  peak reserved  {:>14} bytes", r.peak_reserved_bytes);
-            println!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
-            println!(
+            outln!("  peak live      {:>14} bytes", r.peak_live_bytes);
+            outln!("  peak reserved  {:>14} bytes", r.peak_reserved_bytes);
+            outln!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
+            outln!(
                 "  driver calls   {} mallocs, {} frees, {} maps, {} unmaps",
-                r.driver_mallocs, r.driver_frees, r.driver_maps, r.driver_unmaps
+                r.driver_mallocs,
+                r.driver_frees,
+                r.driver_maps,
+                r.driver_unmaps
             );
-            println!("  OOMs           {}", r.ooms);
+            outln!("  OOMs           {}", r.ooms);
         }
     }
     ExitCode::SUCCESS

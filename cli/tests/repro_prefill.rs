@@ -312,3 +312,76 @@ fn help_documents_every_option() {
         assert!(help.contains(opt), "{opt} missing from --help");
     }
 }
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::process::Stdio;
+    for args in [
+        &["--format", "json", "--quiet", "--device", "sim"][..],
+        &["plan", "--format", "json", "--device", "sim"][..],
+    ] {
+        let mut child = bin()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before anything is written
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn sizes_beyond_what_is_modelled_are_refused_by_name() {
+    for (args, says) in [
+        (
+            &["--ctx", "4294967296"][..],
+            "context length 4294967296 is out of range",
+        ),
+        (
+            &[
+                "plan", "--ctx", "8000000", "--prompt", "8000000", "--vram", "2000",
+            ][..],
+            "from 1 to 4194304 tokens",
+        ),
+        (
+            &[
+                "plan",
+                "--n-embd",
+                "4611686018427387904",
+                "--n-ff",
+                "4611686018427387904",
+            ][..],
+            "n_embd is 4611686018427387904",
+        ),
+        (
+            &["--pool", "vmm", "--n-embd", "4611686018427387904"][..],
+            "n_embd",
+        ),
+    ] {
+        let out = bin().args(args).args(["--device", "sim"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn an_environment_value_that_is_not_utf8_is_an_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = bin()
+        .env("GGML_POOL", std::ffi::OsStr::from_bytes(b"\xff"))
+        .args(["--device", "sim", "--quiet"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("GGML_POOL") && stderr.contains("UTF-8"),
+        "{stderr}"
+    );
+}

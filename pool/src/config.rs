@@ -36,6 +36,17 @@ fn parse_bool(var: &'static str, value: &str) -> Result<bool, InvalidConfig> {
     }
 }
 
+/// The environment variables [`PoolConfig::from_env`] reads.
+pub const ENV_NAMES: &[&str] = &[
+    "GGML_POOL",
+    "GGML_CUDA_NO_VMM",
+    "GGML_CUDA_POOL_USE_MANAGED",
+    "GGML_CUDA_ALLOC_FALLBACK_MANAGED",
+    "CUPOOL_ALLOW_OVERSUBSCRIPTION",
+    "CUPOOL_SIZE_CLASSES",
+    "CUPOOL_VMM_ROUND_LARGE",
+];
+
 /// Which pool to build, and how.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolConfig {
@@ -81,6 +92,14 @@ pub fn parse_size_classes(value: &str) -> Result<Vec<usize>, InvalidConfig> {
 impl PoolConfig {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, PoolError> {
+        for name in ENV_NAMES {
+            if let Err(std::env::VarError::NotUnicode(v)) = std::env::var(name) {
+                let shown = v.to_string_lossy().into_owned();
+                return Err(
+                    InvalidConfig::new(name, shown, "UTF-8 text (the value is not)").into(),
+                );
+            }
+        }
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 

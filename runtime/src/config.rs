@@ -6,6 +6,10 @@ use crate::policy::{BudgetMode, PurgePolicy};
 use cupool_kernels::KvType;
 use cupool_pool::PoolConfig;
 
+/// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
+/// it bounds the planner's search and every buffer the runtime sizes from the context.
+pub const MAX_CTX: usize = 1 << 22;
+
 /// A run's configuration. [`RunConfig::new`] gives llama.cpp-like defaults.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -63,12 +67,15 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), RuntimeError> {
         self.model.validate(self.kv_type)?;
         let bad = |s: String| Err(RuntimeError::Invalid(s));
-        if self.n_ctx == 0 {
-            return bad("context length is 0: it must be at least 1 token".into());
-        }
-        if self.n_ubatch == 0 || self.n_batch == 0 {
+        if self.n_ctx == 0 || self.n_ctx > MAX_CTX {
             return bad(format!(
-                "batch {} and ubatch {} must both be at least 1",
+                "context length {} is out of range: it must be from 1 to {MAX_CTX} tokens",
+                self.n_ctx
+            ));
+        }
+        if self.n_ubatch == 0 || self.n_batch == 0 || self.n_batch > MAX_CTX {
+            return bad(format!(
+                "batch {} and ubatch {} must both be from 1 to {MAX_CTX}",
                 self.n_batch, self.n_ubatch
             ));
         }

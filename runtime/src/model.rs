@@ -31,6 +31,13 @@ pub struct ModelShape {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// The most layers a model may have.
+pub const MAX_LAYERS: usize = 1 << 12;
+/// The most attention heads (query or KV) a model may have.
+pub const MAX_HEADS: usize = 1 << 12;
+/// The widest a model dimension (embedding, FFN, head) may be.
+pub const MAX_WIDTH: usize = 1 << 20;
+
 /// The presets' names.
 pub const PRESETS: &[&str] = &["phi3-mini", "llama3-8b", "qwen3-30b-a3b", "deepseek-v3"];
 
@@ -66,19 +73,27 @@ impl ModelShape {
     /// Checks every dimension; the error says which and what is accepted.
     pub fn validate(&self, kv: KvType) -> Result<(), RuntimeError> {
         let bad = |what: String| Err(RuntimeError::Invalid(what));
-        for (name, v) in [
-            ("n_layer", self.n_layer),
-            ("n_embd", self.n_embd),
-            ("n_head", self.n_head),
-            ("n_head_kv", self.n_head_kv),
-            ("head_dim_k", self.head_dim_k),
-            ("head_dim_v", self.head_dim_v),
-            ("n_ff", self.n_ff),
+        // Bounds far above any published model, low enough that no layout size can overflow
+        // (every product of them below stays under 2^63 bytes).
+        for (name, v, max) in [
+            ("n_layer", self.n_layer, MAX_LAYERS),
+            ("n_embd", self.n_embd, MAX_WIDTH),
+            ("n_head", self.n_head, MAX_HEADS),
+            ("n_head_kv", self.n_head_kv, MAX_HEADS),
+            ("head_dim_k", self.head_dim_k, MAX_WIDTH),
+            ("head_dim_v", self.head_dim_v, MAX_WIDTH),
+            ("n_ff", self.n_ff, MAX_WIDTH),
         ] {
-            if v == 0 {
-                return bad(format!(
-                    "{name} is 0: every model dimension must be at least 1"
-                ));
+            if v == 0 || v > max {
+                return bad(format!("{name} is {v}: it must be from 1 to {max}"));
+            }
+        }
+        for (name, v) in [
+            ("n_head * head_dim_k", self.n_head * self.head_dim_k),
+            ("n_head * head_dim_v", self.n_head * self.head_dim_v),
+        ] {
+            if v > MAX_WIDTH {
+                return bad(format!("{name} is {v}: it must be at most {MAX_WIDTH}"));
             }
         }
         if self.n_head % self.n_head_kv != 0 {

@@ -175,7 +175,7 @@ pub fn plan(cfg: &RunConfig, target: &PlanTarget, n_prompt: usize) -> Result<Pla
         Ok(total_for_ctx(cfg, target, c)? <= target.free_bytes)
     };
     const STEP: usize = 256;
-    const LIMIT: usize = 1 << 22;
+    const LIMIT: usize = crate::config::MAX_CTX;
     let max_ctx_that_fits = if !fits(STEP)? {
         None
     } else {
