@@ -10,8 +10,9 @@ use std::path::PathBuf;
 /// With no pool chosen (no --pool, no GGML_POOL), runs the seed-001 scenario once per
 /// configuration (legacy/never, legacy/always, legacy/auto, vmm, managed, vmm with the
 /// planned budget) and prints a table. Exit codes: 0 success (a comparison that ran, even
-/// if some configurations ran out of memory), 1 error, 2 bad arguments, 3 a single run that
-/// ran out of memory.
+/// if some configurations ran out of memory), 1 error, 2 bad arguments, 3 does not fit: a
+/// single run that ran out of memory, a comparison none of whose configurations fit the card
+/// at startup, or a plan that does not fit.
 #[derive(Parser, Debug)]
 #[command(
     name = "repro-prefill",

@@ -155,6 +155,10 @@ fn run(a: RunArgs) -> ExitCode {
             Ok(_) => ExitCode::from(EXIT_OOM),
             Err(_) => ExitCode::from(EXIT_ERROR),
         }
+    } else if outcomes.iter().all(|o| o.report.is_err()) {
+        // Nothing started: a script must not read this as a comparison that ran.
+        let no_room = outcomes.iter().all(|o| o.did_not_fit);
+        ExitCode::from(if no_room { EXIT_OOM } else { EXIT_ERROR })
     } else {
         ExitCode::SUCCESS
     }
@@ -199,7 +203,11 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
         }
         _ => stdout::out(&output::plan_table(&p, &cfg)),
     }
-    ExitCode::SUCCESS
+    if p.fits {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_OOM)
+    }
 }
 
 fn replay_cmd(a: ReplayArgs) -> ExitCode {

@@ -232,6 +232,8 @@ pub struct Outcome {
     pub label: String,
     pub config: RunConfig,
     pub report: Result<RunReport, String>,
+    /// It did not start because its startup memory or its plan does not fit the card.
+    pub did_not_fit: bool,
     pub trace: Option<String>,
 }
 
@@ -261,11 +263,16 @@ pub fn run_one(
             label,
             config: cfg,
             report: Ok(report),
+            did_not_fit: false,
             trace,
         },
         Err(e) => Outcome {
             label,
             config: cfg,
+            did_not_fit: matches!(
+                e,
+                RuntimeError::DoesNotFit { .. } | RuntimeError::PlanDoesNotFit { .. }
+            ),
             report: Err(e.to_string()),
             trace: None,
         },

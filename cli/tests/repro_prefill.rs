@@ -385,3 +385,23 @@ fn an_environment_value_that_is_not_utf8_is_an_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn does_not_fit_has_its_exit_code() {
+    // A card too small for the weights: no configuration starts.
+    let out = bin()
+        .args(["--vram", "0.001", "--device", "sim", "--quiet"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(
+        stdout.contains("the weights (7.12 GiB) do not fit"),
+        "{stdout}"
+    );
+    // A plan that does not fit says so, and exits 3; one that fits exits 0.
+    let (v, code) = json(&["plan", "--vram", "4"]);
+    assert_eq!((v["fits"].as_bool(), code), (Some(false), 3), "{v}");
+    let (v, code) = json(&["plan"]);
+    assert_eq!((v["fits"].as_bool(), code), (Some(true), 0), "{v}");
+}

@@ -54,9 +54,10 @@ impl fmt::Display for RuntimeError {
                 free,
                 source,
             } => {
+                let verb = if what.ends_with('s') { "do" } else { "does" };
                 write!(
                     f,
-                    "the {what} ({:.2} GiB) does not fit at startup",
+                    "the {what} ({:.2} GiB) {verb} not fit at startup",
                     gib(*bytes)
                 )?;
                 if let Some(free) = free {
