@@ -175,19 +175,43 @@ pub struct ReplayReport {
     pub ooms: u64,
 }
 
-/// The allocations of the phase after `from` that are live together at its start: the
-/// requests a purge should keep buffers for.
-fn next_requests(ops: &[Op], from: usize, stream: u64) -> Vec<usize> {
-    let mut out = Vec::new();
+/// The reserve of every stream's pool and their sum, updated one pool at a time (summing all
+/// pools at every event made replays quadratic in the number of streams).
+#[derive(Default)]
+struct Reserved {
+    of: HashMap<u64, usize>,
+    total: usize,
+}
+
+impl Reserved {
+    fn update(&mut self, stream: u64, now: usize) {
+        let was = self.of.insert(stream, now).unwrap_or(0);
+        self.total = self.total - was + now;
+    }
+}
+
+/// For each stream, the allocations of the phase after `from` that are live together at its
+/// start (until the first free after the stream's first allocation): the requests a purge
+/// should keep buffers for. One pass over that phase for all streams, so replays stay linear.
+fn next_requests(ops: &[Op], from: usize) -> HashMap<u64, Vec<usize>> {
+    let mut out: HashMap<u64, Vec<usize>> = HashMap::new();
+    let mut done: std::collections::HashSet<u64> = Default::default();
+    // Streams with requests and no free since: a free closes all of them.
+    let mut open: Vec<u64> = Vec::new();
     let mut started = false;
     for op in &ops[from..] {
         match op {
             Op::PhaseBegin { .. } => started = true,
-            Op::Alloc {
-                size, stream: s, ..
-            } if started && *s == stream => out.push(*size),
-            Op::Free { .. } if started && !out.is_empty() => break,
-            Op::PhaseEnd { .. } if started => break,
+            Op::Alloc { size, stream, .. } if started && !done.contains(stream) => {
+                let v = out.entry(*stream).or_default();
+                if v.is_empty() {
+                    open.push(*stream);
+                }
+                v.push(*size);
+            }
+            Op::Free { .. } if started => done.extend(open.drain(..)),
+            // The phase ended, or another ended before one began: nothing further belongs to it.
+            Op::PhaseEnd { .. } => break,
             _ => {}
         }
     }
@@ -217,6 +241,7 @@ pub fn replay(
         ..Default::default()
     };
     let mut live_bytes = 0usize;
+    let mut reserved = Reserved::default();
     let mut ooms = 0u64;
     let inconsistent = |i: usize, message: String| TraceError::Inconsistent {
         event: i + 1,
@@ -243,6 +268,7 @@ pub fn replay(
                     Ok(b) => {
                         live_bytes += b.size();
                         live.insert(*id, (*stream, b));
+                        reserved.update(*stream, pool.reserved_bytes());
                     }
                     Err(PoolError::OutOfMemory(_)) => {
                         ooms += 1;
@@ -254,7 +280,9 @@ pub fn replay(
             Op::Free { id } => match live.remove(id) {
                 Some((stream, b)) => {
                     live_bytes -= b.size();
-                    pools[&stream].free(b).map_err(|e| e.error)?;
+                    let p = &pools[&stream];
+                    p.free(b).map_err(|e| e.error)?;
+                    reserved.update(stream, p.reserved_bytes());
                 }
                 None if failed.remove(id) => {}
                 None => {
@@ -266,10 +294,14 @@ pub fn replay(
             },
             Op::PhaseEnd { prefill: true, .. } if purge != PurgePolicy::Never => {
                 let mut token = None;
+                let mut next = match purge {
+                    PurgePolicy::Always => HashMap::new(),
+                    _ => next_requests(ops, i + 1),
+                };
                 for (&stream, p) in &pools {
                     let what = match purge {
                         PurgePolicy::Always => Purge::All,
-                        _ => Purge::KeepFor(next_requests(ops, i + 1, stream)),
+                        _ => Purge::KeepFor(next.remove(&stream).unwrap_or_default()),
                     };
                     if purge == PurgePolicy::Auto && p.releasable(&what) == 0 {
                         continue;
@@ -281,12 +313,12 @@ pub fn replay(
                         }
                     };
                     p.purge(&t, what)?;
+                    reserved.update(stream, p.reserved_bytes());
                 }
             }
             Op::PhaseBegin { .. } | Op::PhaseEnd { .. } | Op::Sync => {}
         }
-        let reserved: usize = pools.values().map(|p| p.reserved_bytes()).sum();
-        r.peak_reserved_bytes = r.peak_reserved_bytes.max(reserved);
+        r.peak_reserved_bytes = r.peak_reserved_bytes.max(reserved.total);
         r.peak_live_bytes = r.peak_live_bytes.max(live_bytes);
     }
     r.end_reserved_bytes = pools.values().map(|p| p.reserved_bytes()).sum();
@@ -304,4 +336,43 @@ pub fn replay(
         }
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod next_requests_tests {
+    use super::*;
+
+    fn alloc(id: u64, size: usize, stream: u64) -> Op {
+        Op::Alloc { id, size, stream }
+    }
+
+    #[test]
+    fn each_stream_keeps_what_is_live_together_at_the_next_phase_start() {
+        let begin = || Op::PhaseBegin { name: "p".into() };
+        let end = || Op::PhaseEnd {
+            name: "p".into(),
+            prefill: true,
+        };
+        let ops = vec![
+            end(),
+            alloc(9, 1, 0), // between phases: not part of the next one
+            begin(),
+            alloc(1, 10, 0),
+            alloc(2, 20, 0),
+            Op::Free { id: 1 }, // closes stream 0; stream 1 has not started
+            alloc(3, 30, 1),
+            alloc(4, 40, 0),
+            alloc(5, 50, 1),
+            end(),
+            begin(),
+            alloc(6, 60, 2),
+        ];
+        let next = next_requests(&ops, 1);
+        assert_eq!(next.get(&0), Some(&vec![10, 20]));
+        assert_eq!(next.get(&1), Some(&vec![30, 50]));
+        assert_eq!(next.get(&2), None, "the phase after that is not the next");
+        // Phase ends with no phase between them: nothing to keep, and the scan stops at once.
+        let ends: Vec<Op> = std::iter::repeat_with(end).take(3).collect();
+        assert!(next_requests(&ends, 1).is_empty());
+    }
 }
