@@ -141,7 +141,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub vram: Option<f64>,
     /// Pool (default: GGML_POOL, else the comparison).
-    #[arg(long, value_parser = pool_kind())]
+    #[arg(long, value_parser = pool_kind(), ignore_case = true)]
     pub pool: Option<PoolKind>,
     /// Purge policy at prefill ubatch boundaries.
     #[arg(long, value_enum, default_value = "never")]
@@ -171,7 +171,7 @@ pub struct ReplayArgs {
     /// The trace file.
     pub trace: PathBuf,
     /// Pool (torch: PyTorch's native caching allocator, to see what it would reserve).
-    #[arg(long, value_parser = pool_kind(), default_value = "vmm")]
+    #[arg(long, value_parser = pool_kind(), ignore_case = true, default_value = "vmm")]
     pub pool: PoolKind,
     /// Purge policy at prefill phase ends.
     #[arg(long, value_enum, default_value = "never")]

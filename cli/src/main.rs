@@ -53,18 +53,16 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_ERROR)
 }
 
-/// The pool settings: `--pool` over the environment; `None` when neither chose a pool.
-fn pool_choice(a: &RunArgs) -> Result<Option<PoolConfig>, String> {
+/// The pool settings: `--pool` and `--fallback-managed` over the environment; and whether
+/// they chose a pool (else the comparison runs, each row with these settings but its kind).
+fn pool_choice(a: &RunArgs) -> Result<(PoolConfig, bool), String> {
     let mut env = PoolConfig::from_env().map_err(|e| e.to_string())?;
     if let Some(p) = a.pool {
         env.kind = Some(p);
     }
     env.fallback_managed |= a.fallback_managed;
-    Ok(if env.kind.is_some() || a.fallback_managed {
-        Some(env)
-    } else {
-        None
-    })
+    let chosen = env.kind.is_some() || a.fallback_managed;
+    Ok((env, chosen))
 }
 
 fn run(a: RunArgs) -> ExitCode {
@@ -85,15 +83,14 @@ fn run(a: RunArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
-    let configs = match &choice {
-        Some(pool) => {
-            let mut c = base.clone();
-            c.pool = pool.clone();
-            vec![c]
-        }
-        None => scenario::comparison(&base),
+    let (pool, single) = choice;
+    let configs = if single {
+        let mut c = base.clone();
+        c.pool = pool;
+        vec![c]
+    } else {
+        scenario::comparison(&base, &pool)
     };
-    let single = choice.is_some();
     let progress = (std::io::stderr().is_terminal() && !a.quiet).then(|| {
         let pb = indicatif::ProgressBar::new(a.prompt as u64);
         pb.set_style(
@@ -175,8 +172,9 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
         Err(e) => return usage(e),
     };
     match pool_choice(&a) {
-        Ok(Some(p)) => cfg.pool = p,
-        Ok(None) => {}
+        // Unchosen, the kind stays automatic (vmm where supported) with the environment's
+        // other settings.
+        Ok((p, _)) => cfg.pool = p,
         Err(e) => return usage(e),
     }
     let dev = match Device::from_args(&a) {

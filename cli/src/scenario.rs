@@ -291,21 +291,26 @@ pub fn label(c: &RunConfig) -> String {
     l
 }
 
-/// The comparison's configurations.
-pub fn comparison(base: &RunConfig) -> Vec<RunConfig> {
+/// The comparison's configurations, each with the environment's pool settings (`env`: the
+/// managed fallback, oversubscription, ...) but its own kind; without the VMM rows when
+/// `GGML_CUDA_NO_VMM` forbids VMM.
+pub fn comparison(base: &RunConfig, env: &PoolConfig) -> Vec<RunConfig> {
     let mk = |kind: PoolKind, purge: PurgePolicy, budget: BudgetMode| {
         let mut c = base.clone();
-        c.pool = PoolConfig::default().kind(kind);
+        c.pool = env.clone().kind(kind);
         c.purge = purge;
         c.budget = budget;
         c
     };
-    vec![
+    let rows = vec![
         mk(PoolKind::Legacy, PurgePolicy::Never, BudgetMode::Ggml),
         mk(PoolKind::Legacy, PurgePolicy::Always, BudgetMode::Ggml),
         mk(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml),
         mk(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Ggml),
         mk(PoolKind::Managed, PurgePolicy::Never, BudgetMode::Ggml),
         mk(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Planned),
-    ]
+    ];
+    rows.into_iter()
+        .filter(|c| !(env.no_vmm && c.pool.kind == Some(PoolKind::Vmm)))
+        .collect()
 }

@@ -405,3 +405,41 @@ fn does_not_fit_has_its_exit_code() {
     let (v, code) = json(&["plan"]);
     assert_eq!((v["fits"].as_bool(), code), (Some(true), 0), "{v}");
 }
+
+#[test]
+fn the_comparison_honours_the_environment_and_pool_names_ignore_case() {
+    let labels_with = |var: &str| -> Vec<String> {
+        let out = bin()
+            .env(var, "1")
+            .args(["--device", "sim", "--format", "json", "--quiet"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["label"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let labels = labels_with("GGML_CUDA_NO_VMM");
+    assert!(
+        !labels.is_empty() && labels.iter().all(|l| !l.starts_with("vmm")),
+        "{labels:?}"
+    );
+    let labels = labels_with("GGML_CUDA_ALLOC_FALLBACK_MANAGED");
+    assert!(
+        labels.iter().all(|l| l.ends_with("+fallback")),
+        "{labels:?}"
+    );
+    let upper = bin()
+        .args(["--pool", "VMM", "--device", "sim", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        upper.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&upper.stderr)
+    );
+}

@@ -17,7 +17,7 @@ pub(super) fn report(
     let device: Option<MemInfo> = driver.mem_info().ok();
     let suggestion = if stranded > 0 {
         format!(
-            "{:.1} MiB of this pool's cache is too small for the request: purge it after a synchronize (Purge::SmallerThan or Purge::KeepFor) or enable flush-and-retry",
+            "{:.1} MiB of this pool's cache is too small for the request: purge it after a synchronize (repro-prefill --purge auto; in the library Purge::SmallerThan or Purge::KeepFor, or LegacyConfig::flush_and_retry)",
             stranded as f64 / (1u64 << 20) as f64
         )
     } else if kind == PoolKind::Managed {
