@@ -123,9 +123,9 @@ pub struct RunArgs {
     /// Context length.
     #[arg(long, default_value_t = 20480)]
     pub ctx: usize,
-    /// Prompt tokens.
-    #[arg(long, default_value_t = 20000)]
-    pub prompt: usize,
+    /// Prompt tokens (default: 20000, or the context if shorter; `plan`: the context).
+    #[arg(long)]
+    pub prompt: Option<usize>,
     /// Logical batch.
     #[arg(long, default_value_t = 2048)]
     pub batch: usize,
@@ -201,4 +201,16 @@ fn pool_kind() -> impl clap::builder::TypedValueParser<Value = PoolKind> {
         PoolKind::parse(&s)
             .ok_or_else(|| format!("unknown pool {s:?}: accepted are {}", PoolKind::names()))
     })
+}
+
+impl RunArgs {
+    /// The prompt: `--prompt`, else 20000 tokens (the context if shorter); for `plan`, the
+    /// whole context.
+    pub fn prompt_tokens(&self, plan: bool) -> usize {
+        match self.prompt {
+            Some(p) => p,
+            None if plan => self.ctx,
+            None => self.ctx.min(20000),
+        }
+    }
 }

@@ -67,11 +67,12 @@ fn pool_choice(a: &RunArgs) -> Result<(PoolConfig, bool), String> {
 
 fn run(a: RunArgs) -> ExitCode {
     init_logging(a.quiet);
+    let prompt = a.prompt_tokens(false);
     let model = match scenario::model_from_args(&a) {
         Ok(m) => m,
         Err(e) => return usage(e),
     };
-    let base = match scenario::run_config(&a, &model) {
+    let base = match scenario::run_config(&a, &model, false) {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
@@ -92,7 +93,7 @@ fn run(a: RunArgs) -> ExitCode {
         scenario::comparison(&base, &pool)
     };
     let progress = (std::io::stderr().is_terminal() && !a.quiet).then(|| {
-        let pb = indicatif::ProgressBar::new(a.prompt as u64);
+        let pb = indicatif::ProgressBar::new(prompt as u64);
         pb.set_style(
             indicatif::ProgressStyle::with_template(
                 "{msg:>22} [{bar:40}] {pos}/{len} tokens {elapsed}",
@@ -104,7 +105,7 @@ fn run(a: RunArgs) -> ExitCode {
     let mut outcomes: Vec<Outcome> = Vec::new();
     for mut c in configs {
         c.record_trace = a.trace.is_some();
-        let o = scenario::run_one(&dev, c, a.prompt, progress.as_ref());
+        let o = scenario::run_one(&dev, c, prompt, progress.as_ref());
         if let (Some(path), Some(trace)) = (&a.trace, &o.trace) {
             let path = if single {
                 path.clone()
@@ -124,7 +125,7 @@ fn run(a: RunArgs) -> ExitCode {
         "{} on {}: prompt {} / ctx {}, {} KV, -b {} -ub {}",
         base.model.name,
         dev.describe(),
-        a.prompt,
+        prompt,
         base.n_ctx,
         base.kv_type.name(),
         base.n_batch,
@@ -135,7 +136,7 @@ fn run(a: RunArgs) -> ExitCode {
         FormatArg::Csv => stdout::out(&output::run_csv(&outcomes)),
         FormatArg::Json => {
             let v = serde_json::json!({
-                "scenario": output::scenario_json(&base, a.prompt, &dev.describe(), dev.executor_name(), dev.card_bytes()),
+                "scenario": output::scenario_json(&base, prompt, &dev.describe(), dev.executor_name(), dev.card_bytes()),
                 "runs": outcomes.iter().map(output::run_json).collect::<Vec<_>>(),
             });
             outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -163,11 +164,12 @@ fn run(a: RunArgs) -> ExitCode {
 
 fn plan_cmd(a: RunArgs) -> ExitCode {
     init_logging(a.quiet);
+    let prompt = a.prompt_tokens(true);
     let model = match scenario::model_from_args(&a) {
         Ok(m) => m,
         Err(e) => return usage(e),
     };
-    let mut cfg = match scenario::run_config(&a, &model) {
+    let mut cfg = match scenario::run_config(&a, &model, true) {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
@@ -185,14 +187,14 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    let p = match plan(&cfg, &target, a.prompt) {
+    let p = match plan(&cfg, &target, prompt) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
     match a.format {
         FormatArg::Json => {
             let scen =
-                output::scenario_json(&cfg, a.prompt, &dev.describe(), "dry-run", dev.card_bytes());
+                output::scenario_json(&cfg, prompt, &dev.describe(), "dry-run", dev.card_bytes());
             outln!(
                 "{}",
                 serde_json::to_string_pretty(&output::plan_json(&p, &cfg, scen))

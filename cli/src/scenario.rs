@@ -192,7 +192,7 @@ pub fn budget_mode(b: BudgetArg) -> BudgetMode {
 }
 
 /// The base configuration from the arguments (pool settings filled in by the caller).
-pub fn run_config(a: &RunArgs, m: &ModelShape) -> Result<RunConfig, String> {
+pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, String> {
     let mut c = RunConfig::new(m.clone(), a.ctx);
     c.kv_type = kv_type(a.kv_type);
     c.n_batch = a.batch;
@@ -208,10 +208,11 @@ pub fn run_config(a: &RunArgs, m: &ModelShape) -> Result<RunConfig, String> {
     if let Some(v) = a.vram {
         gib_bytes(v)?;
     }
-    if a.prompt == 0 || a.prompt > a.ctx {
+    let prompt = a.prompt_tokens(plan);
+    if prompt == 0 || prompt > a.ctx {
         return Err(format!(
-            "--prompt {} must be between 1 and --ctx {}",
-            a.prompt, a.ctx
+            "--prompt {prompt} must be between 1 and --ctx {}",
+            a.ctx
         ));
     }
     Ok(c)
