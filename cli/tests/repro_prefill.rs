@@ -443,3 +443,26 @@ fn the_comparison_honours_the_environment_and_pool_names_ignore_case() {
         String::from_utf8_lossy(&upper.stderr)
     );
 }
+
+#[test]
+fn the_prompt_follows_a_shorter_context() {
+    // plan: the whole context; a run: 20000 tokens, or the context if shorter.
+    let (v, code) = json(&["plan", "--ctx", "8192"]);
+    assert_eq!(
+        (v["scenario"]["prompt"].as_u64(), code),
+        (Some(8192), 0),
+        "{v}"
+    );
+    let (v, code) = json(&["plan", "--ctx", "32768", "--vram", "24"]);
+    assert_eq!(
+        (v["scenario"]["prompt"].as_u64(), code),
+        (Some(32768), 0),
+        "{v}"
+    );
+    let (v, code) = json(&["--ctx", "8192", "--pool", "vmm"]);
+    assert_eq!(
+        (v["scenario"]["prompt"].as_u64(), code),
+        (Some(8192), 0),
+        "{v}"
+    );
+}
