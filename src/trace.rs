@@ -97,7 +97,13 @@ pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
         if t.is_empty() || t.starts_with('#') {
             continue;
         }
-        let v: Value = serde_json::from_str(t).map_err(|e| bad(line, format!("not JSON ({e}); expected one object per line such as {{\"op\":\"alloc\",\"id\":1,\"size\":4096}}")))?;
+        let v: Value = serde_json::from_str(t).map_err(|e| {
+            // serde's text ends with its own position in the one-line document: give the
+            // column alone, the line is ours.
+            let what = e.to_string();
+            let what = what.split(" at line ").next().unwrap_or_default();
+            bad(line, format!("not JSON at column {} ({what}); expected one object per line such as {{\"op\":\"alloc\",\"id\":1,\"size\":4096}}", e.column()))
+        })?;
         let o = v
             .as_object()
             .ok_or_else(|| bad(line, format!("expected a JSON object, found {v}")))?;

@@ -19,7 +19,8 @@ use std::path::PathBuf;
     version,
     about,
     long_about,
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    allow_negative_numbers = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -31,11 +32,14 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run a prefill (the default).
+    #[command(allow_negative_numbers = true)]
     Run(RunArgs),
     /// Print the memory budget without running: weights, KV, compute buffer, the pool's reserve
     /// over the whole prefill, whether it fits, and the largest context that fits.
+    #[command(allow_negative_numbers = true)]
     Plan(RunArgs),
     /// Replay an allocation trace (JSON lines) through a pool on the simulated device.
+    #[command(allow_negative_numbers = true)]
     Replay(ReplayArgs),
 }
 

@@ -3,6 +3,7 @@
 #[macro_use]
 mod stdout;
 mod cli;
+mod llama_args;
 mod output;
 mod plot;
 mod scenario;
@@ -34,7 +35,11 @@ fn init_logging(quiet: bool) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = match llama_args::rewrite(std::env::args_os()) {
+        Ok(a) => a,
+        Err(e) => return usage(e),
+    };
+    let cli = Cli::parse_from(args);
     match cli.command {
         Some(Command::Run(a)) => run(a),
         None => run(cli.run),
@@ -214,6 +219,12 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
     init_logging(a.quiet);
     let text = match std::fs::read_to_string(&a.trace) {
         Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return usage(format!(
+                "{} is not UTF-8 text: a trace is JSON lines",
+                a.trace.display()
+            ))
+        }
         Err(e) => return fail(format!("reading {}: {e}", a.trace.display())),
     };
     let ops = match replay::parse(&text) {

@@ -230,6 +230,10 @@ fn hand_written_trace_and_its_errors() {
         ),
         ("\n\n{\"op\":\"grow\"}\n", "line 3: unknown op \"grow\""),
         ("not json\n", "line 1: not JSON"),
+        (
+            "{\"op\":\"sync\"}\n{oops}\n",
+            "line 2: not JSON at column 2 (key must be a string)",
+        ),
         ("[1,2]\n", "line 1: expected a JSON object"),
         (
             "{\"op\":\"free\",\"id\":9}\n",
@@ -465,4 +469,40 @@ fn the_prompt_follows_a_shorter_context() {
         (Some(8192), 0),
         "{v}"
     );
+}
+
+#[test]
+fn llama_cpp_spellings_negative_numbers_and_binary_traces() {
+    let (v, code) = json(&[
+        "plan", "-c", "8192", "-b", "1024", "-ub", "256", "-ctk", "f16", "-ctv", "f16", "-fa", "1",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    let s = &v["scenario"];
+    assert_eq!(
+        (s["ctx"].as_u64(), s["batch"].as_u64(), s["ubatch"].as_u64()),
+        (Some(8192), Some(1024), Some(256)),
+        "{v}"
+    );
+    for (args, says) in [
+        (
+            &["plan", "--ctx", "-5"][..],
+            "invalid value '-5' for '--ctx",
+        ),
+        (&["--ctx", "-5"][..], "invalid value '-5' for '--ctx"),
+        (&["plan", "-fa", "off"][..], "always uses flash attention"),
+    ] {
+        let out = bin().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let binary = tmp("binary.jsonl");
+    std::fs::write(&binary, b"\xff\xfe\n").unwrap();
+    let out = bin()
+        .args(["replay", binary.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is not UTF-8 text"), "{stderr}");
 }
