@@ -56,8 +56,8 @@ impl Device {
                 vram,
             })
         } else {
-            if a.device == DeviceArg::Auto {
-                tracing::info!("no usable CUDA device: running on the simulated device");
+            if a.device == DeviceArg::Auto && !a.quiet {
+                crate::stdout::err("note: no usable CUDA device: running on the simulated card (--device sim chooses it and hides this note)");
             }
             let backed = a.compute == Some(ComputeArg::Cpu);
             Ok(Device::Sim {

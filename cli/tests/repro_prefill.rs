@@ -506,3 +506,24 @@ fn llama_cpp_spellings_negative_numbers_and_binary_traces() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("is not UTF-8 text"), "{stderr}");
 }
+
+#[test]
+fn falling_back_to_the_simulated_card_is_said_once() {
+    let out = bin()
+        .args(["plan"])
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("running on the simulated card").count(),
+        1,
+        "{stderr}"
+    );
+    let quiet = bin()
+        .args(["plan", "--quiet"])
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&quiet.stderr).is_empty());
+}
