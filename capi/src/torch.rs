@@ -10,6 +10,7 @@ use crate::api::{alloc_on, free_on};
 use crate::state::init_from_env_once;
 use crate::status::guard;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// PyTorch's allocation entry point.
 #[no_mangle]
@@ -19,7 +20,18 @@ pub extern "C" fn cupool_torch_alloc(size: usize, device: i32, stream: *mut c_vo
         || {
             init_from_env_once()?;
             let (ptr, _) = alloc_on(device, stream as u64, size).inspect_err(|f| {
-                tracing::error!(device, size, "cupool could not serve PyTorch: {}", f.text);
+                // The 1st, 2nd, 4th, ... failure: PyTorch retries after emptying its cache.
+                static FAILED: AtomicU64 = AtomicU64::new(0);
+                let n = FAILED.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::error!(
+                        device,
+                        size,
+                        failures_so_far = n,
+                        "cupool could not serve PyTorch: {}",
+                        f.text
+                    );
+                }
             })?;
             Ok(ptr as *mut c_void)
         },

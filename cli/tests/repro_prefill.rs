@@ -527,3 +527,29 @@ fn falling_back_to_the_simulated_card_is_said_once() {
         .unwrap();
     assert!(String::from_utf8_lossy(&quiet.stderr).is_empty());
 }
+
+#[test]
+fn repeated_out_of_memory_warnings_are_rate_limited() {
+    let trace = tmp("many-ooms.jsonl");
+    let text: String = (0..3000)
+        .map(|i| format!("{{\"op\":\"alloc\",\"id\":{i},\"size\":1048576}}\n"))
+        .collect();
+    std::fs::write(&trace, text).unwrap();
+    let out = bin()
+        .env("RUST_LOG", "warn")
+        .args([
+            "replay",
+            trace.to_str().unwrap(),
+            "--vram",
+            "0.001",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ooms"].as_u64(), Some(3000), "every one is counted");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings = stderr.matches("out of device memory").count();
+    assert_eq!(warnings, 12, "the 1st, 2nd, 4th, ..., 2048th: {stderr}");
+}

@@ -204,7 +204,13 @@ impl Ctx {
             Err(e) if e.is_oom() => {
                 g.tracker.s.ooms += 1;
                 let report = self.oom_report(g, size, e.to_string());
-                tracing::warn!(pool = %self.kind, "{report}");
+                // The 1st, 2nd, 4th, 8th, ... of a pool: a replay or a caller retrying in a
+                // loop does not flood the log; every one is in the stats and the error.
+                if g.tracker.s.ooms.is_power_of_two() {
+                    tracing::warn!(pool = %self.kind, ooms_so_far = g.tracker.s.ooms, "{report}");
+                } else {
+                    tracing::debug!(pool = %self.kind, ooms_so_far = g.tracker.s.ooms, "{report}");
+                }
                 Err(PoolError::OutOfMemory(Box::new(report)))
             }
             Err(e) => Err(e.into()),
