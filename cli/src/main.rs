@@ -169,6 +169,17 @@ fn run(a: RunArgs) -> ExitCode {
 
 fn plan_cmd(a: RunArgs) -> ExitCode {
     init_logging(a.quiet);
+    // Options of a run that a plan has no use for: refused, not silently ignored.
+    if a.format == FormatArg::Csv {
+        return usage("plan has no csv output: use --format table or --format json");
+    }
+    for (given, name) in [(a.plot.is_some(), "--plot"), (a.trace.is_some(), "--trace")] {
+        if given {
+            return usage(format!(
+                "{name} records a run; plan runs nothing: drop {name}, or run without plan"
+            ));
+        }
+    }
     let prompt = a.prompt_tokens(true);
     let model = match scenario::model_from_args(&a) {
         Ok(m) => m,
@@ -192,6 +203,11 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
+    // Name the pool the plan models (automatic: vmm where the device supports it).
+    match cfg.pool.resolve(target.vmm) {
+        Ok(k) => cfg.pool.kind = Some(k),
+        Err(e) => return usage(e),
+    }
     let p = match plan(&cfg, &target, prompt) {
         Ok(p) => p,
         Err(e) => return fail(e),

@@ -408,6 +408,8 @@ fn does_not_fit_has_its_exit_code() {
     assert_eq!((v["fits"].as_bool(), code), (Some(false), 3), "{v}");
     let (v, code) = json(&["plan"]);
     assert_eq!((v["fits"].as_bool(), code), (Some(true), 0), "{v}");
+    // The automatic pool is named: the simulated card supports VMM.
+    assert_eq!(v["pool"].as_str(), Some("vmm"), "{v}");
 }
 
 #[test]
@@ -552,4 +554,18 @@ fn repeated_out_of_memory_warnings_are_rate_limited() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let warnings = stderr.matches("out of device memory").count();
     assert_eq!(warnings, 12, "the 1st, 2nd, 4th, ..., 2048th: {stderr}");
+}
+
+#[test]
+fn plan_refuses_the_options_it_has_no_use_for() {
+    for (args, says) in [
+        (&["plan", "--format", "csv"][..], "plan has no csv output"),
+        (&["plan", "--plot", "x.svg"][..], "--plot records a run"),
+        (&["plan", "--trace", "t.jsonl"][..], "--trace records a run"),
+    ] {
+        let out = bin().args(args).args(["--device", "sim"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
 }
