@@ -569,3 +569,29 @@ fn plan_refuses_the_options_it_has_no_use_for() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_refused_fallback_says_oversubscription_must_be_allowed() {
+    let out = bin()
+        .args([
+            "--pool",
+            "legacy",
+            "--fallback-managed",
+            "--device",
+            "sim",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("the managed fallback was refused too"),
+        "{all}"
+    );
+    assert!(all.contains("CUPOOL_ALLOW_OVERSUBSCRIPTION=1"), "{all}");
+}

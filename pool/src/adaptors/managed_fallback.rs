@@ -65,6 +65,17 @@ impl ManagedFallback {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "managed fallback refused too");
+                let mut original = original;
+                if let PoolError::OutOfMemory(report) = &mut original {
+                    // The device's report stands; say why the fallback could not help either.
+                    let why = match &e {
+                        PoolError::OutOfMemory(r) => r.cause.clone(),
+                        other => other.to_string(),
+                    };
+                    report.suggestion = format!(
+                        "the managed fallback was refused too ({why}); managed memory is kept within the device's free memory unless oversubscription is allowed (CUPOOL_ALLOW_OVERSUBSCRIPTION=1: paging, and a risk of hanging the GPU)"
+                    );
+                }
                 Err(original)
             }
         }
