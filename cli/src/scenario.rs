@@ -146,14 +146,20 @@ pub fn gib_bytes(g: f64) -> Result<usize, String> {
 
 pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
     let mut m = ModelShape::preset(&a.model).map_err(|e| e.to_string())?;
-    let custom = a.n_layer.is_some()
-        || a.n_embd.is_some()
-        || a.n_head.is_some()
-        || a.n_head_kv.is_some()
-        || a.head_dim_k.is_some()
-        || a.head_dim_v.is_some()
-        || a.n_ff.is_some()
-        || a.v_is_k;
+    let preset = m.clone();
+    let overrides: Vec<String> = [
+        ("n_layer", a.n_layer),
+        ("n_embd", a.n_embd),
+        ("n_head", a.n_head),
+        ("n_head_kv", a.n_head_kv),
+        ("head_dim_k", a.head_dim_k),
+        ("head_dim_v", a.head_dim_v),
+        ("n_ff", a.n_ff),
+    ]
+    .iter()
+    .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+    .chain(a.v_is_k.then(|| "v_is_k".to_string()))
+    .collect();
     m.n_layer = a.n_layer.unwrap_or(m.n_layer);
     m.n_embd = a.n_embd.unwrap_or(m.n_embd);
     m.n_head = a.n_head.unwrap_or(m.n_head);
@@ -162,10 +168,19 @@ pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
     m.head_dim_v = a.head_dim_v.unwrap_or(m.head_dim_v);
     m.n_ff = a.n_ff.unwrap_or(m.n_ff);
     m.v_is_k |= a.v_is_k;
-    if custom {
-        m.name = format!("{} (custom)", m.name);
-    }
     m.validate(kv_type(a.kv_type)).map_err(|e| e.to_string())?;
+    if a.model == "phi3-mini" {
+        m.weights_bytes = SCENARIO_WEIGHTS as usize;
+    }
+    if !overrides.is_empty() {
+        m.name = format!("{} with {}", m.name, overrides.join(" "));
+        // The preset's weight size, scaled by how the shape changed the weight layout (same
+        // quantisation): 16 of 32 layers weigh about half.
+        // (The layout is one layer's: the runtime shares it between layers.)
+        let all = |s: &ModelShape| WeightLayout::new(s).bytes as f64 * s.n_layer as f64;
+        let (was, now) = (all(&preset), all(&m));
+        m.weights_bytes = (m.weights_bytes as f64 * now / was.max(1.0)) as usize;
+    }
     Ok(m)
 }
 
@@ -199,7 +214,6 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
     c.n_ubatch = a.ubatch;
     c.weights_bytes = match a.weights {
         Some(g) => gib_bytes(g)?,
-        None if a.model == "phi3-mini" => SCENARIO_WEIGHTS as usize,
         None => m.weights_bytes,
     };
     c.purge = purge_policy(a.purge);

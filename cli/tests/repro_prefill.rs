@@ -595,3 +595,20 @@ fn a_refused_fallback_says_oversubscription_must_be_allowed() {
     );
     assert!(all.contains("CUPOOL_ALLOW_OVERSUBSCRIPTION=1"), "{all}");
 }
+
+#[test]
+fn a_custom_shape_is_named_by_its_changes_and_weighs_accordingly() {
+    let (v, code) = json(&["plan", "--n-layer", "16"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(
+        v["scenario"]["model"].as_str(),
+        Some("phi3-mini with n_layer=16"),
+        "{v}"
+    );
+    // Half the layers of the scenario's 7.64 GB of weights.
+    assert_eq!(
+        v["scenario"]["weights_bytes"].as_u64(),
+        Some(3_820_000_000),
+        "{v}"
+    );
+}
