@@ -7,8 +7,9 @@ use std::path::PathBuf;
 
 /// Reproduces the long-context prefill OOM of llama.cpp-style engines and shows each fix.
 ///
-/// With no pool chosen (no --pool, no GGML_POOL), runs the seed-001 scenario once per
-/// configuration (legacy/never, legacy/always, legacy/auto, vmm, managed, vmm with the
+/// With no pool chosen (no --pool, no GGML_POOL), runs the default scenario (a Phi-3-mini
+/// shaped model with f16 weights, a 20,000-token prompt, q8_0 KV cache, -b 2048 -ub 512, on a
+/// 12 GiB card such as an RTX 3060) once per configuration (legacy/never, legacy/always, legacy/auto, vmm, managed, vmm with the
 /// planned budget) and prints a table. Exit codes: 0 success (a comparison that ran, even
 /// if some configurations ran out of memory), 1 error, 2 bad arguments, 3 does not fit: a
 /// single run that ran out of memory, a comparison none of whose configurations fit the card
@@ -141,7 +142,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub weights: Option<f64>,
     /// The card in GiB: the simulated device's capacity, or a limit the pool enforces on a
-    /// real GPU (default 12, the seed-001 RTX 3060; on cuda without it, the whole GPU).
+    /// real GPU (default 12, an RTX 3060's; on cuda without it, the whole GPU).
     #[arg(long)]
     pub vram: Option<f64>,
     /// Pool (default: GGML_POOL, else the comparison).

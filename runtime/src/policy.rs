@@ -6,7 +6,7 @@
 pub enum PurgePolicy {
     /// Keep everything cached (ggml).
     Never,
-    /// Synchronize, then return every cached buffer (seed 001's proposal).
+    /// Synchronize, then return every cached buffer at each prefill ubatch boundary.
     Always,
     /// Return only what the next ubatch cannot reuse: the pool is asked which cached buffers
     /// best fit would hand to the next ubatch's scratch requests, and releases the rest. It
