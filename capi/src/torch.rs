@@ -9,8 +9,8 @@
 use crate::api::{alloc_on, free_on};
 use crate::state::init_from_env_once;
 use crate::status::guard;
+use cupool_pool::rate_limit::Doubling;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// PyTorch's allocation entry point.
 #[no_mangle]
@@ -20,10 +20,9 @@ pub extern "C" fn cupool_torch_alloc(size: usize, device: i32, stream: *mut c_vo
         || {
             init_from_env_once()?;
             let (ptr, _) = alloc_on(device, stream as u64, size).inspect_err(|f| {
-                // The 1st, 2nd, 4th, ... failure: PyTorch retries after emptying its cache.
-                static FAILED: AtomicU64 = AtomicU64::new(0);
-                let n = FAILED.fetch_add(1, Ordering::Relaxed) + 1;
-                if n.is_power_of_two() {
+                // PyTorch retries after emptying its cache: rate-limited.
+                static FAILED: Doubling = Doubling::new();
+                if let Some(n) = FAILED.due() {
                     tracing::error!(
                         device,
                         size,

@@ -72,8 +72,7 @@ pub struct PoolConfig {
 /// Parses a `CUPOOL_SIZE_CLASSES` value: byte bounds separated by commas, strictly
 /// ascending, or `none`.
 pub fn parse_size_classes(value: &str) -> Result<Vec<usize>, InvalidConfig> {
-    const ACCEPTED: &str =
-        "none, or byte sizes above 0, strictly ascending, separated by commas (e.g. 1048576,67108864)";
+    use crate::adaptors::size_classes::{check_bounds, BOUNDS_ACCEPTED};
     let v = value.trim();
     if v.is_empty() || v.eq_ignore_ascii_case("none") {
         return Ok(Vec::new());
@@ -82,10 +81,8 @@ pub fn parse_size_classes(value: &str) -> Result<Vec<usize>, InvalidConfig> {
         .split(',')
         .map(|b| b.trim().parse::<usize>())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| InvalidConfig::new("CUPOOL_SIZE_CLASSES", value, ACCEPTED))?;
-    if bounds.first() == Some(&0) || bounds.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(InvalidConfig::new("CUPOOL_SIZE_CLASSES", value, ACCEPTED));
-    }
+        .map_err(|_| InvalidConfig::new("CUPOOL_SIZE_CLASSES", value, BOUNDS_ACCEPTED))?;
+    check_bounds(&bounds)?;
     Ok(bounds)
 }
 
@@ -181,6 +178,7 @@ impl PoolConfig {
         self.legacy.placement.validate()?;
         self.vmm.validate()?;
         self.torch.validate()?;
+        crate::adaptors::size_classes::check_bounds(&self.size_classes)?;
         Ok(())
     }
 

@@ -48,6 +48,7 @@ mod owners;
 pub mod placement;
 mod pool;
 pub mod pools;
+pub mod rate_limit;
 pub mod registry;
 mod stats;
 pub mod sync;

@@ -7,6 +7,7 @@
 //! and dropping a pool, its slow paths, and dropping a block instead of freeing it.
 
 use crate::driver::DevicePtr;
+use crate::rate_limit::Doubling;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,9 +115,8 @@ pub(crate) fn reclaim(parts: Parts) {
 /// Warns on the 1st, 2nd, 4th, 8th, … dropped block, so a loop that drops blocks does not
 /// flood the log.
 fn warn_rate_limited(parts: Parts) {
-    static DROPPED: AtomicU64 = AtomicU64::new(0);
-    let n = DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
-    if n.is_power_of_two() {
+    static DROPPED: Doubling = Doubling::new();
+    if let Some(n) = DROPPED.due() {
         tracing::warn!(pool = ?parts.pool, bytes = parts.size, dropped_so_far = n, "a block was dropped instead of freed; it goes back to its pool core, bypassing the pool's adaptors");
     }
 }

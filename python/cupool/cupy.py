@@ -37,11 +37,11 @@ def allocate(size):
     lib = _lib.load()
     ptr = lib.cupool_alloc(device, stream, size, ctypes.byref(actual))
     if not ptr:
-        text = _lib.last_error()
-        free, total = cupy.cuda.runtime.memGetInfo()
-        err = cupy.cuda.memory.OutOfMemoryError(size, total)
-        err.args = (f"{err.args[0] if err.args else ''} cupool: {text}".strip(),)
-        raise err
+        # CuPy's own error type, so callers' handlers work; cupool's report goes to the log.
+        import logging
+        logging.getLogger("cupool").error("cupool could not serve CuPy: %s", _lib.last_error())
+        _, total = cupy.cuda.runtime.memGetInfo()
+        raise cupy.cuda.memory.OutOfMemoryError(size, total)
     owner = _Block(ptr, size, device, stream)
     mem = cupy.cuda.memory.UnownedMemory(ptr, size, owner, device)
     return cupy.cuda.memory.MemoryPointer(mem, 0)

@@ -12,6 +12,7 @@
 use crate::block::Block;
 use crate::driver::Driver;
 use crate::error::{FreeError, PoolError};
+use crate::invalid::InvalidConfig;
 use crate::kind::PoolKind;
 use crate::pool::{Pool, Purge, Released};
 use crate::stats::PoolStats;
@@ -41,11 +42,7 @@ impl SizeClasses {
                 pools.len()
             ));
         }
-        if bounds.windows(2).any(|w| w[0] >= w[1]) || bounds.first() == Some(&0) {
-            return invalid(format!(
-                "size-class bounds must be above 0 and strictly ascending: {bounds:?}"
-            ));
-        }
+        check_bounds(&bounds)?;
         let device = pools[0].driver().ordinal();
         if pools.iter().any(|p| p.driver().ordinal() != device) {
             return invalid("the pools of size classes must share one device".into());
@@ -64,6 +61,22 @@ impl SizeClasses {
     pub fn bounds(&self) -> &[usize] {
         &self.bounds
     }
+}
+
+/// What size-class bounds must be: above 0 and strictly ascending.
+pub const BOUNDS_ACCEPTED: &str =
+    "none, or byte sizes above 0, strictly ascending, separated by commas (e.g. 1048576,67108864)";
+
+/// Checks size-class bounds (the one check, for [`SizeClasses::new`] and the configuration).
+pub fn check_bounds(bounds: &[usize]) -> Result<(), InvalidConfig> {
+    if bounds.first() == Some(&0) || bounds.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(InvalidConfig::new(
+            "CUPOOL_SIZE_CLASSES",
+            bounds,
+            BOUNDS_ACCEPTED,
+        ));
+    }
+    Ok(())
 }
 
 impl Pool for SizeClasses {
