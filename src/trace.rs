@@ -88,6 +88,16 @@ fn field_str(
         .ok_or_else(|| bad(line, format!("\"{op}\" needs a string \"{key}\"")))
 }
 
+/// The optional `"stream"` of an event (0 when absent).
+fn stream_field(o: &Map<String, Value>, line: usize) -> Result<u64, TraceError> {
+    match o.get("stream") {
+        None => Ok(0),
+        Some(s) => s
+            .as_u64()
+            .ok_or_else(|| bad(line, "\"stream\" must be a non-negative integer".into())),
+    }
+}
+
 /// Parses a whole trace; the error names the line and what was expected.
 pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
     let mut ops = Vec::new();
@@ -110,7 +120,7 @@ pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
         let op = o.get("op").and_then(Value::as_str).ok_or_else(|| {
             bad(
                 line,
-                "missing string \"op\" (alloc, free, phase_begin, phase_end or sync)".into(),
+                "missing string \"op\" (alloc, free, keep, phase_begin, phase_end or sync)".into(),
             )
         })?;
         ops.push(match op {
@@ -118,12 +128,30 @@ pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
                 id: field_u64(o, "id", line, op)?,
                 size: usize::try_from(field_u64(o, "size", line, op)?)
                     .map_err(|_| bad(line, "size too large".into()))?,
-                stream: match o.get("stream") {
-                    None => 0,
-                    Some(s) => s.as_u64().ok_or_else(|| {
-                        bad(line, "\"stream\" must be a non-negative integer".into())
-                    })?,
+                stream: stream_field(o, line)?,
+                name: match o.get("name") {
+                    None => None,
+                    Some(n) => Some(n.as_str().map(str::to_owned).ok_or_else(|| {
+                        bad(line, "\"name\" must be a string".into())
+                    })?),
                 },
+            },
+            "keep" => Op::Keep {
+                stream: stream_field(o, line)?,
+                sizes: o
+                    .get("sizes")
+                    .and_then(Value::as_array)
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+                            .collect::<Option<Vec<usize>>>()
+                    })
+                    .ok_or_else(|| {
+                        bad(
+                            line,
+                            "\"keep\" needs \"sizes\", an array of non-negative integers".into(),
+                        )
+                    })?,
             },
             "free" => Op::Free {
                 id: field_u64(o, "id", line, op)?,
@@ -145,7 +173,7 @@ pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
                 return Err(bad(
                     line,
                     format!(
-                    "unknown op {other:?}: expected alloc, free, phase_begin, phase_end or sync"
+                    "unknown op {other:?}: expected alloc, free, keep, phase_begin, phase_end or sync"
                 ),
                 ))
             }
@@ -249,13 +277,17 @@ pub fn replay(
     let mut live_bytes = 0usize;
     let mut reserved = Reserved::default();
     let mut ooms = 0u64;
+    // The keep lists recorded for the open phase, by stream.
+    let mut kept: HashMap<u64, Vec<usize>> = HashMap::new();
     let inconsistent = |i: usize, message: String| TraceError::Inconsistent {
         event: i + 1,
         message,
     };
     for (i, op) in ops.iter().enumerate() {
         match op {
-            Op::Alloc { id, size, stream } => {
+            Op::Alloc {
+                id, size, stream, ..
+            } => {
                 if live.contains_key(id) {
                     return Err(inconsistent(
                         i,
@@ -298,16 +330,29 @@ pub fn replay(
                     ))
                 }
             },
+            Op::Keep { stream, sizes } => {
+                kept.insert(*stream, sizes.clone());
+            }
             Op::PhaseEnd { prefill: true, .. } if purge != PurgePolicy::Never => {
                 let mut token = None;
+                // A trace that says what its run's auto purge kept is purged the same way;
+                // otherwise auto keeps what the next phase asks for first.
+                let recorded = std::mem::take(&mut kept);
+                let from_trace = purge == PurgePolicy::Auto && !recorded.is_empty();
                 let mut next = match purge {
                     PurgePolicy::Always => HashMap::new(),
+                    _ if !recorded.is_empty() => recorded,
                     _ => next_requests(ops, i + 1),
                 };
                 for (&stream, p) in &pools {
                     let what = match purge {
                         PurgePolicy::Always => Purge::All,
-                        _ => Purge::KeepFor(next.remove(&stream).unwrap_or_default()),
+                        _ => match next.remove(&stream) {
+                            Some(sizes) => Purge::KeepFor(sizes),
+                            // The run purged only the pools it named.
+                            None if from_trace => continue,
+                            None => Purge::KeepFor(Vec::new()),
+                        },
                     };
                     if purge == PurgePolicy::Auto && p.releasable(&what) == 0 {
                         continue;
@@ -349,7 +394,12 @@ mod next_requests_tests {
     use super::*;
 
     fn alloc(id: u64, size: usize, stream: u64) -> Op {
-        Op::Alloc { id, size, stream }
+        Op::Alloc {
+            id,
+            size,
+            stream,
+            name: None,
+        }
     }
 
     #[test]
@@ -380,5 +430,94 @@ mod next_requests_tests {
         // Phase ends with no phase between them: nothing to keep, and the scan stops at once.
         let ends: Vec<Op> = std::iter::repeat_with(end).take(3).collect();
         assert!(next_requests(&ends, 1).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod recorded_purge_tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn names_and_keep_lists_parse_and_print_back() {
+        let text = r#"{"op":"alloc","id":0,"size":4096,"stream":1,"name":"K_f16"}
+{"op":"keep","stream":1,"sizes":[4096,512]}
+{"op":"alloc","id":1,"size":8,"stream":0}"#;
+        let ops = parse(text).unwrap();
+        assert_eq!(
+            ops[0],
+            Op::Alloc {
+                id: 0,
+                size: 4096,
+                stream: 1,
+                name: Some("K_f16".into())
+            }
+        );
+        assert_eq!(
+            ops[1],
+            Op::Keep {
+                stream: 1,
+                sizes: vec![4096, 512]
+            }
+        );
+        let printed: Vec<String> = ops.iter().map(Op::to_json).collect();
+        assert_eq!(printed.join("\n"), text);
+        for bad in [
+            r#"{"op":"keep","stream":0}"#,
+            r#"{"op":"keep","sizes":[1,-2]}"#,
+            r#"{"op":"alloc","id":0,"size":1,"name":7}"#,
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.starts_with("line 1:"), "{e}");
+        }
+    }
+
+    /// A legacy pool holding an outgrown 4 MiB buffer and a reused 1 MiB one at a boundary.
+    fn trace(keep: Option<Vec<usize>>) -> Vec<Op> {
+        let alloc = |id, size| Op::Alloc {
+            id,
+            size,
+            stream: 0,
+            name: None,
+        };
+        let mut ops = vec![
+            Op::PhaseBegin { name: "u0".into() },
+            alloc(0, 4 * MIB),
+            alloc(1, MIB),
+            Op::Free { id: 0 },
+            Op::Free { id: 1 },
+        ];
+        if let Some(sizes) = keep {
+            ops.push(Op::Keep { stream: 0, sizes });
+        }
+        ops.push(Op::PhaseEnd {
+            name: "u0".into(),
+            prefill: true,
+        });
+        ops.push(Op::PhaseBegin { name: "u1".into() });
+        ops.push(alloc(2, 8 * MIB));
+        ops.push(alloc(3, MIB));
+        ops
+    }
+
+    fn run(ops: &[Op]) -> ReplayReport {
+        let config = PoolConfig::default().kind(cupool_pool::PoolKind::Legacy);
+        replay(ops, &config, PurgePolicy::Auto, None).unwrap()
+    }
+
+    #[test]
+    fn a_recorded_keep_list_decides_what_the_auto_purge_keeps() {
+        // Without a keep list, auto keeps what the next phase asks for first (8 MiB and 1 MiB,
+        // live together): the 1 MiB buffer stays, the outgrown 4 MiB one goes.
+        let oracle = run(&trace(None));
+        assert_eq!((oracle.driver_mallocs, oracle.driver_frees), (3, 1));
+        // The run's own list is followed even where the oracle would differ: [4 MiB] keeps the
+        // outgrown buffer (which then serves the 1 MiB request), [] keeps nothing.
+        let kept = run(&trace(Some(vec![4 * MIB])));
+        assert_eq!((kept.driver_mallocs, kept.driver_frees), (3, 1));
+        assert!(kept.end_reserved_bytes > oracle.end_reserved_bytes + 2 * MIB);
+        let none = run(&trace(Some(vec![])));
+        assert_eq!((none.driver_mallocs, none.driver_frees), (4, 2));
     }
 }

@@ -61,8 +61,21 @@ int32_t cupool_device_count(void);
 // `actual` is null or points to writable memory for one `size_t`.
 void *cupool_alloc(int32_t device, uint64_t stream, size_t size, size_t *actual);
 
-// Returns `ptr`, allocated on `device` for `stream` with `size` bytes. A pointer cupool did
-// not hand out there, a second free or another size is refused and changes nothing.
+// `cupool_alloc`, naming what is allocated: a recording writes `name` beside the allocation
+// (null: no name). llama.cpp's shim passes the ggml op or buffer the memory is for.
+//
+// # Safety
+// `actual` is null or points to writable memory for one `size_t`; `name` is null or a
+// NUL-terminated string.
+void *cupool_alloc_named(int32_t device,
+                         uint64_t stream,
+                         size_t size,
+                         size_t *actual,
+                         const char *name);
+
+// Returns `ptr`, allocated on `device` for `stream` with `size` bytes (the size asked for, or
+// the usable size the allocation wrote to `actual`). A pointer cupool did not hand out there,
+// a second free or another size is refused and changes nothing.
 enum cupool_status cupool_free(int32_t device, uint64_t stream, void *ptr, size_t size);
 
 // Synchronizes `device`, then returns its pools' idle memory to the driver: every idle
@@ -79,6 +92,20 @@ enum cupool_status cupool_purge(int32_t device, size_t smaller_than, size_t *rel
 // # Safety
 // `released` is null or points to writable memory for one `size_t`.
 enum cupool_status cupool_trim(int32_t device, size_t *released);
+
+// Ends a prefill ubatch of an inference engine on `device` (every device when -1), for
+// llama.cpp's shim and any engine that calls it after each prefill ubatch. Each pool of the
+// device applies `CUPOOL_PURGE`: `never` keeps its cache; `always` synchronizes the device and
+// returns every idle buffer; `auto` (the default) returns the idle buffers that the ubatch just
+// ended would not reuse (for each request size, as many as it held at once), synchronizing
+// only when there are any. Then the ubatch's peaks are logged (`CUPOOL_LOG=info`) and reset, and
+// a recording closes the ubatch's phase. Writes the bytes returned to the driver to `released`
+// if not null: when nonzero, anything that captured pool addresses (CUDA graphs) must be
+// dropped.
+//
+// # Safety
+// `released` is null or points to writable memory for one `size_t`.
+enum cupool_status cupool_ubatch_end(int32_t device, size_t *released);
 
 // Sets the peaks of `device`'s statistics (every device when -1) to the current values.
 enum cupool_status cupool_reset_peaks(int32_t device);

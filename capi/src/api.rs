@@ -1,10 +1,11 @@
 //! The C functions. Each runs inside `guard`: a failure sets the thread's error text and
 //! returns its status (or null, or 0); no panic crosses.
 
+use crate::boundary;
 use crate::config::Config;
 use crate::state::{self, with_stream};
 use crate::status::{guard, status, CupoolStatus, Failure};
-use cupool_pool::{synchronize, Purge};
+use cupool_pool::{synchronize, Purge, PurgePolicy};
 use std::ffi::{c_char, c_void, CStr};
 
 /// The version of this C API: incremented when a function changes meaning or signature.
@@ -55,10 +56,19 @@ pub extern "C" fn cupool_device_count() -> i32 {
 
 /// Allocates from the pool of `device` × `stream`. When the device is out of memory, the idle
 /// memory of all its pools (other streams' included) goes back to the driver after a
-/// synchronize, and the allocation is tried once more.
-pub(crate) fn alloc_on(device: i32, stream: u64, size: usize) -> Result<(u64, usize), Failure> {
-    match try_alloc(device, stream, size) {
-        Err(f) if f.status == CupoolStatus::OutOfMemory => {
+/// synchronize, and the allocation is tried once more, unless `CUPOOL_PURGE=never`.
+pub(crate) fn alloc_on(
+    device: i32,
+    stream: u64,
+    size: usize,
+    name: Option<&str>,
+) -> Result<(u64, usize), Failure> {
+    match try_alloc(device, stream, size, name) {
+        Err(mut f) if f.status == CupoolStatus::OutOfMemory => {
+            if state::lib()?.purge == PurgePolicy::Never {
+                f.text.push_str("\n(CUPOOL_PURGE=never: the cache was neither purged at ubatch boundaries nor before this failure; CUPOOL_PURGE=auto, the default, returns what a growing request outgrew)");
+                return Err(f);
+            }
             let released = purge_device(device, &Purge::All)?;
             if released == 0 {
                 return Err(f);
@@ -69,18 +79,24 @@ pub(crate) fn alloc_on(device: i32, stream: u64, size: usize) -> Result<(u64, us
                 released,
                 "out of memory: trimmed every pool of the device and retrying"
             );
-            try_alloc(device, stream, size)
+            try_alloc(device, stream, size, name)
         }
         r => r,
     }
 }
 
-fn try_alloc(device: i32, stream: u64, size: usize) -> Result<(u64, usize), Failure> {
+fn try_alloc(
+    device: i32,
+    stream: u64,
+    size: usize,
+    name: Option<&str>,
+) -> Result<(u64, usize), Failure> {
     with_stream(device, stream, true, |s| {
         let b = s.pool.alloc(size)?;
         let (ptr, capacity) = (b.ptr(), b.capacity());
         s.live.lock().insert(ptr, (size, b));
-        crate::record::alloc(s.device, stream, ptr, size);
+        s.usage.lock().alloc(size);
+        crate::record::alloc(s.device, stream, ptr, size, name);
         Ok((ptr, capacity))
     })
 }
@@ -93,15 +109,19 @@ pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result
                 CupoolStatus::UnknownPointer,
                 format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
             )),
-            Some((asked, b)) if asked != size => {
+            // ggml frees with the usable size the allocation reported, PyTorch with the size it
+            // asked for: both name the block.
+            Some((asked, b)) if asked != size && b.capacity() != size => {
+                let usable = b.capacity();
                 live.insert(ptr, (asked, b));
                 Err(Failure::new(
                     CupoolStatus::SizeMismatch,
-                    format!("{ptr:#x} was allocated with {asked} bytes but freed with {size}: pass the size it was allocated with"),
+                    format!("{ptr:#x} was allocated with {asked} bytes ({usable} usable) but freed with {size}: pass the size it was allocated with, or the usable size cupool reported"),
                 ))
             }
-            Some((_, b)) => {
+            Some((asked, b)) => {
                 drop(live);
+                s.usage.lock().free(asked);
                 crate::record::free(s.device, ptr);
                 s.pool.free(b).map_err(|e| Failure::from(e.error))
             }
@@ -125,7 +145,7 @@ pub unsafe extern "C" fn cupool_alloc(
     guard(
         |_| std::ptr::null_mut(),
         || {
-            let (ptr, capacity) = alloc_on(device, stream, size)?;
+            let (ptr, capacity) = alloc_on(device, stream, size, None)?;
             if !actual.is_null() {
                 // SAFETY: the caller passes null or a writable size_t.
                 unsafe { actual.write(capacity) };
@@ -135,8 +155,42 @@ pub unsafe extern "C" fn cupool_alloc(
     )
 }
 
-/// Returns `ptr`, allocated on `device` for `stream` with `size` bytes. A pointer cupool did
-/// not hand out there, a second free or another size is refused and changes nothing.
+/// `cupool_alloc`, naming what is allocated: a recording writes `name` beside the allocation
+/// (null: no name). llama.cpp's shim passes the ggml op or buffer the memory is for.
+///
+/// # Safety
+/// `actual` is null or points to writable memory for one `size_t`; `name` is null or a
+/// NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_alloc_named(
+    device: i32,
+    stream: u64,
+    size: usize,
+    actual: *mut usize,
+    name: *const c_char,
+) -> *mut c_void {
+    guard(
+        |_| std::ptr::null_mut(),
+        || {
+            let name = if name.is_null() {
+                None
+            } else {
+                // SAFETY: checked non-null; the caller passes a NUL-terminated string.
+                Some(unsafe { text_arg(name, "the name") }?)
+            };
+            let (ptr, capacity) = alloc_on(device, stream, size, name)?;
+            if !actual.is_null() {
+                // SAFETY: the caller passes null or a writable size_t.
+                unsafe { actual.write(capacity) };
+            }
+            Ok(ptr as *mut c_void)
+        },
+    )
+}
+
+/// Returns `ptr`, allocated on `device` for `stream` with `size` bytes (the size asked for, or
+/// the usable size the allocation wrote to `actual`). A pointer cupool did not hand out there,
+/// a second free or another size is refused and changes nothing.
 #[no_mangle]
 pub extern "C" fn cupool_free(
     device: i32,
@@ -202,6 +256,35 @@ fn purge_device(device: i32, what: &Purge) -> Result<usize, Failure> {
 pub unsafe extern "C" fn cupool_trim(device: i32, released: *mut usize) -> CupoolStatus {
     // SAFETY: the same contract as ours.
     unsafe { cupool_purge(device, 0, released) }
+}
+
+/// Ends a prefill ubatch of an inference engine on `device` (every device when -1), for
+/// llama.cpp's shim and any engine that calls it after each prefill ubatch. Each pool of the
+/// device applies `CUPOOL_PURGE`: `never` keeps its cache; `always` synchronizes the device and
+/// returns every idle buffer; `auto` (the default) returns the idle buffers that the ubatch just
+/// ended would not reuse (for each request size, as many as it held at once), synchronizing
+/// only when there are any. Then the ubatch's peaks are logged (`CUPOOL_LOG=info`) and reset, and
+/// a recording closes the ubatch's phase. Writes the bytes returned to the driver to `released`
+/// if not null: when nonzero, anything that captured pool addresses (CUDA graphs) must be
+/// dropped.
+///
+/// # Safety
+/// `released` is null or points to writable memory for one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_ubatch_end(device: i32, released: *mut usize) -> CupoolStatus {
+    status(|| {
+        let d = if device == -1 {
+            None
+        } else {
+            Some(state::lib()?.check_device(device)?)
+        };
+        let total = boundary::ubatch_end(d)?;
+        if !released.is_null() {
+            // SAFETY: the caller passes null or a writable size_t.
+            unsafe { released.write(total) };
+        }
+        Ok(())
+    })
 }
 
 /// Sets the peaks of `device`'s statistics (every device when -1) to the current values.

@@ -10,14 +10,20 @@
 //! | `CUPOOL_SIM_GIB` | each simulated card's memory in GiB (default 16) |
 //! | `CUPOOL_SIM_DEVICES` | how many simulated cards (default 1) |
 //! | `CUPOOL_SIZE_CLASSES` | byte bounds of size classes with a pool each, or `none` (here `1048576` by default for vmm) |
+//! | `CUPOOL_PURGE` | at an engine's ubatch boundary (`cupool_ubatch_end`): `never` (keep every cached buffer; no out-of-memory retry either), `always` (synchronize, return every idle buffer), `auto` (the default: return what the ubatch just ended would not reuse) |
 //! | `CUPOOL_VMM_ROUND_LARGE` | the VMM pool rounds requests above 1 MiB up to this power of two (here 2 MiB by default, for PyTorch's traffic) |
 
 use crate::status::{CupoolStatus, Failure};
-use cupool_pool::{PoolConfig, PoolKind};
+use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
 use std::collections::HashMap;
 
 /// The library's own names; the pool's ([`cupool_pool::config::ENV_NAMES`]) come too.
-const OWN_NAMES: &[&str] = &["CUPOOL_DEVICE", "CUPOOL_SIM_GIB", "CUPOOL_SIM_DEVICES"];
+const OWN_NAMES: &[&str] = &[
+    "CUPOOL_DEVICE",
+    "CUPOOL_SIM_GIB",
+    "CUPOOL_SIM_DEVICES",
+    "CUPOOL_PURGE",
+];
 
 fn names() -> impl Iterator<Item = &'static str> {
     cupool_pool::config::ENV_NAMES
@@ -49,6 +55,7 @@ pub(crate) enum Devices {
 pub(crate) struct Config {
     pub pool: PoolConfig,
     pub devices: Devices,
+    pub purge: PurgePolicy,
 }
 
 fn invalid(text: String) -> Failure {
@@ -139,6 +146,19 @@ impl Config {
                 )))
             }
         };
-        Ok(Self { pool, devices })
+        let purge = match pairs.get("CUPOOL_PURGE") {
+            None => PurgePolicy::Auto,
+            Some(v) => PurgePolicy::parse(&v.trim().to_ascii_lowercase()).ok_or_else(|| {
+                invalid(format!(
+                    "CUPOOL_PURGE={v:?} is not valid: accepted values are {}",
+                    PurgePolicy::NAMES
+                ))
+            })?,
+        };
+        Ok(Self {
+            pool,
+            devices,
+            purge,
+        })
     }
 }

@@ -13,9 +13,11 @@
 //! string), `state.rs` (the process-wide library state: devices, one pool per device × stream,
 //! the live blocks by address), `api.rs` (the C functions), `torch.rs` (PyTorch's
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
-//! `repro-prefill replay`).
+//! `repro-prefill replay`), `boundary.rs` (an engine's ubatch boundary: `CUPOOL_PURGE`, per-ubatch
+//! peaks).
 
 mod api;
+mod boundary;
 mod config;
 mod record;
 mod state;

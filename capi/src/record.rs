@@ -113,24 +113,49 @@ fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed)
 }
 
-/// Records an allocation (no-op unless recording).
+/// Records an allocation named `name` if the caller gave one (no-op unless recording).
 #[inline]
-pub(crate) fn alloc(device: usize, stream: u64, ptr: u64, size: usize) {
+pub(crate) fn alloc(device: usize, stream: u64, ptr: u64, size: usize, name: Option<&str>) {
     if active() {
-        alloc_slow(device, stream, ptr, size);
+        alloc_slow(device, stream, ptr, size, name);
+    }
+}
+
+impl Recording {
+    /// The trace's number for `device` × `stream`.
+    fn stream_number(&mut self, device: usize, stream: u64) -> u64 {
+        let n = self.streams.len() as u64;
+        *self.streams.entry((device, stream)).or_insert(n)
     }
 }
 
 #[cold]
-fn alloc_slow(device: usize, stream: u64, ptr: u64, size: usize) {
+fn alloc_slow(device: usize, stream: u64, ptr: u64, size: usize, name: Option<&str>) {
     let mut g = RECORDING.lock();
     let Some(r) = g.as_mut() else { return };
-    let n = r.streams.len() as u64;
-    let stream = *r.streams.entry((device, stream)).or_insert(n);
+    let stream = r.stream_number(device, stream);
     let id = r.next;
     r.next += 1;
     r.ids.insert((device, ptr), id);
-    r.write(&TraceEvent::Alloc { id, size, stream });
+    r.write(&TraceEvent::Alloc {
+        id,
+        size,
+        stream,
+        name: name.map(str::to_owned),
+    });
+}
+
+/// Records the requests an `auto` purge keeps buffers for on `device` × `stream`.
+pub(crate) fn keep(device: usize, stream: u64, sizes: &[usize]) {
+    if active() {
+        if let Some(r) = RECORDING.lock().as_mut() {
+            let stream = r.stream_number(device, stream);
+            r.write(&TraceEvent::Keep {
+                stream,
+                sizes: sizes.to_vec(),
+            });
+        }
+    }
 }
 
 /// Records a free (no-op unless recording, or for a block allocated before it started).
@@ -175,6 +200,25 @@ pub(crate) fn phase_begin(name: &str) {
         r.write(&TraceEvent::PhaseBegin {
             name: name.to_owned(),
         });
+    }
+}
+
+/// Ends prefill ubatch `n` in the trace: closes the open phase as a purge boundary (one named
+/// after the ubatch when none is open: the replay purges at every boundary the library did), and
+/// opens the next ubatch's.
+pub(crate) fn ubatch_boundary(n: u64) {
+    if !active() {
+        return;
+    }
+    if let Some(r) = RECORDING.lock().as_mut() {
+        let name = r.open_phase.take().unwrap_or_else(|| format!("ubatch {n}"));
+        r.write(&TraceEvent::PhaseEnd {
+            name,
+            prefill: true,
+        });
+        let next = format!("ubatch {}", n + 1);
+        r.write(&TraceEvent::PhaseBegin { name: next.clone() });
+        r.open_phase = Some(next);
     }
 }
 

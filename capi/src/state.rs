@@ -5,12 +5,13 @@
 //! against a generation counter that `init` and `shutdown` advance; a stream pool's own lock
 //! guards its live blocks, so threads on different streams do not contend.
 
+use crate::boundary::Usage;
 use crate::config::{Config, Devices};
 use crate::status::{CupoolStatus, Failure};
 use cupool_pool::driver::cuda::{device_count, CudaDriver};
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
-use cupool_pool::{Block, Pool, Registry, StreamId};
+use cupool_pool::{Block, Pool, PurgePolicy, Registry, StreamId};
 use parking_lot::{Mutex, RwLock};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -21,12 +22,17 @@ use std::sync::Arc;
 /// block).
 pub(crate) struct StreamPool {
     pub device: usize,
+    pub stream: u64,
     pub pool: Arc<dyn Pool>,
     pub live: Mutex<HashMap<u64, (usize, Block)>>,
+    /// What its requests held at once since the last ubatch boundary.
+    pub usage: Mutex<Usage>,
 }
 
 pub(crate) struct Lib {
     pub registry: Registry,
+    /// `CUPOOL_PURGE`: what ubatch boundaries and out-of-memory retries may return.
+    pub purge: PurgePolicy,
     pub devices: usize,
     streams: RwLock<HashMap<(usize, u64), Arc<StreamPool>>>,
 }
@@ -62,6 +68,7 @@ impl Lib {
         };
         Ok(Self {
             devices: drivers.len(),
+            purge: config.purge,
             registry: Registry::new(config.pool, drivers),
             streams: RwLock::new(HashMap::new()),
         })
@@ -86,8 +93,10 @@ impl Lib {
             .or_insert_with(|| {
                 Arc::new(StreamPool {
                     device,
+                    stream,
                     pool,
                     live: Mutex::new(HashMap::new()),
+                    usage: Mutex::new(Usage::default()),
                 })
             })
             .clone();

@@ -70,7 +70,8 @@ impl From<cupool_pool::driver::DriverError> for Failure {
 fn set_error(text: &str) {
     // An interior NUL would cut the text short; replace it rather than lose the message.
     let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    // `try_with`: a call from an exit handler runs after this thread's locals are destroyed.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
 }
 
 /// Runs `f` with panics caught; a failure sets the error text and becomes `fail`'s value.
@@ -80,7 +81,7 @@ pub(crate) fn guard<T>(
 ) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => {
-            LAST_ERROR.with(|e| e.borrow_mut().clear());
+            let _ = LAST_ERROR.try_with(|e| e.borrow_mut().clear());
             v
         }
         Ok(Err(failure)) => {
@@ -112,7 +113,9 @@ pub(crate) fn status(f: impl FnOnce() -> Result<(), Failure>) -> CupoolStatus {
 /// cupool call on this thread.
 #[no_mangle]
 pub extern "C" fn cupool_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(c"(cupool: the error text is gone: this thread is exiting)".as_ptr())
 }
 
 trait ClearCString {

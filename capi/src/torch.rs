@@ -19,7 +19,7 @@ pub extern "C" fn cupool_torch_alloc(size: usize, device: i32, stream: *mut c_vo
         |_| std::ptr::null_mut(),
         || {
             init_from_env_once()?;
-            let (ptr, _) = alloc_on(device, stream as u64, size).inspect_err(|f| {
+            let (ptr, _) = alloc_on(device, stream as u64, size, None).inspect_err(|f| {
                 // PyTorch retries after emptying its cache: rate-limited.
                 static FAILED: Doubling = Doubling::new();
                 if let Some(n) = FAILED.due() {

@@ -13,13 +13,14 @@ neither torch nor cupy::
 """
 
 import contextlib
+import ctypes
 
 from ._lib import CupoolError, LibraryNotFound, load
 from . import _lib
 
 __all__ = ["CupoolError", "LibraryNotFound", "init", "is_initialized", "shutdown", "stats",
            "trim", "purge", "reset_peaks", "record", "phase", "device_count", "library_path",
-           "config_string", "ensure_open"]
+           "config_string", "ensure_open", "ubatch_end"]
 
 #: The configuration names ``init`` takes as keywords, and the C API's names for them.
 OPTIONS = {
@@ -31,6 +32,7 @@ OPTIONS = {
     "sim_devices": "CUPOOL_SIM_DEVICES",
     "vmm_round_large": "CUPOOL_VMM_ROUND_LARGE",
     "size_classes": "CUPOOL_SIZE_CLASSES",
+    "purge": "CUPOOL_PURGE",
 }
 
 
@@ -109,7 +111,6 @@ def stats(device=-1):
 def purge(device=0, smaller_than=0):
     """Synchronizes ``device`` and returns its pools' idle memory smaller than ``smaller_than``
     bytes (all of it when 0) to the driver. Returns the bytes released."""
-    import ctypes
     out = ctypes.c_size_t(0)
     _lib.check(load().cupool_purge(device, smaller_than, ctypes.byref(out)))
     return out.value
@@ -119,6 +120,15 @@ def trim(device=0):
     """Synchronizes ``device`` and returns everything its pools hold idle. Returns the bytes
     released."""
     return purge(device, 0)
+
+
+def ubatch_end(device=-1):
+    """Ends a prefill ubatch of an engine on ``device`` (every device when -1): each pool applies
+    ``CUPOOL_PURGE`` (``purge=`` of ``init``; ``auto`` by default) and the ubatch's peaks are
+    logged and reset. Returns the bytes given back to the driver."""
+    out = ctypes.c_size_t(0)
+    _lib.check(load().cupool_ubatch_end(device, ctypes.byref(out)))
+    return out.value
 
 
 def reset_peaks(device=-1):

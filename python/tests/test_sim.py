@@ -161,3 +161,97 @@ def test_a_recorded_trace_replays(sim, tmp_path):
     # first segment again, whole once the 8 MiB KV is freed.
     assert reports["torch"]["peak_reserved_bytes"] == 32 * MIB
     assert reports["torch"]["driver_mallocs"] == 2
+
+
+#: What the last ubatch of ``engine_prefill`` holds at once: its K and V.
+LAST_UBATCH_LIVE = 2 * 24 * 768 * 1024
+
+
+def engine_prefill(lib, ubatches=24, layers=4):
+    """What a llama.cpp prefill asks of its pool, in miniature: per layer a fixed temporary, then
+    K and V conversion buffers that grow with the KV length (by 6% a ubatch late in the run,
+    past the legacy pool's 5% look-ahead), freed with the usable size as ggml frees; a ubatch
+    boundary after each ubatch. Returns the bytes each boundary gave back and the highest reserve
+    (the boundary resets the peaks: each ubatch's is read before it)."""
+    released, peak = [], 0
+    for ub in range(ubatches):
+        kv = (ub + 1) * 768 * 1024
+        for _ in range(layers):
+            actual = ctypes.c_size_t(0)
+            tmp = lib.cupool_alloc_named(0, 0, 3 * MIB, ctypes.byref(actual), b"MUL_MAT")
+            assert tmp, _lib.last_error()
+            _lib.check(lib.cupool_free(0, 0, tmp, actual.value))
+            k = lib.cupool_alloc_named(0, 0, kv, ctypes.byref(actual), b"K_f16")
+            k_usable = actual.value
+            v = lib.cupool_alloc_named(0, 0, kv, ctypes.byref(actual), b"V_f16")
+            assert k and v, _lib.last_error()
+            _lib.check(lib.cupool_free(0, 0, v, actual.value))
+            _lib.check(lib.cupool_free(0, 0, k, k_usable))
+        peak = max(peak, cupool.stats(0)["reserved_bytes.all.peak"])
+        released.append(cupool.ubatch_end())
+    return released, peak
+
+
+@pytest.mark.parametrize("policy", ["never", "auto", "always"])
+def test_ubatch_boundaries_purge_and_the_replay_reproduces_the_run(policy, tmp_path):
+    cupool.init(pool="legacy", device="sim", sim_gib=4, purge=policy)
+    try:
+        lib = _lib.load()
+        path = tmp_path / "engine.jsonl"
+        with cupool.record(path):
+            cupool.reset_peaks(-1)
+            released, peak = engine_prefill(lib)
+        s = cupool.stats(0)
+    finally:
+        cupool.shutdown()
+    lines = [json.loads(l) for l in path.read_text().splitlines() if not l.startswith("#")]
+    names = {e.get("name") for e in lines if e["op"] == "alloc"}
+    assert names == {"MUL_MAT", "K_f16", "V_f16"}
+    assert sum(1 for e in lines if e["op"] == "phase_end" and e["prefill"]) == 24
+    if policy == "never":
+        assert not any(released) and s["cupool.purges"] == 0
+        # Every outgrown K/V buffer stays: the reserve is far above what one ubatch holds.
+        assert s["reserved_bytes.all.current"] > 4 * LAST_UBATCH_LIVE
+    elif policy == "auto":
+        assert any(released) and not all(released)
+        assert sum(1 for e in lines if e["op"] == "keep") == 24
+        # Only what the last ubatch did not reuse went: at most its buffers and the new ones.
+        assert s["reserved_bytes.all.current"] <= 3 * LAST_UBATCH_LIVE
+    else:
+        assert all(released) and s["cupool.cached_bytes.current"] == 0
+    out = subprocess.run([repro_prefill(), "replay", str(path), "--pool", "legacy", "--purge", policy,
+                          "--format", "json", "--quiet"], capture_output=True, text=True, check=True).stdout
+    r = json.loads(out)
+    # The replay builds its pool from the trace alone and purges at the recorded boundaries as
+    # the library did (auto: with the keep lists the library wrote): the same reserve and the
+    # same driver traffic.
+    assert r["peak_reserved_bytes"] == peak, (r, peak)
+    assert r["end_reserved_bytes"] == s["reserved_bytes.all.current"], (r, s)
+    assert r["driver_mallocs"] == s["cupool.driver_allocations"], (r, s)
+    assert r["driver_frees"] == s["cupool.driver_releases"], (r, s)
+
+
+def test_purge_never_takes_no_out_of_memory_retry_and_says_so():
+    cupool.init(pool="legacy", device="sim", sim_gib=0.05, purge="never")
+    try:
+        lib = _lib.load()
+        a = lib.cupool_alloc(0, 0, 30 * MIB, None)
+        assert a, _lib.last_error()
+        _lib.check(lib.cupool_free(0, 0, a, 30 * MIB))
+        assert not lib.cupool_alloc(0, 0, 40 * MIB, None)  # the 30 MiB buffer is stranded
+        err = _lib.last_error()
+        assert "CUPOOL_PURGE=never" in err and "stranded" in err, err
+    finally:
+        cupool.shutdown()
+    cupool.init(pool="legacy", device="sim", sim_gib=0.05)  # auto: trims and retries
+    try:
+        lib = _lib.load()
+        a = lib.cupool_alloc(0, 0, 30 * MIB, None)
+        _lib.check(lib.cupool_free(0, 0, a, 30 * MIB))
+        b = lib.cupool_alloc(0, 0, 40 * MIB, None)
+        assert b, _lib.last_error()
+        _lib.check(lib.cupool_free(0, 0, b, 40 * MIB))
+    finally:
+        cupool.shutdown()
+    with pytest.raises(cupool.CupoolError, match="CUPOOL_PURGE=.*accepted values are never, always, auto"):
+        cupool.init(pool="legacy", device="sim", purge="sometimes")

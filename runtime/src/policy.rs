@@ -1,42 +1,6 @@
 //! What happens at a prefill ubatch boundary, and what the run is allowed to use.
 
-/// Purge policy at the boundary of prefill ubatches (more than one token). Decode ubatches
-/// (one token) are never purged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PurgePolicy {
-    /// Keep everything cached (ggml).
-    Never,
-    /// Synchronize, then return every cached buffer at each prefill ubatch boundary.
-    Always,
-    /// Return only what the next ubatch cannot reuse: the pool is asked which cached buffers
-    /// best fit would hand to the next ubatch's scratch requests, and releases the rest. It
-    /// synchronizes only when there is something to release.
-    Auto,
-}
-
-impl PurgePolicy {
-    /// The names accepted on the command line.
-    pub const NAMES: &'static str = "never, always, auto";
-
-    /// Its name.
-    pub fn name(self) -> &'static str {
-        match self {
-            PurgePolicy::Never => "never",
-            PurgePolicy::Always => "always",
-            PurgePolicy::Auto => "auto",
-        }
-    }
-
-    /// Parses a name.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "never" => Some(PurgePolicy::Never),
-            "always" => Some(PurgePolicy::Always),
-            "auto" => Some(PurgePolicy::Auto),
-            _ => None,
-        }
-    }
-}
+pub use cupool_pool::PurgePolicy;
 
 /// How the compute budget is reserved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,6 +4,7 @@
 
 use crate::executor::DevSlice;
 use cupool_kernels::fa::{FaScratch, KvHalf, Meta, Partial};
+use cupool_pool::adaptors::label;
 use cupool_pool::{Pool, PoolBuffer, PoolError};
 use std::sync::Arc;
 
@@ -22,11 +23,16 @@ pub struct Scratch {
     pub dst_meta: Option<PoolBuffer<Meta>>,
 }
 
-fn take<T>(pool: &Arc<dyn Pool>, n: usize) -> Result<Option<PoolBuffer<T>>, PoolError> {
+/// Takes `n` elements named `name` (ggml's name for the buffer, which a recorded trace carries).
+fn take<T>(
+    pool: &Arc<dyn Pool>,
+    name: &'static str,
+    n: usize,
+) -> Result<Option<PoolBuffer<T>>, PoolError> {
     if n == 0 {
         Ok(None)
     } else {
-        PoolBuffer::alloc(pool, n).map(Some)
+        label::with(name, || PoolBuffer::alloc(pool, n).map(Some))
     }
 }
 
@@ -40,10 +46,10 @@ impl Scratch {
             dst_tmp: None,
             dst_meta: None,
         };
-        s.k_f16 = take(pool, fa.k_f16)?;
-        s.v_f16 = take(pool, fa.v_f16)?;
-        s.dst_tmp = take(pool, fa.dst_tmp)?;
-        s.dst_meta = take(pool, fa.dst_meta)?;
+        s.k_f16 = take(pool, "K_f16", fa.k_f16)?;
+        s.v_f16 = take(pool, "V_f16", fa.v_f16)?;
+        s.dst_tmp = take(pool, "dst_tmp", fa.dst_tmp)?;
+        s.dst_meta = take(pool, "dst_tmp_meta", fa.dst_meta)?;
         Ok(s)
     }
 

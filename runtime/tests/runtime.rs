@@ -74,6 +74,16 @@ fn dry_run_and_cpu_allocate_identically() {
                 .iter()
                 .filter(|e| matches!(e, TraceEvent::Alloc { .. }))
                 .count();
+            // Each allocation carries ggml's name for the buffer.
+            for e in &traces[0] {
+                if let TraceEvent::Alloc { name, .. } = e {
+                    let n = name.as_deref().unwrap_or("unnamed");
+                    assert!(
+                        ["K_f16", "V_f16", "dst_tmp", "dst_tmp_meta"].contains(&n),
+                        "{n}"
+                    );
+                }
+            }
             let expected_per_call = if kv == KvType::Q8_0 { 2 } else { 0 };
             assert!(
                 allocs >= 10 * 2 * expected_per_call,

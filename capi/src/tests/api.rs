@@ -145,7 +145,7 @@ fn every_error_path_is_reported_and_changes_nothing() {
     assert_eq!(cupool_free(0, 9, p, 1000), CupoolStatus::UnknownPointer);
     assert_eq!(cupool_free(0, 0, p, 999), CupoolStatus::SizeMismatch);
     assert!(
-        error().contains("1000 bytes but freed with 999"),
+        error().contains("allocated with 1000 bytes (1280 usable) but freed with 999"),
         "{}",
         error()
     );

@@ -4,7 +4,8 @@
 //! - [`Phases`]: per-phase high-water marks (the runtime's per-ubatch numbers);
 //! - [`Recorder`]: a replayable trace of every allocation, free and phase;
 //! - [`ManagedFallback`]: on device OOM, serve that one allocation from managed memory;
-//! - [`SizeClasses`]: a pool for each range of request sizes.
+//! - [`SizeClasses`]: a pool for each range of request sizes;
+//! - [`label`]: the name of what is being allocated, for the recorder.
 //!
 //! A memory limit and fault injection wrap the driver instead (they change what the device
 //! does, for every pool on it): see [`crate::driver::limit`] and [`crate::driver::fault`].
@@ -59,6 +60,7 @@ macro_rules! forward_accounting {
     };
 }
 
+pub mod label;
 pub mod managed_fallback;
 pub mod phases;
 pub mod recorder;

@@ -3,7 +3,10 @@
 //! The trace is the JSON-lines format `repro-prefill replay` reads, one event a line:
 //! `{"op":"alloc","id":7,"size":1048576,"stream":0}`, `{"op":"free","id":7}`,
 //! `{"op":"phase_begin","name":"ubatch 3"}`, `{"op":"phase_end","name":"ubatch 3","prefill":true}`,
-//! `{"op":"sync"}`. Ids number allocations in order; failed allocations are not recorded.
+//! `{"op":"sync"}`. Ids number allocations in order; failed allocations are not recorded. An
+//! allocation made under a [`label`](super::label) carries it as `"name"`. libcupool adds
+//! `{"op":"keep","stream":0,"sizes":[...]}` before a prefill phase ends: the requests its `auto`
+//! purge kept buffers for, so that a replay purges as the run did.
 
 use crate::block::Block;
 use crate::driver::DevicePtr;
@@ -25,6 +28,16 @@ pub enum TraceEvent {
         size: usize,
         /// The stream whose pool served it.
         stream: u64,
+        /// What was allocated, where the caller said ([`label`](super::label)).
+        name: Option<String>,
+    },
+    /// The requests a purge at the end of the open phase keeps cached buffers for, on one
+    /// stream's pool (libcupool's `auto` purge decides them from the phase that ends).
+    Keep {
+        /// The stream.
+        stream: u64,
+        /// Request sizes, as `Purge::KeepFor` takes them.
+        sizes: Vec<usize>,
     },
     /// A free of allocation `id`.
     Free {
@@ -68,8 +81,27 @@ impl TraceEvent {
     /// The event as one JSON line (no newline).
     pub fn to_json(&self) -> String {
         match self {
-            TraceEvent::Alloc { id, size, stream } => {
-                format!(r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream}}}"#)
+            TraceEvent::Alloc {
+                id,
+                size,
+                stream,
+                name: None,
+            } => format!(r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream}}}"#),
+            TraceEvent::Alloc {
+                id,
+                size,
+                stream,
+                name: Some(name),
+            } => format!(
+                r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream},"name":{}}}"#,
+                json_str(name)
+            ),
+            TraceEvent::Keep { stream, sizes } => {
+                let list: Vec<String> = sizes.iter().map(usize::to_string).collect();
+                format!(
+                    r#"{{"op":"keep","stream":{stream},"sizes":[{}]}}"#,
+                    list.join(",")
+                )
             }
             TraceEvent::Free { id } => format!(r#"{{"op":"free","id":{id}}}"#),
             TraceEvent::PhaseBegin { name } => {
@@ -165,6 +197,7 @@ impl Pool for Recorder {
             id,
             size: bytes,
             stream: self.stream,
+            name: super::label::current().map(str::to_owned),
         });
         Ok(block)
     }

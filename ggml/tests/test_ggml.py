@@ -1,0 +1,136 @@
+"""The llama.cpp integration without a GPU: the patch is current and applies to the shipped
+engine source, the shim calls only functions libcupool's header declares, the scripts that
+run on the GPU machine parse what libcupool prints, and the model generator writes GGUF files
+gguf-py reads back.
+
+Run: CUPOOL_LIB=target/release python3 -m pytest -c python/pytest.ini ggml/tests
+The engine tarball is read from ../shared/third_party (or CUPOOL_ENGINE_TARBALL); tests that need
+it, numpy or `patch` skip with the reason when they are missing.
+"""
+import ctypes
+import glob
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def tarball():
+    path = os.environ.get("CUPOOL_ENGINE_TARBALL") or next(
+        iter(sorted(glob.glob(os.path.join(ROOT, "..", "shared", "third_party", "ik_llama.cpp-*.tar.gz")))), None)
+    if not path or not os.path.exists(path):
+        pytest.skip("the ik_llama.cpp tarball is not here (../shared/third_party or CUPOOL_ENGINE_TARBALL)")
+    return path
+
+
+def module(rel):
+    spec = importlib.util.spec_from_file_location(os.path.basename(rel)[:-3], os.path.join(ROOT, rel))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def test_the_patch_is_current_and_applies(tmp_path):
+    src = tarball()
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "ggml", "make-patch.py"), src],
+                         capture_output=True, text=True, check=True).stdout
+    with open(os.path.join(ROOT, "ggml", "ik_llama.cpp.patch")) as f:
+        assert out == f.read(), "ggml/ik_llama.cpp.patch is stale: python3 ggml/make-patch.py TARBALL > ggml/ik_llama.cpp.patch"
+    if shutil.which("patch") is None:
+        pytest.skip("no patch program")
+    with tarfile.open(src) as t:
+        t.extractall(tmp_path, filter="data")
+    with open(os.path.join(ROOT, "ggml", "ik_llama.cpp.patch")) as f:
+        subprocess.run(["patch", "-p1", "--dry-run", "-s"], cwd=tmp_path, stdin=f, check=True)
+
+
+def test_the_shim_calls_only_what_the_header_declares():
+    shim = open(os.path.join(ROOT, "ggml", "ggml-cupool.cu")).read()
+    header = open(os.path.join(ROOT, "capi", "include", "cupool.h")).read()
+    used = set(re.findall(r"decltype\(&(cupool_\w+)\)", shim))
+    assert {"cupool_init", "cupool_alloc_named", "cupool_free", "cupool_ubatch_end"} <= used
+    for name in used:
+        assert re.search(rf"\b{name}\(", header), f"{name} is not in cupool.h"
+        assert f'"{name}"' in shim, f"{name} is never resolved"
+
+
+def test_seed_runs_parse_and_read_libcupool_s_ubatch_log(tmp_path):
+    seed = module("scripts/llama/seed.py")
+    assert seed.parse_run("a-trace:legacy:never@12#2") == {
+        "name": "a-trace", "pool": "legacy", "purge": "never", "card_gib": 12.0, "devices": 2}
+    assert seed.parse_run("ref:ggml")["purge"] is None
+    with pytest.raises(SystemExit):
+        seed.parse_run("no spaces allowed:legacy")
+    # What libcupool logs at a boundary is what seed.py reads.
+    code = ("import ctypes, cupool; from cupool import _lib\n"
+            "cupool.init(pool='legacy', device='sim', sim_gib=1)\n"
+            "lib = _lib.load(); p = lib.cupool_alloc(0, 0, 1 << 20, None)\n"
+            "_lib.check(lib.cupool_free(0, 0, p, 1 << 20)); cupool.ubatch_end(); cupool.shutdown()\n")
+    env = dict(os.environ, CUPOOL_LOG="info", PYTHONPATH=os.path.join(ROOT, "python"))
+    err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stderr
+    m = seed.UBATCH.search(err)
+    assert m, err
+    ubatch, device, peak_reserved = map(int, m.groups()[:3])
+    assert (ubatch, device) == (1, 0) and peak_reserved >= 1 << 20, err
+    assert m.group(6) in ("true", "false"), err
+
+
+def test_compare_traces_reports_what_only_one_side_takes(tmp_path):
+    def write(path, phases):
+        with open(path, "w") as f:
+            i = 0
+            for name, allocs in phases:
+                f.write(json.dumps({"op": "phase_begin", "name": name}) + "\n")
+                for n, s in allocs:
+                    f.write(json.dumps({"op": "alloc", "id": i, "size": s, "stream": 0, "name": n}) + "\n")
+                    i += 1
+    layer_rt = [("K_f16", 100), ("V_f16", 100)]
+    layer_real = [("MUL_MAT", 7), ("K_f16", 100), ("V_f16", 100), ("dst_tmp_meta", 50)]
+    write(tmp_path / "rt.jsonl", [("ubatch 0", layer_rt * 3)])
+    write(tmp_path / "real.jsonl", [("start-up", [("MUL_MAT", 1)] + layer_real * 3)])
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "compare_traces.py"),
+                          str(tmp_path / "real.jsonl"), str(tmp_path / "rt.jsonl")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "1 runtime ubatches matched" in out, out
+    assert "only the engine takes: dst_tmp_meta 50 B" in out, out
+    assert "only the engine takes: MUL_MAT 7 B" in out, out
+    assert "only the runtime takes" not in out, out
+
+
+# (preset, type, tensor: (type, shape)): llama's separate Q/K/V in q8_0 (fast to write), phi3's
+# fused QKV and doubled FFN-up in f16.
+MODELS = [
+    ("llama3-8b", "q8_0", {"token_embd.weight": ["Q8_0", [4096, 128256]], "blk.0.attn_k.weight": ["Q8_0", [4096, 1024]],
+                           "blk.0.ffn_down.weight": ["Q8_0", [14336, 4096]], "blk.0.attn_norm.weight": ["F32", [4096]]}, 12),
+    ("phi3-mini", "f16", {"token_embd.weight": ["F16", [3072, 32064]], "blk.0.attn_qkv.weight": ["F16", [3072, 9216]],
+                          "blk.0.ffn_up.weight": ["F16", [3072, 16384]], "output_norm.weight": ["F32", [3072]]}, 9),
+]
+
+
+@pytest.mark.parametrize("preset,qtype,want,count", MODELS)
+def test_generated_models_read_back(tmp_path, preset, qtype, want, count):
+    pytest.importorskip("numpy")
+    src = tarball()
+    with tarfile.open(src) as t:
+        members = [m for m in t.getmembers() if m.name.lstrip("./").startswith("gguf-py/")]
+        t.extractall(tmp_path, members=members, filter="data")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "gguf-py"))
+    out = tmp_path / f"{preset}-{qtype}.gguf"
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "gen_model.py"), "--preset", preset,
+                    "--type", qtype, "--layers", "1", "--out", str(out)], env=env, check=True, capture_output=True)
+    code = ("import gguf, sys, json\nr = gguf.GGUFReader(sys.argv[1])\n"
+            "print(json.dumps({t.name: [t.tensor_type.name, [int(x) for x in t.shape]] for t in r.tensors}))")
+    tensors = json.loads(subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True,
+                                        text=True, check=True).stdout)
+    for name, t in want.items():
+        assert tensors[name] == t, name
+    assert len(tensors) == count

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Writes a GGUF model of a preset's shape with random weights, which llama.cpp loads like a
+real model (its memory traffic and kernels are a real model's; its text is noise).
+
+    python3 scripts/llama/gen_model.py --preset phi3-mini --type f16 --out phi3-mini-f16.gguf
+
+Needs numpy and the gguf-py package shipped in the engine's source tree (scripts/llama/build.sh
+puts it on PYTHONPATH). The vocabulary is a SentencePiece-style one of the preset's size
+(control tokens, the 256 byte tokens, then placeholders): its size, not its text, shapes the
+embedding and output matrices.
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+try:
+    import gguf
+except ImportError:
+    sys.exit("gen_model: the gguf package is not importable: put the engine's gguf-py folder on PYTHONPATH")
+
+# The shapes of cupool's presets (runtime/src/model.rs), with the vocabulary of each model.
+PRESETS = {
+    # arch, layers, width, heads, kv heads, ffn, vocab, context trained
+    "phi3-mini": ("phi3", 32, 3072, 32, 32, 8192, 32064, 131072),
+    "llama3-8b": ("llama", 32, 4096, 32, 8, 14336, 128256, 131072),
+}
+TYPES = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+QK8_0 = 32
+
+
+def tensors(preset: str, n_layer: int):
+    """(name, shape as ggml orders it: fastest dimension first, is_matrix) of every tensor."""
+    arch, _, n_embd, n_head, n_head_kv, n_ff, n_vocab, _ = PRESETS[preset]
+    head_dim = n_embd // n_head
+    n_gqa = n_head_kv * head_dim
+    yield "token_embd.weight", (n_embd, n_vocab), True
+    yield "output_norm.weight", (n_embd,), False
+    yield "output.weight", (n_embd, n_vocab), True
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (n_embd,), False
+        yield b + "ffn_norm.weight", (n_embd,), False
+        if arch == "phi3":
+            yield b + "attn_qkv.weight", (n_embd, n_embd + 2 * n_gqa), True
+            yield b + "ffn_up.weight", (n_embd, 2 * n_ff), True
+        else:
+            yield b + "attn_q.weight", (n_embd, n_embd), True
+            yield b + "attn_k.weight", (n_embd, n_gqa), True
+            yield b + "attn_v.weight", (n_embd, n_gqa), True
+            yield b + "ffn_gate.weight", (n_embd, n_ff), True
+            yield b + "ffn_up.weight", (n_embd, n_ff), True
+        yield b + "attn_output.weight", (n_embd, n_embd), True
+        yield b + "ffn_down.weight", (n_ff, n_embd), True
+
+
+def random_tensor(rng, shape, qtype):
+    """Random weights of `shape` (ggml order) as the bytes of `qtype`; norms are ones."""
+    n = int(np.prod(shape))
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        # Blocks of 32: an f16 scale, then 32 int8 values.
+        blocks = n // QK8_0
+        raw = np.empty((blocks, 2 + QK8_0), dtype=np.uint8)
+        raw[:, :2] = np.full(blocks, 0.02 / 127, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
+        raw[:, 2:] = rng.integers(0, 256, size=(blocks, QK8_0), dtype=np.uint8)
+        return raw.reshape(shape[1], -1) if len(shape) == 2 else raw.reshape(-1)
+    w = rng.standard_normal(n, dtype=np.float32)
+    w *= 0.02
+    return w.astype(np.float16).reshape(tuple(reversed(shape)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    ap.add_argument("--type", choices=sorted(TYPES), default="f16", help="the matrices' type (norms are f32)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, help="another number of layers (the preset's by default)")
+    a = ap.parse_args()
+    arch, n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx_train = PRESETS[a.preset]
+    if a.layers is not None:
+        if not 1 <= a.layers <= 1024:
+            sys.exit(f"gen_model: --layers {a.layers}: accepted values are 1 to 1024")
+        n_layer = a.layers
+    qtype = TYPES[a.type]
+    rng = np.random.default_rng(a.seed)
+    t0 = time.time()
+
+    w = gguf.GGUFWriter(a.out, arch)
+    w.add_name(f"random {a.preset} ({a.type})")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(n_layer)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_rope_freq_base(10000.0 if arch == "phi3" else 500000.0)
+    if arch == "phi3":
+        w.add_sliding_window(n_ctx_train * 2)  # no sliding window, as Phi-3-mini-128k
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if a.type == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0)
+
+    specials = ["<unk>", "<s>", "</s>"]
+    tokens = specials + [f"<0x{b:02X}>" for b in range(256)]
+    # llama.cpp looks <|endoftext|> up by name in a model named like Phi-3.
+    tokens += ["<|endoftext|>"] + [f"t{i}" for i in range(n_vocab - len(tokens) - 1)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.CONTROL] + [gguf.TokenType.NORMAL] * (n_vocab - 260)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(n_vocab - 259)])
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    total = 0
+    for name, shape, matrix in tensors(a.preset, n_layer):
+        if matrix:
+            data = random_tensor(rng, shape, qtype)
+            w.add_tensor(name, data, raw_dtype=qtype)
+        else:
+            data = np.ones(shape, dtype=np.float32)
+            w.add_tensor(name, data)
+        total += data.nbytes
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"gen_model: {a.out}: {a.preset}, {a.type}, {total / 2**30:.2f} GiB of weights, {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Runs the seed scenario in the real engine: llama-sweep-bench with each pool, on a card made
+smaller by the ballast, and writes what each run did as JSON lines.
+
+    python3 scripts/llama/seed.py --bin BUILD/build/bin --model M.gguf --out DIR RUN [RUN ...]
+
+A RUN is NAME:POOL[:PURGE][@CARD_GIB][#DEVICES]: POOL is ggml (ggml's own pools, GGML_POOL unset)
+or a cupool kind (legacy, vmm, ...); PURGE is CUPOOL_PURGE (auto when omitted); CARD_GIB is the
+free memory the ballast leaves on each device used (the whole card when omitted); DEVICES is how
+many GPUs the engine may use (1 when omitted; more runs it with -sm layer). A NAME ending in
+"-trace" records the pool's trace to DIR/NAME.trace.jsonl. Each run's output is DIR/NAME.log;
+DIR/runs.jsonl gets one object per run: exit status, whether it ran out of memory and at which
+KV length, the sweep's rows (KV length, prefill seconds and tokens/s, device memory used), prefill
+tokens/s over the whole sweep, cupool's per-ubatch peaks and its final statistics.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+UBATCH = re.compile(
+    r"ubatch end ubatch=(\d+) device=(\d+) peak_reserved=(\d+) peak_live=(\d+) released=(\d+) synchronized=(\w+)"
+)
+STATS = re.compile(r"^cupool: device (\d+) stats (\{.*\})$")
+OOM = re.compile(r"out of memory|out of device memory|allocating \d+ bytes failed", re.I)
+
+
+def parse_run(spec: str) -> dict:
+    m = re.fullmatch(r"([\w.-]+):(\w+)(?::(\w+))?(?:@([\d.]+))?(?:#(\d+))?", spec)
+    if not m:
+        sys.exit(f"seed: run {spec!r} is not NAME:POOL[:PURGE][@CARD_GIB][#DEVICES]")
+    name, pool, purge, card, devices = m.groups()
+    return {
+        "name": name,
+        "pool": pool,
+        "purge": purge or ("auto" if pool != "ggml" else None),
+        "card_gib": float(card) if card else None,
+        "devices": int(devices or 1),
+    }
+
+
+def start_ballast(bin_dir: Path, card_gib: float, device: int) -> subprocess.Popen:
+    p = subprocess.Popen(
+        [str(bin_dir / "ballast"), str(card_gib), str(device)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = p.stdout.readline().strip()
+    if not line.startswith("ballast:"):
+        p.kill()
+        sys.exit(f"seed: the ballast did not start on device {device}: {line!r}")
+    print(line, flush=True)
+    return p
+
+
+def run_one(a, r: dict) -> dict:
+    env = dict(os.environ)
+    env.pop("GGML_POOL", None)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(r["devices"]))
+    if r["pool"] != "ggml":
+        env["GGML_POOL"] = r["pool"]
+        env["CUPOOL_PURGE"] = r["purge"]
+        env["CUPOOL_LOG"] = "info"
+        if r["name"].endswith("-trace"):
+            env["CUPOOL_TRACE"] = str(Path(a.out) / f"{r['name']}.trace.jsonl")
+    cmd = [
+        str(Path(a.bin) / "llama-sweep-bench"), "-m", a.model, "-c", str(a.ctx), "-b", "2048", "-ub", "512",
+        "-n", "1", "-fa", "1", "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99", "--output-format", "jsonl",
+        "--sweep-memory",
+    ]
+    if r["devices"] > 1:
+        cmd += ["-sm", "layer"]
+    ballasts = [start_ballast(Path(a.bin), r["card_gib"], d) for d in range(r["devices"])] if r["card_gib"] else []
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode(), "timeout"
+    finally:
+        for b in ballasts:
+            b.terminate()
+            try:
+                b.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                b.kill()
+                b.wait()
+    (Path(a.out) / f"{r['name']}.log").write_text(out)
+    rows = []
+    for line in out.splitlines():
+        if line.startswith("{") and '"n_kv"' in line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    ubatches = [
+        dict(zip(("ubatch", "device", "peak_reserved", "peak_live", "released"), map(int, m.groups()[:5])),
+             synchronized=m.group(6) == "true")
+        for m in UBATCH.finditer(out)
+    ]
+    stats = {int(m.group(1)): json.loads(m.group(2)) for m in map(STATS.match, out.splitlines()) if m}
+    pp_tokens = sum(x["pp"] for x in rows)
+    pp_seconds = sum(x["t_pp"] for x in rows)
+    oom = bool(OOM.search(out)) and rc != 0
+    res = dict(r, rc=rc, seconds=round(time.time() - t0, 1), oom=oom,
+               last_n_kv=rows[-1]["n_kv"] if rows else None,
+               prefill_tok_s=round(pp_tokens / pp_seconds, 1) if pp_seconds else None,
+               rows=[{k: x.get(k) for k in ("n_kv", "t_pp", "speed_pp", "vram_delta_mib")} for x in rows],
+               ubatches=ubatches, stats=stats)
+    tail = "OOM after n_kv=%s" % res["last_n_kv"] if oom else "rc=%s" % rc
+    print(f"seed: {r['name']}: {tail}, {res['prefill_tok_s']} tok/s, {len(rows)} rows, {res['seconds']} s", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ctx", type=int, default=20480)
+    ap.add_argument("--kv", default="q8_0")
+    ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("runs", nargs="+")
+    a = ap.parse_args()
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(a.out) / "runs.jsonl", "a") as f:
+        for spec in a.runs:
+            f.write(json.dumps(run_one(a, parse_run(spec))) + "\n")
+            f.flush()
+
+
+if __name__ == "__main__":
+    main()
