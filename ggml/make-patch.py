@@ -2,6 +2,7 @@
 """Writes ggml/ik_llama.cpp.patch: the edits that put cupool's shim into ik_llama.cpp.
 
     python3 ggml/make-patch.py SOURCE.tar.gz > ggml/ik_llama.cpp.patch
+    python3 ggml/make-patch.py --mainline GGML_CUDA.tar.gz > ggml/ggml-cuda-mainline.patch
 
 Each edit is anchored on text that must occur exactly once in its file, so a change upstream
 fails here, by name, instead of producing a patch that applies wrongly. The shim itself
@@ -15,6 +16,12 @@ scripts/llama/build.sh; the patch only touches ik_llama.cpp's own files:
 - include/ggml-cuda.h: declares ggml_backend_cuda_ubatch_end();
 - the flash-attention launchers: name their K/V conversion and split-KV buffers;
 - src/llama.cpp: calls the boundary after each prefill ubatch of llama_decode_internal.
+
+With --mainline, the same shim goes into mainline ggml's CUDA backend (the ggml-cuda sources
+after PR #23907, whose pool interface is ik_llama.cpp's with a stream number): the pool hook, the
+start-up check and the op names. Mainline keeps CUDA graphs per backend context with no
+registry of contexts, and its ubatch loop (llama-context.cpp) is not in those sources: the
+boundary is not wired there.
 """
 import difflib
 import re
@@ -148,13 +155,60 @@ def edit_fattn(t: str) -> str:
     return "\n".join(out)
 
 
+def mainline_edits() -> dict:
+    cu = "src/ggml-cuda/ggml-cuda.cu"
+
+    def edit_cu(t: str) -> str:
+        t = insert_after(
+            t,
+            "    for (int id = 0; id < info.device_count; ++id) {\n"
+            "        info.default_tensor_split[id] /= total_vram;\n"
+            "    }\n",
+            "\n    // cupool: with GGML_POOL set, open libcupool now (a bad setting stops start-up)\n"
+            "    ggml_cupool_startup();\n",
+            cu,
+        )
+        t = insert_after(
+            t,
+            "std::unique_ptr<ggml_cuda_pool> ggml_backend_cuda_context::new_pool_for_device(int                  device,\n"
+            "                                                                               [[maybe_unused]] int stream_no) {\n",
+            "    if (ggml_cupool_enabled()) {\n"
+            "        return ggml_cupool_new_pool(device, stream_no);\n"
+            "    }\n",
+            cu,
+        )
+        return insert_after(
+            t,
+            "static bool ggml_cuda_compute_forward(ggml_backend_cuda_context & ctx, struct ggml_tensor * dst) {\n",
+            "    GGML_CUPOOL_LABEL(ggml_op_desc(dst)); // names this op's pool allocations in a cupool trace\n",
+            cu,
+        )
+
+    def edit_common(t: str) -> str:
+        return insert_before(
+            t,
+            "struct ggml_cuda_pool {\n",
+            "#include \"ggml-cupool.h\" // cupool's pool shim (GGML_POOL)\n\n",
+            "src/ggml-cuda/common.cuh",
+        )
+
+    return {cu: edit_cu, "src/ggml-cuda/common.cuh": edit_common}
+
+
 def main() -> None:
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    mainline = args[:1] == ["--mainline"]
+    if mainline:
+        args = args[1:]
+    if len(args) != 1:
         sys.exit(__doc__)
     with tempfile.TemporaryDirectory() as d:
-        with tarfile.open(sys.argv[1]) as tar:
+        with tarfile.open(args[0]) as tar:
             tar.extractall(d, filter="data")
         root = Path(d)
+        if mainline:
+            write_diff(root, mainline_edits())
+            return
         edits = {
             CUDA_CU: edit_ggml_cuda,
             "ggml/src/ggml-cuda/common.cuh": edit_common,
@@ -164,19 +218,24 @@ def main() -> None:
         for f in sorted((root / "ggml/src/ggml-cuda").glob("fattn*.cu*")):
             if any(FA_BUFFER.match(line) for line in f.read_text().split("\n")):
                 edits[str(f.relative_to(root))] = edit_fattn
-        for rel, edit in edits.items():
-            before = (root / rel).read_text()
-            after = edit(before)
-            if after == before:
-                sys.exit(f"make-patch: {rel}: the edit changed nothing")
-            sys.stdout.writelines(
-                difflib.unified_diff(
-                    before.splitlines(keepends=True),
-                    after.splitlines(keepends=True),
-                    fromfile=f"a/{rel}",
-                    tofile=f"b/{rel}",
-                )
+        write_diff(root, edits)
+
+
+def write_diff(root: Path, edits: dict) -> None:
+    """Applies `edits` (path -> function of the text) under `root` and prints the unified diff."""
+    for rel, edit in edits.items():
+        before = (root / rel).read_text()
+        after = edit(before)
+        if after == before:
+            sys.exit(f"make-patch: {rel}: the edit changed nothing")
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                before.splitlines(keepends=True),
+                after.splitlines(keepends=True),
+                fromfile=f"a/{rel}",
+                tofile=f"b/{rel}",
             )
+        )
 
 
 if __name__ == "__main__":

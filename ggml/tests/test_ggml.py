@@ -7,7 +7,6 @@ Run: CUPOOL_LIB=target/release python3 -m pytest -c python/pytest.ini ggml/tests
 The engine tarball is read from ../shared/third_party (or CUPOOL_ENGINE_TARBALL); tests that need
 it, numpy or `patch` skip with the reason when they are missing.
 """
-import ctypes
 import glob
 import importlib.util
 import json
@@ -24,11 +23,11 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 
-def tarball():
-    path = os.environ.get("CUPOOL_ENGINE_TARBALL") or next(
-        iter(sorted(glob.glob(os.path.join(ROOT, "..", "shared", "third_party", "ik_llama.cpp-*.tar.gz")))), None)
+def tarball(pattern="ik_llama.cpp-*.tar.gz", env="CUPOOL_ENGINE_TARBALL"):
+    path = os.environ.get(env) or next(
+        iter(sorted(glob.glob(os.path.join(ROOT, "..", "shared", "third_party", pattern)))), None)
     if not path or not os.path.exists(path):
-        pytest.skip("the ik_llama.cpp tarball is not here (../shared/third_party or CUPOOL_ENGINE_TARBALL)")
+        pytest.skip(f"no {pattern} here (../shared/third_party or {env})")
     return path
 
 
@@ -39,17 +38,21 @@ def module(rel):
     return m
 
 
-def test_the_patch_is_current_and_applies(tmp_path):
-    src = tarball()
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "ggml", "make-patch.py"), src],
+@pytest.mark.parametrize("pattern,env,flags,patch", [
+    ("ik_llama.cpp-*.tar.gz", "CUPOOL_ENGINE_TARBALL", [], "ik_llama.cpp.patch"),
+    ("ggml-cuda-*.tar.gz", "CUPOOL_MAINLINE_TARBALL", ["--mainline"], "ggml-cuda-mainline.patch"),
+])
+def test_the_patch_is_current_and_applies(tmp_path, pattern, env, flags, patch):
+    src = tarball(pattern, env)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "ggml", "make-patch.py"), *flags, src],
                          capture_output=True, text=True, check=True).stdout
-    with open(os.path.join(ROOT, "ggml", "ik_llama.cpp.patch")) as f:
-        assert out == f.read(), "ggml/ik_llama.cpp.patch is stale: python3 ggml/make-patch.py TARBALL > ggml/ik_llama.cpp.patch"
+    with open(os.path.join(ROOT, "ggml", patch)) as f:
+        assert out == f.read(), f"ggml/{patch} is stale: python3 ggml/make-patch.py {' '.join(flags)} TARBALL > ggml/{patch}"
     if shutil.which("patch") is None:
         pytest.skip("no patch program")
     with tarfile.open(src) as t:
         t.extractall(tmp_path, filter="data")
-    with open(os.path.join(ROOT, "ggml", "ik_llama.cpp.patch")) as f:
+    with open(os.path.join(ROOT, "ggml", patch)) as f:
         subprocess.run(["patch", "-p1", "--dry-run", "-s"], cwd=tmp_path, stdin=f, check=True)
 
 
