@@ -38,6 +38,7 @@ pub fn run_json(o: &Outcome) -> Value {
             "completed": r.completed, "oom_at_token": r.oom_at_token,
             "peak_live_bytes": r.peak_live_bytes, "peak_reserved_bytes": r.peak_reserved_bytes,
             "budget_bytes": r.budget_bytes, "budget_warnings": r.budget_warnings,
+            "projected_oom_at_token": r.projected_oom_at_token,
             "driver_mallocs": r.driver_mallocs, "driver_frees": r.driver_frees, "fallbacks": r.fallbacks,
             "seconds": r.seconds,
             "oom_report": r.oom.as_ref().map(|o| o.to_string()),
@@ -136,6 +137,7 @@ pub fn plan_json(p: &Plan, c: &RunConfig, scenario: Value) -> Value {
         "pool_driver_mallocs": p.pool_driver_mallocs,
         "kv_bytes": p.kv_bytes, "compute_bytes": p.compute_bytes, "weights_bytes": p.weights_bytes,
         "total_bytes": p.total_bytes, "device_bytes": p.device_bytes, "fits": p.fits, "max_ctx_that_fits": p.max_ctx_that_fits,
+        "oom_at_token": p.oom_at_token,
     })
 }
 
@@ -170,6 +172,16 @@ pub fn plan_table(p: &Plan, c: &RunConfig) -> String {
         gib(p.device_bytes)
     ));
     s.push_str(&format!("fits: {}\n", if p.fits { "yes" } else { "NO" }));
+    match p.oom_at_token {
+        Some(0) => s.push_str("the run cannot start: the startup buffers alone do not fit\n"),
+        Some(t) => s.push_str(&format!(
+            "the run dies at token {t} (simulated under this pool and purge policy)\n"
+        )),
+        None if !p.fits => s.push_str(
+            "the run completes all the same (simulated under this pool and purge policy)\n",
+        ),
+        None => {}
+    }
     s.push_str(&match p.max_ctx_that_fits {
         Some(c) => format!("largest context that fits (prompt filling it): {c} tokens\n"),
         None => "no context fits: the weights alone are too large\n".into(),

@@ -137,8 +137,21 @@ fn a_single_run_that_runs_out_exits_3() {
         .as_str()
         .unwrap()
         .contains("stranded"));
-    let (_, code) = json(&["--pool", "legacy", "--purge", "auto"]);
+    // The budget warning projected where it dies, and so does the plan.
+    assert_eq!(v["runs"][0]["oom_at_token"], 8192);
+    assert_eq!(v["runs"][0]["projected_oom_at_token"], 8192);
+    let mut plan = bin();
+    plan.args([
+        "plan", "--device", "sim", "--pool", "legacy", "--purge", "never", "--format", "json",
+    ]);
+    let p: Value = serde_json::from_slice(&plan.output().unwrap().stdout).unwrap();
+    assert_eq!(
+        (&p["fits"], &p["oom_at_token"]),
+        (&Value::Bool(false), &Value::from(8192))
+    );
+    let (v, code) = json(&["--pool", "legacy", "--purge", "auto"]);
     assert_eq!(code, 0);
+    assert_eq!(v["runs"][0]["projected_oom_at_token"], Value::Null);
 }
 
 #[test]

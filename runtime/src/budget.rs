@@ -1,6 +1,9 @@
 //! The reserved compute budget and its warning: after each ubatch, compute buffer plus the
 //! pool's high-water is compared with what was reserved at startup; crossing it warns once
-//! (until the run drops back under), with where the card runs out at the current growth.
+//! (until the run drops back under), with the token where the run dies: the rest of the prefill
+//! simulated under the run's pool and purge policy (the first crossing's projection is kept for
+//! the report). A linear extrapolation of the reserve's growth is wrong exactly where it
+//! matters: a legacy pool strands buffers in steps, a purging one does not grow at all.
 
 /// See the module docs.
 #[derive(Debug)]
@@ -11,7 +14,19 @@ pub(crate) struct Budget {
     over: bool,
     /// Warnings emitted.
     pub warnings: usize,
-    prev_reserved: usize,
+    /// The first crossing's projection: the token where the run dies, if it does.
+    pub projection: Option<Projection>,
+}
+
+/// Where a run that crossed its budget ends, by simulation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Projection {
+    /// It runs out of memory after this many tokens.
+    DiesAt(usize),
+    /// The rest of the prefill fits.
+    Completes,
+    /// The simulation failed (the reason).
+    Unknown(String),
 }
 
 impl Budget {
@@ -21,28 +36,29 @@ impl Budget {
             compute,
             over: false,
             warnings: 0,
-            prev_reserved: 0,
+            projection: None,
         }
     }
 
-    /// Checks the ubatch that ended at token `pos` (`n_tokens` long) with the pool's reserve
-    /// peaking at `reserved`; returns whether it went over the budget.
+    /// Checks the ubatch that ended at token `pos` with the pool's reserve peaking at
+    /// `reserved`; on a new crossing asks `project` where the run dies and warns. Returns
+    /// whether it is over the budget.
     pub fn check(
         &mut self,
         index: usize,
         pos: usize,
-        n_tokens: usize,
         reserved: usize,
         device_free: usize,
+        project: impl FnOnce() -> Projection,
     ) -> bool {
         let high_water = self.compute + reserved;
         let over = high_water > self.bytes;
         if over && !self.over {
             self.warnings += 1;
-            self.warn(index, pos, n_tokens, high_water, reserved, device_free);
+            let projection = self.projection.get_or_insert_with(project).clone();
+            self.warn(index, pos, high_water, reserved, device_free, &projection);
         }
         self.over = over;
-        self.prev_reserved = reserved;
         over
     }
 
@@ -50,22 +66,18 @@ impl Budget {
         &self,
         index: usize,
         pos: usize,
-        n_tokens: usize,
         high_water: usize,
         reserved: usize,
         device_free: usize,
+        projection: &Projection,
     ) {
         let overshoot = high_water - self.bytes;
-        // The reserve's growth per token: over this ubatch, or on average if it did not grow.
-        let step = reserved.saturating_sub(self.prev_reserved) as f64 / n_tokens.max(1) as f64;
-        let per_token = if step > 0.0 {
-            step
-        } else {
-            reserved as f64 / pos.max(1) as f64
-        };
-        let runs_out_at =
-            (per_token > 0.0).then(|| pos + (device_free as f64 / per_token) as usize);
         let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+        let (dies_at, outcome) = match projection {
+            Projection::DiesAt(t) => (Some(*t), format!("the run dies at token {t}")),
+            Projection::Completes => (None, "the rest of the prefill still fits".to_string()),
+            Projection::Unknown(why) => (None, format!("where the run ends is unknown ({why})")),
+        };
         tracing::warn!(
             ubatch = index,
             tokens = pos,
@@ -74,14 +86,12 @@ impl Budget {
             budget = self.bytes,
             overshoot,
             device_free,
-            runs_out_at_token = runs_out_at,
-            "compute budget exceeded: compute buffer {:.1} MiB + pool {:.1} MiB > reserved {:.1} MiB (over by {:.1} MiB); at {:.1} KiB/token the card runs out at token {}",
+            projected_oom_at_token = dies_at,
+            "compute budget exceeded: compute buffer {:.1} MiB + pool {:.1} MiB > reserved {:.1} MiB (over by {:.1} MiB); simulated under this pool and purge policy, {outcome}",
             mib(self.compute),
             mib(reserved),
             mib(self.bytes),
             mib(overshoot),
-            per_token / 1024.0,
-            runs_out_at.map_or("never".to_string(), |t| t.to_string()),
         );
     }
 }

@@ -5,11 +5,12 @@
 //! The engine owns no startup memory: [`crate::Runtime`] allocates that and hands the engine
 //! its addresses; the planner runs an engine with the dry-run executor on a simulated card.
 
-use crate::budget::Budget;
+use crate::budget::{Budget, Projection};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
 use crate::executor::{DeviceBuffers, Executor};
 use crate::layer::{Model, Ubatch};
+use crate::planner::{self, PlanTarget};
 use crate::policy::PurgePolicy;
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
@@ -38,6 +39,14 @@ pub(crate) struct Engine {
     failed: bool,
     ubatch_index: usize,
     pub observer: Option<Observer>,
+    /// The device as the pool found it (free memory after the startup buffers): what a
+    /// projection of the rest of the run simulates.
+    room: PlanTarget,
+    /// Tokens of the prefill being decoded, from position 0.
+    prefill_tokens: usize,
+    /// Dry runs only (the planner): skip what cannot change the pool's numbers (see
+    /// `decode`). Rows, budget checks and observers then cover the ubatches run, not all.
+    pub(crate) fast_forward: bool,
 }
 
 impl Engine {
@@ -64,7 +73,11 @@ impl Engine {
             b: &bufs,
         }
         .init(exec.as_mut())?;
+        let room = PlanTarget::of(driver.as_ref())?;
         Ok(Self {
+            room,
+            prefill_tokens: 0,
+            fast_forward: false,
             budget: Budget::new(budget_bytes, bufs.cl.bytes),
             pool: phases.clone(),
             phases,
@@ -104,6 +117,7 @@ impl Engine {
                 self.cfg.n_ctx
             )));
         }
+        self.prefill_tokens = self.pos + tokens.len();
         let mut ubatches = Vec::new();
         let mut at = 0;
         for batch in tokens.chunks(self.cfg.n_batch) {
@@ -115,10 +129,21 @@ impl Engine {
         let started = Instant::now();
         let mut rows = Vec::with_capacity(ubatches.len());
         let mut oom = None;
-        for (i, &(pos0, toks)) in ubatches.iter().enumerate() {
+        // Driver calls of the ubatches fast-forward skipped: (acquisitions, releases).
+        let mut skipped = (0u64, 0u64);
+        let n_ctx = self.cfg.n_ctx;
+        let shape = |k: usize| {
+            let (p, t): (usize, &[i32]) = ubatches[k];
+            (t.len(), fa::n_kv(p + t.len(), n_ctx))
+        };
+        let mut empty_before = self.pool.stats().reserved_bytes == 0;
+        let mut i = 0;
+        while i < ubatches.len() {
+            let (pos0, toks) = ubatches[i];
             let next = ubatches
                 .get(i + 1)
                 .map_or((pos0 + toks.len(), 1), |&(p, t)| (p, t.len()));
+            let before = self.pool.stats().calls;
             match self.ubatch(pos0, toks, next)? {
                 Ok(row) => {
                     if let Some(f) = self.observer.as_mut() {
@@ -131,6 +156,35 @@ impl Engine {
                     break;
                 }
             }
+            i += 1;
+            if !self.fast_forward {
+                continue;
+            }
+            // A ubatch that made no driver call (its boundary included) left the pool's cache
+            // as it found it; one that started and ended with an empty pool will do the same
+            // again. Either way the next ubatches of the same shape repeat it exactly: skip
+            // them, but run the last of them, whose boundary sees a different next ubatch.
+            let after = self.pool.stats();
+            let calls = (
+                after.calls.acquisitions() - before.acquisitions(),
+                after.calls.releases() - before.releases(),
+            );
+            let empty_after = after.reserved_bytes == 0;
+            if calls == (0, 0) || (empty_before && empty_after) {
+                let mut j = i;
+                while j + 1 < ubatches.len()
+                    && shape(j) == shape(i - 1)
+                    && shape(j + 1) == shape(i - 1)
+                {
+                    j += 1;
+                }
+                let n = (j - i) as u64;
+                skipped.0 += calls.0 * n;
+                skipped.1 += calls.1 * n;
+                self.ubatch_index += j - i;
+                i = j;
+            }
+            empty_before = empty_after;
         }
         let s = self.pool.stats();
         Ok(RunReport {
@@ -145,8 +199,12 @@ impl Engine {
             budget_bytes: self.budget.bytes,
             compute_bytes: self.bufs.cl.bytes,
             budget_warnings: self.budget.warnings,
-            driver_mallocs: s.calls.acquisitions(),
-            driver_frees: s.calls.releases(),
+            projected_oom_at_token: match self.budget.projection {
+                Some(Projection::DiesAt(t)) => Some(t),
+                _ => None,
+            },
+            driver_mallocs: s.calls.acquisitions() + skipped.0,
+            driver_frees: s.calls.releases() + skipped.1,
             fallbacks: s.fallbacks,
             ubatches: rows,
             seconds: started.elapsed().as_secs_f64(),
@@ -209,12 +267,17 @@ impl Engine {
         let seconds = t0.elapsed().as_secs_f64();
         let stats = self.pool.stats();
         let device = self.driver.mem_info()?;
+        let (cfg, room, total) = (&self.cfg, &self.room, self.prefill_tokens);
         let over = self.budget.check(
             index,
             self.pos,
-            n_tokens,
             phase.reserved_peak_bytes,
             device.free,
+            || match planner::project_oom(cfg, room, total) {
+                Ok(Some(t)) => Projection::DiesAt(t),
+                Ok(None) => Projection::Completes,
+                Err(e) => Projection::Unknown(e.to_string()),
+            },
         );
         Ok(Ok(UbatchRow {
             index,
@@ -248,11 +311,17 @@ impl Engine {
         let x = self.exec.as_mut();
         model.embed(x, ub)?;
         for layer in 0..model.m.n_layer {
+            let before = self.fast_forward.then(|| self.pool.stats().calls);
             model.pre_attention(x, layer, ub)?;
             let s = Scratch::take(&self.pool, scratch)?;
             model.attention(x, layer, ub, &s)?;
             drop(s);
             model.feed_forward(x, ub)?;
+            // Every layer takes the same scratch: one served from the cache without a driver
+            // call left it as it was, and so will the rest (the dry run computes nothing).
+            if before.is_some_and(|b| self.pool.stats().calls == b) {
+                break;
+            }
         }
         x.sync()
     }

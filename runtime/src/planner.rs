@@ -14,6 +14,7 @@ use crate::executor::dry_run::DryRun;
 use crate::executor::DeviceBuffers;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::policy::BudgetMode;
+use crate::report::RunReport;
 use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool_pool::driver::Driver;
 use std::sync::Arc;
@@ -67,17 +68,25 @@ pub struct Plan {
     pub fits: bool,
     /// The largest context (prompt filling it) that fits, in multiples of 256; `None` if none.
     pub max_ctx_that_fits: Option<usize>,
+    /// When it does not fit: the tokens a run processes before it runs out of memory (0 when
+    /// the startup buffers alone do not fit), simulated under the pool and purge policy.
+    pub oom_at_token: Option<usize>,
 }
 
-/// The pool's peaks over a prefill of `n_prompt` tokens, by dry run.
-fn pool_peaks(
+/// A dry run of a prefill of `n_prompt` tokens with `cfg`'s pool and purge policy on a
+/// simulated card whose pool has `pool_bytes` to itself (the startup buffers take none of it).
+/// `fast` skips the layers and ubatches that repeat one before them exactly (the engine's
+/// fast-forward): the same peaks, driver calls and failure, in a fraction of the time.
+fn dry_run(
     cfg: &RunConfig,
     target: &PlanTarget,
     n_prompt: usize,
-) -> Result<(usize, usize, u64), RuntimeError> {
+    pool_bytes: usize,
+    fast: bool,
+) -> Result<RunReport, RuntimeError> {
     let mut c = cfg.clone();
     c.budget = BudgetMode::Ggml;
-    // The dry run measures; it has no budget to warn about.
+    // The dry run measures; it has no budget to warn about (and so projects nothing itself).
     c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;
     c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
@@ -86,7 +95,7 @@ fn pool_peaks(
         .granularity(target.granularity)
         .backed(false)
         .record_calls(false);
-    sim.capacity = MAX_CAPACITY;
+    sim.capacity = pool_bytes.min(MAX_CAPACITY);
     let driver: Arc<dyn Driver> =
         Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?);
     let m = &c.model;
@@ -100,8 +109,21 @@ fn pool_peaks(
         cl: ComputeLayout::new(m, c.n_ubatch),
     };
     let tokens = c.prompt_tokens(n_prompt);
-    let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX)?;
-    let report = engine.decode(&tokens)?;
+    // A simulation's out-of-memory is its result, not news: its pool and engine log nothing.
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX)?;
+        engine.fast_forward = fast;
+        engine.decode(&tokens)
+    })
+}
+
+/// The pool's peaks over a prefill of `n_prompt` tokens, by dry run.
+fn pool_peaks(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+) -> Result<(usize, usize, u64), RuntimeError> {
+    let report = dry_run(cfg, target, n_prompt, MAX_CAPACITY, true)?;
     if !report.completed {
         return Err(RuntimeError::Invalid(
             "the dry run ran out of a 256 TiB simulated card".into(),
@@ -112,6 +134,19 @@ fn pool_peaks(
         report.peak_live_bytes,
         report.driver_mallocs,
     ))
+}
+
+/// Where a prefill of `n_prompt` tokens with `cfg` runs out of memory when its pool has
+/// `target.free_bytes` of the device to itself: the tokens processed before the allocation
+/// that fails (as [`RunReport::oom_at_token`] says it), or `None` when the prefill completes.
+/// Simulated to the end under the run's pool and purge policy, so exact on the simulated
+/// device, and on a GPU as long as nothing else takes or returns device memory meanwhile.
+pub fn project_oom(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+) -> Result<Option<usize>, RuntimeError> {
+    Ok(dry_run(cfg, target, n_prompt, target.free_bytes, true)?.oom_at_token)
 }
 
 /// The worst pool peak any prompt up to the full context can reach: the larger of a prompt that
@@ -195,8 +230,21 @@ pub fn plan(cfg: &RunConfig, target: &PlanTarget, n_prompt: usize) -> Result<Pla
         }
         Some(lo)
     };
+    let static_total = weights_bytes + kv_bytes + compute_bytes;
+    let oom_at_token = if total_bytes <= target.free_bytes {
+        None
+    } else if static_total > target.free_bytes {
+        Some(0)
+    } else {
+        let room = PlanTarget {
+            free_bytes: target.free_bytes - static_total,
+            ..*target
+        };
+        project_oom(cfg, &room, n_prompt)?
+    };
     Ok(Plan {
         n_prompt,
+        oom_at_token,
         pool_peak_reserved_bytes: peak_reserved,
         pool_peak_live_bytes: peak_live,
         pool_driver_mallocs: mallocs,
@@ -234,4 +282,51 @@ pub fn startup_plan(cfg: &RunConfig, driver: &dyn Driver) -> Result<Plan, Runtim
         });
     }
     Ok(p)
+}
+
+#[cfg(test)]
+mod fast_forward_tests {
+    use super::*;
+    use crate::model::ModelShape;
+    use crate::policy::PurgePolicy;
+    use cupool_pool::{PoolConfig, PoolKind};
+    use proptest::prelude::*;
+
+    fn shape(n_layer: usize) -> ModelShape {
+        let mut m = ModelShape::preset("phi3-mini").unwrap();
+        m.n_layer = n_layer;
+        m
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Skipping what repeats changes nothing a plan reports: peaks, driver calls, where it
+        /// runs out, for every pool kind and purge policy, card size and batch shape.
+        #[test]
+        fn fast_forward_reports_what_the_full_dry_run_does(
+            kind in prop::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm, PoolKind::Torch]),
+            purge in prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+            n_layer in 1usize..4,
+            ubatch in prop::sample::select(vec![1usize, 7, 64, 256, 512]),
+            batch_mult in 1usize..4,
+            n_prompt in 1usize..3000,
+            pool_mib in prop::option::of(8usize..200),
+        ) {
+            let mut cfg = RunConfig::new(shape(n_layer), 4096);
+            cfg.n_ubatch = ubatch;
+            cfg.n_batch = ubatch * batch_mult;
+            cfg.purge = purge;
+            cfg.pool = PoolConfig::default().kind(kind);
+            let target = PlanTarget { free_bytes: 0, vmm: true, granularity: 2 << 20 };
+            let bytes = pool_mib.map_or(MAX_CAPACITY, |m| m << 20);
+            let full = dry_run(&cfg, &target, n_prompt, bytes, false).unwrap();
+            let fast = dry_run(&cfg, &target, n_prompt, bytes, true).unwrap();
+            prop_assert_eq!(fast.peak_reserved_bytes, full.peak_reserved_bytes);
+            prop_assert_eq!(fast.peak_live_bytes, full.peak_live_bytes);
+            prop_assert_eq!(fast.driver_mallocs, full.driver_mallocs);
+            prop_assert_eq!(fast.driver_frees, full.driver_frees);
+            prop_assert_eq!(fast.oom_at_token, full.oom_at_token);
+        }
+    }
 }

@@ -59,6 +59,9 @@ pub struct RunReport {
     pub compute_bytes: usize,
     /// Budget warnings emitted.
     pub budget_warnings: usize,
+    /// Where the first budget warning's simulation of the rest of the prefill said the run
+    /// dies (tokens processed before the failing allocation), if it does.
+    pub projected_oom_at_token: Option<usize>,
     /// Driver allocations by the pool (mallocs, managed mallocs and maps).
     pub driver_mallocs: u64,
     /// Driver releases by the pool.

@@ -3,22 +3,12 @@
 //! thread-scoped subscriber unreliable while other tests run in parallel.
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
-use cupool_pool::{PoolConfig, PoolKind};
+use cupool_pool::PoolKind;
 use cupool_runtime::executor::dry_run::DryRun;
 use cupool_runtime::*;
 use std::sync::{Arc, Mutex};
 
 mod common;
-
-fn small_cfg() -> RunConfig {
-    let m = common::small_model();
-    let mut c = RunConfig::new(m, 1024);
-    c.n_batch = 128;
-    c.n_ubatch = 64;
-    c.sms = 4;
-    c.pool = PoolConfig::default().kind(PoolKind::Legacy);
-    c
-}
 
 /// Collects tracing warnings.
 #[derive(Clone, Default)]
@@ -42,7 +32,7 @@ fn budget_warning_fires_once_per_crossing() {
         .with_max_level(tracing::Level::WARN)
         .with_ansi(false)
         .init();
-    let mut cfg = small_cfg();
+    let mut cfg = common::small_cfg(PoolKind::Legacy);
     cfg.purge = PurgePolicy::Always;
     // Room for the scratch of the early ubatches, not the later ones.
     cfg.margin_bytes = 150 << 10;
@@ -69,5 +59,8 @@ fn budget_warning_fires_once_per_crossing() {
     );
     assert_eq!(warned, crossings, "one warning per crossing:\n{log}");
     assert_eq!(report.budget_warnings, crossings);
-    assert!(log.contains("runs out at token"), "{log}");
+    // A purging run that only overshoots its small margin completes: the warning says so.
+    assert!(report.completed);
+    assert!(log.contains("the rest of the prefill still fits"), "{log}");
+    assert_eq!(report.projected_oom_at_token, None);
 }

@@ -15,11 +15,7 @@ mod common;
 use common::small_model;
 
 fn small_cfg(kind: PoolKind) -> RunConfig {
-    let mut c = RunConfig::new(small_model(), 1024);
-    c.n_batch = 128;
-    c.n_ubatch = 64;
-    c.sms = 4; // small shapes still split the KV range
-    c.pool = PoolConfig::default().kind(kind);
+    let mut c = common::small_cfg(kind);
     c.record_trace = true;
     c
 }

@@ -1,5 +1,6 @@
 //! What the runtime tests share.
-use cupool_runtime::ModelShape;
+use cupool_pool::{PoolConfig, PoolKind};
+use cupool_runtime::{ModelShape, RunConfig};
 
 /// Two layers, 4 query heads over 2 KV heads of 32 dimensions: fast on the CPU executor.
 pub fn small_model() -> ModelShape {
@@ -15,4 +16,16 @@ pub fn small_model() -> ModelShape {
         n_ff: 128,
         weights_bytes: 0,
     }
+}
+
+/// The small model over a 1024-token context in ubatches of 64 (batches of 128), on 4 SMs so that
+/// short ubatches still split the KV range, with a pool of `kind`.
+#[allow(dead_code)] // not every test binary uses it
+pub fn small_cfg(kind: PoolKind) -> RunConfig {
+    let mut c = RunConfig::new(small_model(), 1024);
+    c.n_batch = 128;
+    c.n_ubatch = 64;
+    c.sms = 4;
+    c.pool = PoolConfig::default().kind(kind);
+    c
 }
