@@ -36,8 +36,17 @@ pub enum Command {
     #[command(allow_negative_numbers = true)]
     Run(RunArgs),
     /// Print the memory budget without running: weights, KV, compute buffer, the pool's reserve
-    /// over the whole prefill, whether it fits, and the largest context that fits.
-    #[command(allow_negative_numbers = true)]
+    /// over the whole prefill, whether it fits, where a run dies if not, and the largest
+    /// context that fits.
+    #[command(
+        allow_negative_numbers = true,
+        // A run's options that a plan has no use for: out of its help, refused if given.
+        mut_arg("compute", |a| a.hide(true)),
+        mut_arg("budget", |a| a.hide(true)),
+        mut_arg("fallback_managed", |a| a.hide(true)),
+        mut_arg("plot", |a| a.hide(true)),
+        mut_arg("trace", |a| a.hide(true))
+    )]
     Plan(RunArgs),
     /// Replay an allocation trace (JSON lines) through a pool on the simulated device.
     #[command(allow_negative_numbers = true)]

@@ -22,16 +22,54 @@ const EXIT_ERROR: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_OOM: u8 = 3;
 
-fn init_logging(quiet: bool) {
-    let default = if quiet { "error" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+/// Installs the log; returns whether `RUST_LOG` chose its filter. A comparison (`summarize`)
+/// keeps each configuration's budget warning out of the default log and says it once after
+/// the table (`budget_summary`).
+fn init_logging(quiet: bool, summarize: bool) -> bool {
+    let default = match (quiet, summarize) {
+        (true, _) => "error",
+        (false, true) => "warn,cupool_runtime::budget=error",
+        (false, false) => "warn",
+    };
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
+    let user = from_env.is_some();
+    let filter = from_env.unwrap_or_else(|| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
+    user
+}
+
+/// One line for the budget warnings a comparison kept out of the log.
+fn budget_summary(outcomes: &[Outcome]) -> Option<String> {
+    let ran: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| o.report.as_ref().ok().map(|r| (o, r)))
+        .collect();
+    let over: Vec<_> = ran.iter().filter(|(_, r)| r.budget_warnings > 0).collect();
+    if over.is_empty() {
+        return None;
+    }
+    let dies: Vec<String> = over
+        .iter()
+        .filter_map(|(o, r)| {
+            r.projected_oom_at_token
+                .map(|t| format!("{} dies at token {t}", o.label))
+        })
+        .collect();
+    let ends = match dies.len() {
+        0 => "each completes".to_string(),
+        n if n == over.len() => dies.join(", "),
+        _ => format!("{}; the others complete", dies.join(", ")),
+    };
+    Some(format!(
+        "warning: {} of {} configurations exceeded the compute budget reserved at startup (the compute buffer, as llama.cpp reserves it, without the pool's scratch); simulated at the first crossing, {ends} (RUST_LOG=warn shows each warning)",
+        over.len(),
+        ran.len()
+    ))
 }
 
 fn main() -> ExitCode {
@@ -71,7 +109,9 @@ fn pool_choice(a: &RunArgs) -> Result<(PoolConfig, bool), String> {
 }
 
 fn run(a: RunArgs) -> ExitCode {
-    init_logging(a.quiet);
+    // A comparison runs when no pool is chosen; the choice is checked again below.
+    let comparison = pool_choice(&a).is_ok_and(|(_, chosen)| !chosen);
+    let user_log = init_logging(a.quiet, comparison);
     let prompt = a.prompt_tokens(false);
     let model = match scenario::model_from_args(&a) {
         Ok(m) => m,
@@ -147,6 +187,11 @@ fn run(a: RunArgs) -> ExitCode {
             outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         }
     }
+    if comparison && !a.quiet && !user_log {
+        if let Some(line) = budget_summary(&outcomes) {
+            stdout::err(&line);
+        }
+    }
     if let Some(path) = &a.plot {
         if let Err(e) = plot::write(path, &outcomes, dev.card_bytes(), &header) {
             return fail(e);
@@ -168,7 +213,7 @@ fn run(a: RunArgs) -> ExitCode {
 }
 
 fn plan_cmd(a: RunArgs) -> ExitCode {
-    init_logging(a.quiet);
+    init_logging(a.quiet, false);
     // Options of a run that a plan has no use for: refused, not silently ignored.
     if a.format == FormatArg::Csv {
         return usage("plan has no csv output: use --format table or --format json");
@@ -178,6 +223,23 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
             return usage(format!(
                 "{name} records a run; plan runs nothing: drop {name}, or run without plan"
             ));
+        }
+    }
+    for (given, name, why) in [
+        (a.compute.is_some(), "--compute", "plan computes nothing"),
+        (
+            a.budget != cli::BudgetArg::Ggml,
+            "--budget",
+            "plan prints the planned budget itself",
+        ),
+        (
+            a.fallback_managed,
+            "--fallback-managed",
+            "plan models the pool on a card it never fills",
+        ),
+    ] {
+        if given {
+            return usage(format!("{name} is an option of a run; {why}: drop {name}"));
         }
     }
     let prompt = a.prompt_tokens(true);
@@ -232,7 +294,7 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
 }
 
 fn replay_cmd(a: ReplayArgs) -> ExitCode {
-    init_logging(a.quiet);
+    init_logging(a.quiet, false);
     let text = match std::fs::read_to_string(&a.trace) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {

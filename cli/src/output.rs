@@ -40,6 +40,7 @@ pub fn run_json(o: &Outcome) -> Value {
             "budget_bytes": r.budget_bytes, "budget_warnings": r.budget_warnings,
             "projected_oom_at_token": r.projected_oom_at_token,
             "driver_mallocs": r.driver_mallocs, "driver_frees": r.driver_frees, "fallbacks": r.fallbacks,
+            "fallback_peak_bytes": r.fallback_peak_bytes,
             "seconds": r.seconds,
             "oom_report": r.oom.as_ref().map(|o| o.to_string()),
             "ubatches": r.ubatches.iter().map(|u| json!({
@@ -90,6 +91,18 @@ pub fn run_table(outcomes: &[Outcome], header: &str) -> String {
                 r.seconds
             )),
             Err(e) => s.push_str(&format!("{:<22} did not start: {e}\n", o.label)),
+        }
+    }
+    for o in outcomes {
+        if let Ok(r) = &o.report {
+            if r.fallbacks > 0 {
+                s.push_str(&format!(
+                    "\n{}: {} allocations served from managed memory (the device was full), at most {} at once, counted in peak live\n",
+                    o.label,
+                    r.fallbacks,
+                    mib(r.fallback_peak_bytes).trim()
+                ));
+            }
         }
     }
     for o in outcomes {

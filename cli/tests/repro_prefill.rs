@@ -607,6 +607,41 @@ fn a_refused_fallback_says_oversubscription_must_be_allowed() {
         "{all}"
     );
     assert!(all.contains("CUPOOL_ALLOW_OVERSUBSCRIPTION=1"), "{all}");
+    // Allowed, it completes, and the row's note says how much came from managed memory.
+    let out = bin()
+        .env("CUPOOL_ALLOW_OVERSUBSCRIPTION", "1")
+        .args(["--pool", "legacy", "--fallback-managed", "--device", "sim"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("allocations served from managed memory") && text.contains("at most"),
+        "{text}"
+    );
+    let (v, _) = {
+        let out = bin()
+            .env("CUPOOL_ALLOW_OVERSUBSCRIPTION", "1")
+            .args([
+                "--pool",
+                "legacy",
+                "--fallback-managed",
+                "--device",
+                "sim",
+                "--format",
+                "json",
+            ])
+            .output()
+            .unwrap();
+        (serde_json::from_slice::<Value>(&out.stdout).unwrap(), ())
+    };
+    let run = &v["runs"][0];
+    assert!(run["fallbacks"].as_u64().unwrap() > 0, "{run}");
+    let peak = run["fallback_peak_bytes"].as_u64().unwrap();
+    assert!(
+        peak > 0 && peak <= run["peak_live_bytes"].as_u64().unwrap(),
+        "{run}"
+    );
 }
 
 #[test]
@@ -624,4 +659,66 @@ fn a_custom_shape_is_named_by_its_changes_and_weighs_accordingly() {
         Some(3_820_000_000),
         "{v}"
     );
+}
+
+#[test]
+fn plan_help_lists_only_what_a_plan_uses_and_refuses_the_rest() {
+    let out = bin().args(["plan", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for opt in [
+        "--ctx", "--prompt", "--pool", "--purge", "--vram", "--format",
+    ] {
+        assert!(help.contains(opt), "{opt} missing from plan --help");
+    }
+    for opt in [
+        "--compute",
+        "--budget",
+        "--fallback-managed",
+        "--plot",
+        "--trace",
+    ] {
+        assert!(!help.contains(opt), "{opt} in plan --help:\n{help}");
+        let mut c = bin();
+        c.args(["plan", "--device", "sim", opt]);
+        match opt {
+            "--compute" => c.arg("cpu"),
+            "--budget" => c.arg("planned"),
+            "--plot" | "--trace" => c.arg(tmp("refused").as_os_str()),
+            _ => &mut c,
+        };
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{opt}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("drop {opt}")), "{opt}: {err}");
+    }
+}
+
+#[test]
+fn a_comparison_says_its_budget_warnings_once() {
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["--device", "sim"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("compute budget exceeded").count(), 0, "{err}");
+    let summary: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("configurations exceeded"))
+        .collect();
+    assert_eq!(summary.len(), 1, "{err}");
+    assert!(
+        summary[0].contains("5 of 6") && summary[0].contains("legacy/never dies at token 8192"),
+        "{err}"
+    );
+    // A single run keeps its own warning, with the projection.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["--device", "sim", "--pool", "legacy"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("compute budget exceeded").count(), 1, "{err}");
+    assert!(err.contains("the run dies at token 8192"), "{err}");
 }

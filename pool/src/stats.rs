@@ -110,6 +110,8 @@ pub struct PoolStats {
     pub fallbacks: u64,
     /// Managed-fallback bytes still live.
     pub fallback_live_bytes: usize,
+    /// Highest `fallback_live_bytes` since creation or the last peak reset.
+    pub fallback_live_peak_bytes: usize,
     /// Purges that released something.
     pub purges: u64,
     /// Bytes returned to the driver by purges.
@@ -133,6 +135,7 @@ impl PoolStats {
         self.retries += o.retries;
         self.fallbacks += o.fallbacks;
         self.fallback_live_bytes += o.fallback_live_bytes;
+        self.fallback_live_peak_bytes += o.fallback_live_peak_bytes;
         self.purges += o.purges;
         self.purged_bytes += o.purged_bytes;
     }

@@ -206,6 +206,7 @@ impl Engine {
             driver_mallocs: s.calls.acquisitions() + skipped.0,
             driver_frees: s.calls.releases() + skipped.1,
             fallbacks: s.fallbacks,
+            fallback_peak_bytes: s.fallback_live_peak_bytes,
             ubatches: rows,
             seconds: started.elapsed().as_secs_f64(),
         })

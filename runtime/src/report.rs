@@ -68,6 +68,8 @@ pub struct RunReport {
     pub driver_frees: u64,
     /// Allocations served by the managed fallback.
     pub fallbacks: u64,
+    /// The most managed-fallback bytes live at once.
+    pub fallback_peak_bytes: usize,
     /// Per ubatch.
     pub ubatches: Vec<UbatchRow>,
     /// Wall time of the run.

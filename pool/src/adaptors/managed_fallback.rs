@@ -145,6 +145,7 @@ impl Pool for ManagedFallback {
         s.ooms = s.ooms.saturating_sub(m.allocs);
         s.fallbacks = m.allocs;
         s.fallback_live_bytes = m.live_bytes;
+        s.fallback_live_peak_bytes = m.live_peak_bytes;
         s.purges += m.purges;
         s.purged_bytes += m.purged_bytes;
         s
