@@ -3,6 +3,7 @@
 #[macro_use]
 mod stdout;
 mod cli;
+mod estimate;
 mod llama_args;
 mod output;
 mod plot;
@@ -137,6 +138,9 @@ fn run(a: RunArgs) -> ExitCode {
     } else {
         scenario::comparison(&base, &pool)
     };
+    if matches!(dev, Device::Sim { backed: true, .. }) && !a.quiet {
+        stdout::err(&estimate::note(&base.model, prompt, configs.len()));
+    }
     let progress = (std::io::stderr().is_terminal() && !a.quiet).then(|| {
         let pb = indicatif::ProgressBar::new(prompt as u64);
         pb.set_style(

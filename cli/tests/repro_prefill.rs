@@ -722,3 +722,49 @@ fn a_comparison_says_its_budget_warnings_once() {
     assert_eq!(err.matches("compute budget exceeded").count(), 1, "{err}");
     assert!(err.contains("the run dies at token 8192"), "{err}");
 }
+
+#[test]
+fn cpu_maths_says_how_long_it_will_take() {
+    let tiny = [
+        "--device",
+        "sim",
+        "--compute",
+        "cpu",
+        "--pool",
+        "vmm",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "64",
+        "--n-head",
+        "4",
+        "--n-head-kv",
+        "2",
+        "--head-dim-k",
+        "16",
+        "--head-dim-v",
+        "16",
+        "--n-ff",
+        "128",
+        "--ctx",
+        "256",
+        "--prompt",
+        "256",
+        "--batch",
+        "64",
+        "--ubatch",
+        "64",
+        "--vram",
+        "1",
+    ];
+    let out = bin().args(tiny).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("note: --compute cpu") && err.contains("under a second per configuration"),
+        "{err}"
+    );
+    // --quiet keeps it out.
+    let out = bin().args(tiny).arg("--quiet").output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
+}
