@@ -608,19 +608,8 @@ fn a_refused_fallback_says_oversubscription_must_be_allowed() {
     );
     assert!(all.contains("CUPOOL_ALLOW_OVERSUBSCRIPTION=1"), "{all}");
     // Allowed, it completes, and the row's note says how much came from managed memory.
-    let out = bin()
-        .env("CUPOOL_ALLOW_OVERSUBSCRIPTION", "1")
-        .args(["--pool", "legacy", "--fallback-managed", "--device", "sim"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}");
-    assert!(
-        text.contains("allocations served from managed memory") && text.contains("at most"),
-        "{text}"
-    );
-    let (v, _) = {
-        let out = bin()
+    let allowed = |format: &str| {
+        bin()
             .env("CUPOOL_ALLOW_OVERSUBSCRIPTION", "1")
             .args([
                 "--pool",
@@ -629,12 +618,19 @@ fn a_refused_fallback_says_oversubscription_must_be_allowed() {
                 "--device",
                 "sim",
                 "--format",
-                "json",
+                format,
             ])
             .output()
-            .unwrap();
-        (serde_json::from_slice::<Value>(&out.stdout).unwrap(), ())
+            .unwrap()
     };
+    let out = allowed("table");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("allocations served from managed memory") && text.contains("at most"),
+        "{text}"
+    );
+    let v: Value = serde_json::from_slice(&allowed("json").stdout).unwrap();
     let run = &v["runs"][0];
     assert!(run["fallbacks"].as_u64().unwrap() > 0, "{run}");
     let peak = run["fallback_peak_bytes"].as_u64().unwrap();
