@@ -169,7 +169,7 @@ pub struct RunArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,
-    /// Write an SVG timeline.
+    /// Write the timeline of the pool's memory to this file: PNG or SVG, by its extension.
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Record the pool's allocation trace (JSON lines).

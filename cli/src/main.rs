@@ -164,6 +164,9 @@ fn run(a: RunArgs) -> ExitCode {
             if let Err(e) = std::fs::write(&path, trace) {
                 return fail(format!("writing the trace {}: {e}", path.display()));
             }
+            if !a.quiet {
+                stdout::err(&format!("wrote {}", path.display()));
+            }
         }
         outcomes.push(o);
     }
@@ -199,6 +202,9 @@ fn run(a: RunArgs) -> ExitCode {
     if let Some(path) = &a.plot {
         if let Err(e) = plot::write(path, &outcomes, dev.card_bytes(), &header) {
             return fail(e);
+        }
+        if !a.quiet {
+            stdout::err(&format!("wrote {}", path.display()));
         }
     }
     if single {

@@ -86,7 +86,9 @@ fn default_comparison_shows_the_oom_and_its_fixes() {
     assert_eq!(v["scenario"]["vram_bytes"], 12u64 << 30);
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(
-        svg.starts_with("<svg") && svg.contains("legacy/never") && svg.contains("card"),
+        svg.starts_with("<svg")
+            && svg.contains("legacy/never")
+            && svg.contains("room for the pool"),
         "an SVG with the configurations"
     );
 }
@@ -763,4 +765,43 @@ fn cpu_maths_says_how_long_it_will_take() {
     // --quiet keeps it out.
     let out = bin().args(tiny).arg("--quiet").output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
+}
+
+#[test]
+fn the_plot_is_png_or_svg_by_its_name_and_the_command_says_what_it_wrote() {
+    let png = tmp("timeline.png");
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["--device", "sim", "--plot", png.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    assert!(
+        bytes.len() > 20_000,
+        "with lines and text: {} bytes",
+        bytes.len()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("wrote {}", png.display())), "{err}");
+    let svg = tmp("timeline2.svg");
+    let (_, code) = json(&["--plot", svg.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.starts_with("<svg") && text.contains("room for the pool"),
+        "an SVG"
+    );
+    let out = bin()
+        .args([
+            "--device",
+            "sim",
+            "--plot",
+            tmp("timeline.jpg").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must end in .png or .svg"));
 }
