@@ -587,17 +587,25 @@ fn plan_refuses_the_options_it_has_no_use_for() {
 
 #[test]
 fn a_refused_fallback_says_oversubscription_must_be_allowed() {
-    let out = bin()
-        .args([
+    // Legacy with the managed fallback: oversubscription allowed or not, in this format.
+    let fallback = |allowed: bool, format: &str| {
+        let mut c = bin();
+        if allowed {
+            c.env("CUPOOL_ALLOW_OVERSUBSCRIPTION", "1");
+        }
+        c.args([
             "--pool",
             "legacy",
             "--fallback-managed",
             "--device",
             "sim",
-            "--quiet",
+            "--format",
+            format,
         ])
         .output()
-        .unwrap();
+        .unwrap()
+    };
+    let out = fallback(false, "table");
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -610,29 +618,14 @@ fn a_refused_fallback_says_oversubscription_must_be_allowed() {
     );
     assert!(all.contains("CUPOOL_ALLOW_OVERSUBSCRIPTION=1"), "{all}");
     // Allowed, it completes, and the row's note says how much came from managed memory.
-    let allowed = |format: &str| {
-        bin()
-            .env("CUPOOL_ALLOW_OVERSUBSCRIPTION", "1")
-            .args([
-                "--pool",
-                "legacy",
-                "--fallback-managed",
-                "--device",
-                "sim",
-                "--format",
-                format,
-            ])
-            .output()
-            .unwrap()
-    };
-    let out = allowed("table");
+    let out = fallback(true, "table");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(
         text.contains("allocations served from managed memory") && text.contains("at most"),
         "{text}"
     );
-    let v: Value = serde_json::from_slice(&allowed("json").stdout).unwrap();
+    let v: Value = serde_json::from_slice(&fallback(true, "json").stdout).unwrap();
     let run = &v["runs"][0];
     assert!(run["fallbacks"].as_u64().unwrap() > 0, "{run}");
     let peak = run["fallback_peak_bytes"].as_u64().unwrap();

@@ -143,7 +143,7 @@ impl Engine {
             let next = ubatches
                 .get(i + 1)
                 .map_or((pos0 + toks.len(), 1), |&(p, t)| (p, t.len()));
-            let before = self.pool.stats().calls;
+            let before = self.fast_forward.then(|| self.pool.stats().calls);
             match self.ubatch(pos0, toks, next)? {
                 Ok(row) => {
                     if let Some(f) = self.observer.as_mut() {
@@ -157,9 +157,9 @@ impl Engine {
                 }
             }
             i += 1;
-            if !self.fast_forward {
+            let Some(before) = before else {
                 continue;
-            }
+            };
             // A ubatch that made no driver call (its boundary included) left the pool's cache
             // as it found it; one that started and ended with an empty pool will do the same
             // again. Either way the next ubatches of the same shape repeat it exactly: skip
