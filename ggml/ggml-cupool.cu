@@ -25,6 +25,7 @@ struct cupool_api {
     decltype(&cupool_alloc_named)  alloc_named  = nullptr;
     decltype(&cupool_free)         free         = nullptr;
     decltype(&cupool_ubatch_end)   ubatch_end   = nullptr;
+    decltype(&cupool_releases)     releases     = nullptr;
     decltype(&cupool_stats_json)   stats_json   = nullptr;
     decltype(&cupool_record_start) record_start = nullptr;
     decltype(&cupool_record_stop)  record_stop  = nullptr;
@@ -164,6 +165,7 @@ void ggml_cupool_startup() {
     resolve(lib, api.alloc_named, "cupool_alloc_named");
     resolve(lib, api.free, "cupool_free");
     resolve(lib, api.ubatch_end, "cupool_ubatch_end");
+    resolve(lib, api.releases, "cupool_releases");
     resolve(lib, api.stats_json, "cupool_stats_json");
     resolve(lib, api.record_start, "cupool_record_start");
     resolve(lib, api.record_stop, "cupool_record_stop");
@@ -199,6 +201,20 @@ size_t ggml_cupool_ubatch_end() {
         GGML_ABORT("cupool: ubatch boundary failed (see above)");
     }
     return released;
+}
+
+bool ggml_cupool_graphs_stale(int device, uint64_t * seen) {
+    if (!ggml_cupool_enabled()) {
+        return false;
+    }
+    uint64_t now = 0;
+    if (api.releases(device, &now) != CUPOOL_STATUS_OK) {
+        fprintf(stderr, "cupool: reading device %d's release count failed: %s\n", device, api.last_error());
+        GGML_ABORT("cupool: release count failed (see above)");
+    }
+    const bool stale = now != *seen;
+    *seen = now;
+    return stale;
 }
 
 ggml_cupool_label::ggml_cupool_label(const char * name) : prev(current_label) {

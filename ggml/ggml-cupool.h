@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 struct ggml_cuda_pool;
@@ -24,9 +25,14 @@ void ggml_cupool_startup();
 std::unique_ptr<ggml_cuda_pool> ggml_cupool_new_pool(int device, int stream_no);
 
 // The end of a prefill ubatch: every pool applies CUPOOL_PURGE (never | always | auto) after a
-// synchronize. Returns the bytes given back to the driver: when nonzero, CUDA graphs that
-// captured pool addresses must be dropped.
+// synchronize. Returns the bytes given back to the driver.
 size_t ggml_cupool_ubatch_end();
+
+// Whether memory of `device`'s pools went back to the driver since `*seen` was last updated (a
+// ubatch boundary, a trim before an out-of-memory retry, a pool without a cache); updates it.
+// CUDA graphs captured before then may hold freed pool addresses: they must be recaptured
+// before they are replayed. Always false when GGML_POOL is unset.
+bool ggml_cupool_graphs_stale(int device, uint64_t * seen);
 
 // Names this thread's pool allocations in a recording while in scope (the innermost wins).
 struct ggml_cupool_label {

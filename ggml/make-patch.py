@@ -9,17 +9,18 @@ fails here, by name, instead of producing a patch that applies wrongly. The shim
 (ggml-cupool.h, ggml-cupool.cu, cupool.h) is copied into ggml/src/ggml-cuda/ by
 scripts/llama/build.sh; the patch only touches ik_llama.cpp's own files:
 
-- ggml-cuda/common.cuh: includes the shim's header;
+- ggml-cuda/common.cuh: includes the shim's header; a release count per backend context;
 - ggml-cuda.cu: opens libcupool at start-up when GGML_POOL is set, makes
   new_pool_for_device return the shim's pool, names each op's pool allocations, and adds
-  ggml_backend_cuda_ubatch_end() (the boundary, dropping CUDA graphs when memory went back);
+  ggml_backend_cuda_ubatch_end() (the boundary), and recaptures CUDA graphs captured before pool
+  memory went back to the driver;
 - include/ggml-cuda.h: declares ggml_backend_cuda_ubatch_end();
 - the flash-attention launchers: name their K/V conversion and split-KV buffers;
 - src/llama.cpp: calls the boundary after each prefill ubatch of llama_decode_internal.
 
 With --mainline, the same shim goes into mainline ggml's CUDA backend (the ggml-cuda sources
 after PR #23907, whose pool interface is ik_llama.cpp's with a stream number): the pool hook, the
-start-up check and the op names. Mainline keeps CUDA graphs per backend context with no
+start-up check, the op names and the graph recapture. Mainline keeps CUDA graphs per backend context with no
 registry of contexts, and its ubatch loop (llama-context.cpp) is not in those sources: the
 boundary is not wired there.
 """
@@ -75,23 +76,26 @@ def edit_ggml_cuda(t: str) -> str:
         t,
         "// #define DEBUG_CUDA_MALLOC\n",
         "// cupool: the end of a prefill ubatch. The pools apply CUPOOL_PURGE after a synchronize;\n"
-        "// memory given back invalidates the CUDA graphs that captured pool addresses.\n"
+        "// graphs that captured memory given back are recaptured at their next use (graph_compute).\n"
         "extern \"C\" GGML_CALL size_t ggml_backend_cuda_ubatch_end(void) {\n"
-        "    const size_t released = ggml_cupool_ubatch_end();\n"
-        "#ifdef USE_CUDA_GRAPH\n"
-        "    if (released > 0) {\n"
-        "        auto & info = const_cast<ggml_cuda_device_info &>(ggml_cuda_info());\n"
-        "        for (auto & model_ctx : info.all_ctx) {\n"
-        "            for (auto ctx : model_ctx.second) {\n"
-        "                if (ctx) {\n"
-        "                    ctx->cuda_graphs.clear();\n"
-        "                }\n"
-        "            }\n"
-        "        }\n"
-        "    }\n"
-        "#endif\n"
-        "    return released;\n"
+        "    return ggml_cupool_ubatch_end();\n"
         "}\n\n",
+        p,
+    )
+    t = insert_after(
+        t,
+        "    bool use_cuda_graph = !disable_cuda_graphs_due_to_env && cuda_ctx->use_cuda_graph;\n",
+        "\n"
+        "    // cupool: memory of this device's pools went back to the driver since the last compute\n"
+        "    // (a ubatch-boundary purge, a trim before an out-of-memory retry): a graph captured\n"
+        "    // before then may hold freed pool addresses. Its properties are forgotten, so its next\n"
+        "    // use recaptures it and updates the executable in place; dropping the graphs instead\n"
+        "    // would re-instantiate them and forget which ones ggml had disabled.\n"
+        "    if (ggml_cupool_graphs_stale(cuda_ctx->device, &cuda_ctx->cupool_releases)) {\n"
+        "        for (auto & kv : cuda_ctx->cuda_graphs) {\n"
+        "            kv.second->ggml_graph_properties.clear();\n"
+        "        }\n"
+        "    }\n",
         p,
     )
     t = insert_after(
@@ -105,10 +109,16 @@ def edit_ggml_cuda(t: str) -> str:
 
 def edit_common(t: str) -> str:
     p = "ggml/src/ggml-cuda/common.cuh"
-    return insert_before(
+    t = insert_before(
         t,
         "struct ggml_cuda_pool {\n",
         "#include \"ggml-cupool.h\" // cupool's pool shim (GGML_POOL)\n\n",
+        p,
+    )
+    return insert_after(
+        t,
+        "    std::unordered_map<const void *, std::unique_ptr<ggml_cuda_graph>> cuda_graphs;\n",
+        "    uint64_t cupool_releases = 0; // cupool's release count when the graphs were last checked\n",
         p,
     )
 
@@ -177,6 +187,23 @@ def mainline_edits() -> dict:
             "    }\n",
             cu,
         )
+        t = insert_after(
+            t,
+            "    graph_key = ggml_cuda_graph_get_key(cgraph);\n",
+            "\n"
+            "    // cupool: memory of this device's pools went back to the driver since the last compute\n"
+            "    // (a trim before an out-of-memory retry): a graph captured before then may hold freed\n"
+            "    // pool addresses. Forgetting its properties runs it directly, then recaptures it and\n"
+            "    // updates the executable in place.\n"
+            "    if (ggml_cupool_graphs_stale(cuda_ctx->device, &cuda_ctx->cupool_releases)) {\n"
+            "        for (auto & kv : cuda_ctx->cuda_graphs) {\n"
+            "            kv.second->uid = 0;\n"
+            "            kv.second->node_props.clear();\n"
+            "            kv.second->warmup_complete = false;\n"
+            "        }\n"
+            "    }\n",
+            cu,
+        )
         return insert_after(
             t,
             "static bool ggml_cuda_compute_forward(ggml_backend_cuda_context & ctx, struct ggml_tensor * dst) {\n",
@@ -185,11 +212,18 @@ def mainline_edits() -> dict:
         )
 
     def edit_common(t: str) -> str:
-        return insert_before(
+        p = "src/ggml-cuda/common.cuh"
+        t = insert_before(
             t,
             "struct ggml_cuda_pool {\n",
             "#include \"ggml-cupool.h\" // cupool's pool shim (GGML_POOL)\n\n",
-            "src/ggml-cuda/common.cuh",
+            p,
+        )
+        return insert_after(
+            t,
+            "    std::unordered_map<const void *, std::unique_ptr<ggml_cuda_graph>> cuda_graphs;\n",
+            "    uint64_t cupool_releases = 0; // cupool's release count when the graphs were last checked\n",
+            p,
         )
 
     return {cu: edit_cu, "src/ggml-cuda/common.cuh": edit_common}

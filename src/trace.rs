@@ -138,20 +138,25 @@ pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
             },
             "keep" => Op::Keep {
                 stream: stream_field(o, line)?,
-                sizes: o
-                    .get("sizes")
-                    .and_then(Value::as_array)
-                    .and_then(|a| {
-                        a.iter()
-                            .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
-                            .collect::<Option<Vec<usize>>>()
-                    })
-                    .ok_or_else(|| {
-                        bad(
-                            line,
-                            "\"keep\" needs \"sizes\", an array of non-negative integers".into(),
-                        )
-                    })?,
+                sizes: if o.get("all") == Some(&Value::Bool(true)) {
+                    None
+                } else {
+                    Some(
+                        o.get("sizes")
+                            .and_then(Value::as_array)
+                            .and_then(|a| {
+                                a.iter()
+                                    .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+                                    .collect::<Option<Vec<usize>>>()
+                            })
+                            .ok_or_else(|| {
+                                bad(
+                                    line,
+                                    "\"keep\" needs \"sizes\", an array of non-negative integers, or \"all\":true".into(),
+                                )
+                            })?,
+                    )
+                },
             },
             "free" => Op::Free {
                 id: field_u64(o, "id", line, op)?,
@@ -277,8 +282,8 @@ pub fn replay(
     let mut live_bytes = 0usize;
     let mut reserved = Reserved::default();
     let mut ooms = 0u64;
-    // The keep lists recorded for the open phase, by stream.
-    let mut kept: HashMap<u64, Vec<usize>> = HashMap::new();
+    // The keep lists recorded for the open phase, by stream (`None`: the run kept everything).
+    let mut kept: HashMap<u64, Option<Vec<usize>>> = HashMap::new();
     let inconsistent = |i: usize, message: String| TraceError::Inconsistent {
         event: i + 1,
         message,
@@ -339,16 +344,21 @@ pub fn replay(
                 // otherwise auto keeps what the next phase asks for first.
                 let recorded = std::mem::take(&mut kept);
                 let from_trace = purge == PurgePolicy::Auto && !recorded.is_empty();
-                let mut next = match purge {
+                let mut next: HashMap<u64, Option<Vec<usize>>> = match purge {
                     PurgePolicy::Always => HashMap::new(),
                     _ if !recorded.is_empty() => recorded,
-                    _ => next_requests(ops, i + 1),
+                    _ => next_requests(ops, i + 1)
+                        .into_iter()
+                        .map(|(s, sizes)| (s, Some(sizes)))
+                        .collect(),
                 };
                 for (&stream, p) in &pools {
                     let what = match purge {
                         PurgePolicy::Always => Purge::All,
                         _ => match next.remove(&stream) {
-                            Some(sizes) => Purge::KeepFor(sizes),
+                            Some(Some(sizes)) => Purge::KeepFor(sizes),
+                            // The run kept everything there: the device had room.
+                            Some(None) => continue,
                             // The run purged only the pools it named.
                             None if from_trace => continue,
                             None => Purge::KeepFor(Vec::new()),
@@ -443,7 +453,8 @@ mod recorded_purge_tests {
     fn names_and_keep_lists_parse_and_print_back() {
         let text = r#"{"op":"alloc","id":0,"size":4096,"stream":1,"name":"K_f16"}
 {"op":"keep","stream":1,"sizes":[4096,512]}
-{"op":"alloc","id":1,"size":8,"stream":0}"#;
+{"op":"alloc","id":1,"size":8,"stream":0}
+{"op":"keep","stream":0,"all":true}"#;
         let ops = parse(text).unwrap();
         assert_eq!(
             ops[0],
@@ -458,7 +469,14 @@ mod recorded_purge_tests {
             ops[1],
             Op::Keep {
                 stream: 1,
-                sizes: vec![4096, 512]
+                sizes: Some(vec![4096, 512])
+            }
+        );
+        assert_eq!(
+            ops[3],
+            Op::Keep {
+                stream: 0,
+                sizes: None
             }
         );
         let printed: Vec<String> = ops.iter().map(Op::to_json).collect();
@@ -466,6 +484,7 @@ mod recorded_purge_tests {
         for bad in [
             r#"{"op":"keep","stream":0}"#,
             r#"{"op":"keep","sizes":[1,-2]}"#,
+            r#"{"op":"keep","stream":0,"all":false}"#,
             r#"{"op":"alloc","id":0,"size":1,"name":7}"#,
         ] {
             let e = parse(bad).unwrap_err().to_string();
@@ -474,7 +493,7 @@ mod recorded_purge_tests {
     }
 
     /// A legacy pool holding an outgrown 4 MiB buffer and a reused 1 MiB one at a boundary.
-    fn trace(keep: Option<Vec<usize>>) -> Vec<Op> {
+    fn trace(keep: Option<Option<Vec<usize>>>) -> Vec<Op> {
         let alloc = |id, size| Op::Alloc {
             id,
             size,
@@ -514,10 +533,14 @@ mod recorded_purge_tests {
         assert_eq!((oracle.driver_mallocs, oracle.driver_frees), (3, 1));
         // The run's own list is followed even where the oracle would differ: [4 MiB] keeps the
         // outgrown buffer (which then serves the 1 MiB request), [] keeps nothing.
-        let kept = run(&trace(Some(vec![4 * MIB])));
+        let kept = run(&trace(Some(Some(vec![4 * MIB]))));
         assert_eq!((kept.driver_mallocs, kept.driver_frees), (3, 1));
         assert!(kept.end_reserved_bytes > oracle.end_reserved_bytes + 2 * MIB);
-        let none = run(&trace(Some(vec![])));
+        let none = run(&trace(Some(Some(vec![]))));
         assert_eq!((none.driver_mallocs, none.driver_frees), (4, 2));
+        // "all": the run kept everything (its device had room), and so does the replay: the
+        // outgrown 4 MiB buffer stays, nothing goes back.
+        let all = run(&trace(Some(None)));
+        assert_eq!((all.driver_mallocs, all.driver_frees), (3, 0));
     }
 }

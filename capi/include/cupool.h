@@ -107,6 +107,16 @@ enum cupool_status cupool_trim(int32_t device, size_t *released);
 // `released` is null or points to writable memory for one `size_t`.
 enum cupool_status cupool_ubatch_end(int32_t device, size_t *released);
 
+// Writes to `count` how many times memory of `device`'s pools has gone back to the driver
+// since `cupool_init` (device frees, unmaps and managed frees: ubatch-boundary purges, trims,
+// the trim before an out-of-memory retry, and pools that keep no cache). Anything that
+// captured pool addresses (a CUDA graph) and was captured before the count last changed may
+// hold freed memory: compare a remembered count before replaying it.
+//
+// # Safety
+// `count` points to writable memory for one `uint64_t`.
+enum cupool_status cupool_releases(int32_t device, uint64_t *count);
+
 // Sets the peaks of `device`'s statistics (every device when -1) to the current values.
 enum cupool_status cupool_reset_peaks(int32_t device);
 

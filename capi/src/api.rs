@@ -287,6 +287,39 @@ pub unsafe extern "C" fn cupool_ubatch_end(device: i32, released: *mut usize) ->
     })
 }
 
+/// Writes to `count` how many times memory of `device`'s pools has gone back to the driver
+/// since `cupool_init` (device frees, unmaps and managed frees: ubatch-boundary purges, trims,
+/// the trim before an out-of-memory retry, and pools that keep no cache). Anything that
+/// captured pool addresses (a CUDA graph) and was captured before the count last changed may
+/// hold freed memory: compare a remembered count before replaying it.
+///
+/// # Safety
+/// `count` points to writable memory for one `uint64_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_releases(device: i32, count: *mut u64) -> CupoolStatus {
+    status(|| {
+        if count.is_null() {
+            return Err(Failure::new(
+                CupoolStatus::InvalidArgument,
+                "cupool_releases: count is null; pass the address of a uint64_t",
+            ));
+        }
+        let lib = state::lib()?;
+        let d = lib.check_device(device)?;
+        let n = lib
+            .pools_of(Some(d))
+            .iter()
+            .map(|s| {
+                let c = s.pool.stats().calls;
+                c.frees + c.unmaps + c.managed_frees
+            })
+            .sum();
+        // SAFETY: checked non-null above; the caller passes a writable uint64_t.
+        unsafe { count.write(n) };
+        Ok(())
+    })
+}
+
 /// Sets the peaks of `device`'s statistics (every device when -1) to the current values.
 #[no_mangle]
 pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {

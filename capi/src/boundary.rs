@@ -5,8 +5,19 @@
 //! at once: for each request size, the most blocks of that size live together since the last
 //! boundary ([`Usage`]). Cached buffers that best fit would hand to those requests stay; the
 //! rest (what a growing request outgrew) go back to the driver, after a synchronize taken only
-//! when there is something to return. The per-ubatch peaks are logged and reset, and a recording
-//! gets the phase boundary and the keep lists, so its replay purges as the run did.
+//! when there is something to return.
+//!
+//! Returning costs the engine its pipelining (the synchronize drains the device while the next
+//! ubatch's graph is built) and a driver malloc where a later request would have reused the
+//! buffer (a whole prompt after another: llama-bench measured 5.8% on an H200 when every
+//! boundary returned what it could). So `auto` returns only while the device is short: free
+//! memory below [`Headroom`], by default twice what the ubatch just ended held at once — room
+//! for the next ubatch to allocate all it needs anew, and as much again for what the engine
+//! allocates outside the pool. Above it everything stays cached; a request that still finds the
+//! device full is served by the trim-and-retry of `alloc_on`.
+//!
+//! The per-ubatch peaks are logged and reset, and a recording gets the phase boundary and the
+//! keep lists (or that everything stayed), so its replay purges as the run did.
 
 use crate::state::{self, StreamPool};
 use crate::status::Failure;
@@ -21,6 +32,42 @@ const MAX_SIZES: usize = 4096;
 
 /// Boundaries so far, process-wide: they number the phases of a recording.
 static UBATCHES: AtomicU64 = AtomicU64::new(0);
+
+/// When `auto` returns memory at a boundary: while the device's free memory is below this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Headroom {
+    /// Twice the bytes the pools of the device held at once in the ubatch just ended.
+    Ubatch,
+    /// A fixed number of bytes (0: never at a boundary, only before an out-of-memory retry).
+    Bytes(usize),
+    /// At every boundary with something to return.
+    Infinite,
+}
+
+impl Headroom {
+    /// `ubatch`, `inf`, or a number of MiB.
+    pub fn parse(v: &str) -> Option<Self> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "ubatch" => Some(Self::Ubatch),
+            "inf" => Some(Self::Infinite),
+            n => n
+                .parse::<f64>()
+                .ok()
+                .filter(|m| m.is_finite() && *m >= 0.0 && *m <= (1u64 << 40) as f64)
+                .map(|m| Self::Bytes((m * (1u64 << 20) as f64) as usize)),
+        }
+    }
+
+    /// Whether a device with `free` bytes, whose pools held `peak_live` bytes at once in the
+    /// ubatch just ended, is short.
+    fn short(self, free: usize, peak_live: usize) -> bool {
+        match self {
+            Self::Ubatch => free < peak_live.saturating_mul(2),
+            Self::Bytes(b) => free < b,
+            Self::Infinite => true,
+        }
+    }
+}
 
 /// For each request size: (blocks live now, most live at once since the last boundary).
 #[derive(Debug, Default)]
@@ -67,6 +114,8 @@ struct DeviceBoundary {
     peak_live: usize,
     released: usize,
     synchronized: bool,
+    /// `auto` only: the device was short of memory, so outgrown buffers went back.
+    short: bool,
 }
 
 /// Ends a prefill ubatch on `device` (every device with pools when `None`); returns the bytes
@@ -91,6 +140,7 @@ pub(crate) fn ubatch_end(device: Option<usize>) -> Result<usize, Failure> {
             peak_live = r.peak_live,
             released = r.released,
             synchronized = r.synchronized,
+            short = r.short,
             "ubatch end"
         );
         total += r.released;
@@ -111,6 +161,18 @@ fn device_end(
         r.peak_reserved += st.reserved_peak_bytes;
         r.peak_live += st.live_peak_bytes;
     }
+    let driver = lib.registry.driver(d).ok_or_else(|| {
+        Failure::new(
+            crate::status::CupoolStatus::InvalidArgument,
+            format!("device {d} has no driver"),
+        )
+    })?;
+    // Reading free memory costs no synchronize; with `inf` there is nothing to decide.
+    r.short = policy == PurgePolicy::Auto
+        && (lib.headroom == Headroom::Infinite
+            || lib
+                .headroom
+                .short(driver.mem_info()?.free, r.peak_live));
     let plan: Vec<(&Arc<StreamPool>, Purge)> = pools
         .iter()
         .filter_map(|s| {
@@ -119,7 +181,11 @@ fn device_end(
                 PurgePolicy::Always => Purge::All,
                 PurgePolicy::Auto => {
                     let keep = s.usage.lock().take_keep();
-                    crate::record::keep(s.device, s.stream, &keep);
+                    if !r.short {
+                        crate::record::keep(s.device, s.stream, None);
+                        return None;
+                    }
+                    crate::record::keep(s.device, s.stream, Some(&keep));
                     Purge::KeepFor(keep)
                 }
             };
@@ -131,12 +197,6 @@ fn device_end(
         pools.iter().for_each(|s| drop(s.usage.lock().take_keep()));
     }
     if !plan.is_empty() {
-        let driver = lib.registry.driver(d).ok_or_else(|| {
-            Failure::new(
-                crate::status::CupoolStatus::InvalidArgument,
-                format!("device {d} has no driver"),
-            )
-        })?;
         let token = synchronize(driver.as_ref())?;
         crate::record::sync();
         r.synchronized = true;
@@ -173,6 +233,25 @@ mod tests {
         u.free(50);
         assert_eq!(u.take_keep(), vec![50]);
         assert!(u.take_keep().is_empty());
+    }
+
+    #[test]
+    fn headroom_parses_and_decides_shortness() {
+        const MIB: usize = 1 << 20;
+        assert_eq!(Headroom::parse("ubatch"), Some(Headroom::Ubatch));
+        assert_eq!(Headroom::parse(" INF "), Some(Headroom::Infinite));
+        assert_eq!(Headroom::parse("0"), Some(Headroom::Bytes(0)));
+        assert_eq!(Headroom::parse("1.5"), Some(Headroom::Bytes(3 * MIB / 2)));
+        for bad in ["", "-1", "NaN", "inf MiB", "1e300", "lots"] {
+            assert_eq!(Headroom::parse(bad), None, "{bad:?}");
+        }
+        // Twice the ubatch's working set: 300 MiB held at once wants 600 MiB free.
+        assert!(Headroom::Ubatch.short(599 * MIB, 300 * MIB));
+        assert!(!Headroom::Ubatch.short(600 * MIB, 300 * MIB));
+        assert!(!Headroom::Ubatch.short(0, 0), "an idle ubatch is never short");
+        assert!(Headroom::Bytes(64 * MIB).short(63 * MIB, 0));
+        assert!(!Headroom::Bytes(0).short(0, 1 << 40), "0: never short");
+        assert!(Headroom::Infinite.short(usize::MAX, 0));
     }
 
     #[test]

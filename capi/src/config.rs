@@ -10,10 +10,12 @@
 //! | `CUPOOL_SIM_GIB` | each simulated card's memory in GiB (default 16) |
 //! | `CUPOOL_SIM_DEVICES` | how many simulated cards (default 1) |
 //! | `CUPOOL_SIZE_CLASSES` | byte bounds of size classes with a pool each, or `none` (here `1048576` by default for vmm) |
-//! | `CUPOOL_PURGE` | at an engine's ubatch boundary (`cupool_ubatch_end`): `never` (keep every cached buffer; no out-of-memory retry either), `always` (synchronize, return every idle buffer), `auto` (the default: return what the ubatch just ended would not reuse) |
+//! | `CUPOOL_PURGE` | at an engine's ubatch boundary (`cupool_ubatch_end`): `never` (keep every cached buffer; no out-of-memory retry either), `always` (synchronize, return every idle buffer), `auto` (the default: return what the ubatch just ended would not reuse, when the device is short: `CUPOOL_AUTO_HEADROOM`) |
+//! | `CUPOOL_AUTO_HEADROOM` | when `auto` returns memory at a boundary: while the device has less free than this. `ubatch` (the default: twice what the ubatch just ended held at once), a number of MiB (0: never at boundaries, only before an out-of-memory retry), or `inf` (at every boundary with something to return) |
 //! | `CUPOOL_VMM_ROUND_LARGE` | the VMM pool rounds requests above 1 MiB up to this power of two (here 2 MiB by default, for PyTorch's traffic) |
 
 use crate::status::{CupoolStatus, Failure};
+use crate::boundary::Headroom;
 use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
 use std::collections::HashMap;
 
@@ -23,6 +25,7 @@ const OWN_NAMES: &[&str] = &[
     "CUPOOL_SIM_GIB",
     "CUPOOL_SIM_DEVICES",
     "CUPOOL_PURGE",
+    "CUPOOL_AUTO_HEADROOM",
 ];
 
 fn names() -> impl Iterator<Item = &'static str> {
@@ -56,6 +59,7 @@ pub(crate) struct Config {
     pub pool: PoolConfig,
     pub devices: Devices,
     pub purge: PurgePolicy,
+    pub headroom: Headroom,
 }
 
 fn invalid(text: String) -> Failure {
@@ -155,10 +159,19 @@ impl Config {
                 ))
             })?,
         };
+        let headroom = match pairs.get("CUPOOL_AUTO_HEADROOM") {
+            None => Headroom::Ubatch,
+            Some(v) => Headroom::parse(v).ok_or_else(|| {
+                invalid(format!(
+                    "CUPOOL_AUTO_HEADROOM={v:?} is not valid: accepted values are ubatch, inf, or a number of MiB (0 or more)"
+                ))
+            })?,
+        };
         Ok(Self {
             pool,
             devices,
             purge,
+            headroom,
         })
     }
 }

@@ -145,14 +145,15 @@ fn alloc_slow(device: usize, stream: u64, ptr: u64, size: usize, name: Option<&s
     });
 }
 
-/// Records the requests an `auto` purge keeps buffers for on `device` × `stream`.
-pub(crate) fn keep(device: usize, stream: u64, sizes: &[usize]) {
+/// Records the requests an `auto` purge keeps buffers for on `device` × `stream` (`None`: it
+/// kept everything).
+pub(crate) fn keep(device: usize, stream: u64, sizes: Option<&[usize]>) {
     if active() {
         if let Some(r) = RECORDING.lock().as_mut() {
             let stream = r.stream_number(device, stream);
             r.write(&TraceEvent::Keep {
                 stream,
-                sizes: sizes.to_vec(),
+                sizes: sizes.map(<[usize]>::to_vec),
             });
         }
     }

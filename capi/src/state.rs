@@ -33,6 +33,8 @@ pub(crate) struct Lib {
     pub registry: Registry,
     /// `CUPOOL_PURGE`: what ubatch boundaries and out-of-memory retries may return.
     pub purge: PurgePolicy,
+    /// `CUPOOL_AUTO_HEADROOM`: the free memory below which `auto` purges at a boundary.
+    pub headroom: crate::boundary::Headroom,
     pub devices: usize,
     streams: RwLock<HashMap<(usize, u64), Arc<StreamPool>>>,
 }
@@ -69,6 +71,7 @@ impl Lib {
         Ok(Self {
             devices: drivers.len(),
             purge: config.purge,
+            headroom: config.headroom,
             registry: Registry::new(config.pool, drivers),
             streams: RwLock::new(HashMap::new()),
         })

@@ -60,7 +60,7 @@ def test_the_shim_calls_only_what_the_header_declares():
     shim = open(os.path.join(ROOT, "ggml", "ggml-cupool.cu")).read()
     header = open(os.path.join(ROOT, "capi", "include", "cupool.h")).read()
     used = set(re.findall(r"decltype\(&(cupool_\w+)\)", shim))
-    assert {"cupool_init", "cupool_alloc_named", "cupool_free", "cupool_ubatch_end"} <= used
+    assert {"cupool_init", "cupool_alloc_named", "cupool_free", "cupool_ubatch_end", "cupool_releases"} <= used
     for name in used:
         assert re.search(rf"\b{name}\(", header), f"{name} is not in cupool.h"
         assert f'"{name}"' in shim, f"{name} is never resolved"
@@ -85,6 +85,20 @@ def test_seed_runs_parse_and_read_libcupool_s_ubatch_log(tmp_path):
     ubatch, device, peak_reserved = map(int, m.groups()[:3])
     assert (ubatch, device) == (1, 0) and peak_reserved >= 1 << 20, err
     assert m.group(6) in ("true", "false"), err
+
+
+def test_seed_reads_llama_bench_s_json_and_environment_pairs():
+    seed = module("scripts/llama/seed.py")
+    # llama-bench -o json prints its array after log lines that may hold brackets of their own.
+    out = ("ggml_cuda_init: found 1 CUDA devices [sm_90]\n[\n  {\n    \"n_prompt\": 16384,\n"
+           "    \"n_gen\": 0,\n    \"avg_ts\": 12000.5,\n    \"samples_ts\": [ 11900.25, 12100.75 ]\n  }\n]\n")
+    assert seed.bench_result(out, 16384) == {
+        "prompt": 16384, "samples_tok_s": [11900.2, 12100.8], "prefill_tok_s": 12000.5}
+    # A crash before the array (an OOM) reads as no result, not as an error of the script.
+    assert seed.bench_result("CUDA error: out of memory\n", 16384)["prefill_tok_s"] is None
+    assert seed.env_pair("GGML_CUDA_DISABLE_GRAPHS=1") == ("GGML_CUDA_DISABLE_GRAPHS", "1")
+    with pytest.raises(Exception, match="NAME=VALUE"):
+        seed.env_pair("GGML_CUDA_DISABLE_GRAPHS")
 
 
 def test_compare_traces_reports_what_only_one_side_takes(tmp_path):

@@ -33,6 +33,7 @@ OPTIONS = {
     "vmm_round_large": "CUPOOL_VMM_ROUND_LARGE",
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
+    "auto_headroom": "CUPOOL_AUTO_HEADROOM",
 }
 
 

@@ -12,6 +12,11 @@ many GPUs the engine may use (1 when omitted; more runs it with -sm layer). A NA
 DIR/runs.jsonl gets one object per run: exit status, whether it ran out of memory and at which
 KV length, the sweep's rows (KV length, prefill seconds and tokens/s, device memory used), prefill
 tokens/s over the whole sweep, cupool's per-ubatch peaks and its final statistics.
+
+With --bench llama-bench each run is instead `llama-bench -p PROMPT -n 0 -r REPS` (whole prompts
+of PROMPT tokens in ubatches of 512, the KV cache emptied between repetitions, so each repetition
+grows the flash-attention buffers from scratch): the JSON gets each repetition's prefill tokens/s.
+--env NAME=VALUE (repeatable) sets a variable for every run (e.g. GGML_CUDA_DISABLE_GRAPHS=1).
 """
 import argparse
 import json
@@ -61,26 +66,30 @@ def run_one(a, r: dict) -> dict:
     env = dict(os.environ)
     env.pop("GGML_POOL", None)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in range(r["devices"]))
+    env.update(a.env)
     if r["pool"] != "ggml":
         env["GGML_POOL"] = r["pool"]
         env["CUPOOL_PURGE"] = r["purge"]
         env["CUPOOL_LOG"] = "info"
         if r["name"].endswith("-trace"):
             env["CUPOOL_TRACE"] = str(Path(a.out) / f"{r['name']}.trace.jsonl")
-    cmd = [
-        str(Path(a.bin) / "llama-sweep-bench"), "-m", a.model, "-c", str(a.ctx), "-b", "2048", "-ub", "512",
-        "-n", "1", "-fa", "1", "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99", "--output-format", "jsonl",
-        "--sweep-memory",
-    ]
+    common = ["-m", a.model, "-b", "2048", "-ub", "512", "-fa", "1", "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99"]
+    if a.bench == "llama-bench":
+        cmd = [str(Path(a.bin) / "llama-bench"), *common, "-p", str(a.prompt), "-n", "0", "-r", str(a.reps),
+               "-o", "json"]
+    else:
+        cmd = [str(Path(a.bin) / "llama-sweep-bench"), *common, "-c", str(a.ctx), "-n", "1",
+               "--output-format", "jsonl", "--sweep-memory"]
     if r["devices"] > 1:
         cmd += ["-sm", "layer"]
     ballasts = [start_ballast(Path(a.bin), r["card_gib"], d) for d in range(r["devices"])] if r["card_gib"] else []
     t0 = time.time()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-        out, rc = p.stdout + p.stderr, p.returncode
+        stdout, out, rc = p.stdout, p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
-        out, rc = (e.stdout or b"").decode() + (e.stderr or b"").decode(), "timeout"
+        stdout = (e.stdout or b"").decode()
+        out, rc = stdout + (e.stderr or b"").decode(), "timeout"
     finally:
         for b in ballasts:
             b.terminate()
@@ -106,14 +115,37 @@ def run_one(a, r: dict) -> dict:
     pp_tokens = sum(x["pp"] for x in rows)
     pp_seconds = sum(x["t_pp"] for x in rows)
     oom = bool(OOM.search(out)) and rc != 0
-    res = dict(r, rc=rc, seconds=round(time.time() - t0, 1), oom=oom,
+    res = dict(r, rc=rc, seconds=round(time.time() - t0, 1), oom=oom, env=a.env,
                last_n_kv=rows[-1]["n_kv"] if rows else None,
                prefill_tok_s=round(pp_tokens / pp_seconds, 1) if pp_seconds else None,
                rows=[{k: x.get(k) for k in ("n_kv", "t_pp", "speed_pp", "vram_delta_mib")} for x in rows],
                ubatches=ubatches, stats=stats)
+    if a.bench == "llama-bench":
+        res.update(bench_result(stdout, a.prompt))
     tail = "OOM after n_kv=%s" % res["last_n_kv"] if oom else "rc=%s" % rc
     print(f"seed: {r['name']}: {tail}, {res['prefill_tok_s']} tok/s, {len(rows)} rows, {res['seconds']} s", flush=True)
     return res
+
+
+def bench_result(stdout: str, prompt: int) -> dict:
+    """llama-bench's JSON (an array of tests): the prompt test's per-repetition tokens/s."""
+    m = re.search(r"^\[$", stdout, re.M)  # the array starts on a line of its own
+    try:
+        tests = json.loads(stdout[m.start():]) if m else []
+    except json.JSONDecodeError:
+        tests = []
+    pp = [x for x in tests if x.get("n_prompt") == prompt and x.get("n_gen") == 0]
+    if not pp:
+        return {"prompt": prompt, "samples_tok_s": [], "prefill_tok_s": None}
+    return {"prompt": prompt, "samples_tok_s": [round(v, 1) for v in pp[0].get("samples_ts", [])],
+            "prefill_tok_s": round(pp[0]["avg_ts"], 1)}
+
+
+def env_pair(s: str) -> tuple:
+    name, eq, value = s.partition("=")
+    if not eq or not name:
+        raise argparse.ArgumentTypeError(f"{s!r} is not NAME=VALUE")
+    return name, value
 
 
 def main() -> None:
@@ -124,8 +156,13 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=20480)
     ap.add_argument("--kv", default="q8_0")
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--bench", choices=["sweep", "llama-bench"], default="sweep")
+    ap.add_argument("--prompt", type=int, default=16384, help="llama-bench: prompt tokens")
+    ap.add_argument("--reps", type=int, default=3, help="llama-bench: repetitions")
+    ap.add_argument("--env", type=env_pair, action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("runs", nargs="+")
     a = ap.parse_args()
+    a.env = dict(a.env)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with open(Path(a.out) / "runs.jsonl", "a") as f:
         for spec in a.runs:

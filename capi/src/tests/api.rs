@@ -112,6 +112,7 @@ fn every_error_path_is_reported_and_changes_nothing() {
         ("CUPOOL_DEVICE=tpu", "cuda, sim, auto"),
         ("CUPOOL_SIM_GIB=-1", "GiB"),
         ("CUPOOL_SIM_DEVICES=0", "1 to 64"),
+        ("CUPOOL_AUTO_HEADROOM=lots", "ubatch, inf, or a number of MiB"),
     ] {
         assert_eq!(init(bad), CupoolStatus::InvalidArgument, "{bad}");
         assert!(error().contains(says), "{bad}: {}", error());
@@ -292,5 +293,52 @@ fn out_of_memory_trims_the_other_streams_pools_and_retries() {
     assert!(alloc(0, 3, 600 * MIB).0.is_null());
     assert!(error().contains("out of device memory"), "{}", error());
     assert_eq!(cupool_free(0, 2, b.0, 600 * MIB), CupoolStatus::Ok);
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
+}
+
+fn releases(device: i32) -> u64 {
+    let mut n = u64::MAX;
+    // SAFETY: `n` is a writable uint64_t.
+    assert_eq!(unsafe { cupool_releases(device, &mut n) }, CupoolStatus::Ok, "{}", error());
+    n
+}
+
+#[test]
+fn the_release_count_moves_whenever_memory_goes_back_and_only_then() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 CUPOOL_SIM_DEVICES=2 GGML_POOL=legacy"),
+        CupoolStatus::Ok,
+        "{}",
+        error()
+    );
+    assert_eq!(releases(0), 0);
+    // A free keeps the buffer cached: a graph that captured it may still replay it.
+    let a = alloc(0, 1, 600 * MIB);
+    assert_eq!(cupool_free(0, 1, a.0, 600 * MIB), CupoolStatus::Ok);
+    assert_eq!(releases(0), 0);
+    // Another stream's allocation only fits after the trim before the retry: the count moves.
+    let b = alloc(0, 2, 600 * MIB);
+    assert!(!b.0.is_null(), "{}", error());
+    let after_retry = releases(0);
+    assert!(after_retry >= 1, "{after_retry}");
+    assert_eq!(releases(1), 0, "the other device returned nothing");
+    assert_eq!(cupool_free(0, 2, b.0, 600 * MIB), CupoolStatus::Ok);
+    let mut released = 0usize;
+    // SAFETY: `released` is a writable size_t.
+    assert_eq!(unsafe { cupool_trim(0, &mut released) }, CupoolStatus::Ok);
+    assert!(released > 0);
+    assert!(releases(0) > after_retry);
+    // Bad arguments are refused with what is accepted.
+    let mut n = 0u64;
+    // SAFETY: `n` is a writable uint64_t; the device is out of range.
+    assert_eq!(unsafe { cupool_releases(2, &mut n) }, CupoolStatus::InvalidArgument);
+    assert!(error().contains("device 2 does not exist"), "{}", error());
+    // SAFETY: a null count is refused before it is written.
+    assert_eq!(
+        unsafe { cupool_releases(0, std::ptr::null_mut()) },
+        CupoolStatus::InvalidArgument
+    );
+    assert!(error().contains("uint64_t"), "{}", error());
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
 }

@@ -6,7 +6,8 @@
 //! `{"op":"sync"}`. Ids number allocations in order; failed allocations are not recorded. An
 //! allocation made under a [`label`](super::label) carries it as `"name"`. libcupool adds
 //! `{"op":"keep","stream":0,"sizes":[...]}` before a prefill phase ends: the requests its `auto`
-//! purge kept buffers for, so that a replay purges as the run did.
+//! purge kept buffers for, or `{"op":"keep","stream":0,"all":true}` where it kept everything (the
+//! device had room), so that a replay purges as the run did.
 
 use crate::block::Block;
 use crate::driver::DevicePtr;
@@ -36,8 +37,8 @@ pub enum TraceEvent {
     Keep {
         /// The stream.
         stream: u64,
-        /// Request sizes, as `Purge::KeepFor` takes them.
-        sizes: Vec<usize>,
+        /// Request sizes, as `Purge::KeepFor` takes them; `None`: everything stays (no purge).
+        sizes: Option<Vec<usize>>,
     },
     /// A free of allocation `id`.
     Free {
@@ -96,13 +97,20 @@ impl TraceEvent {
                 r#"{{"op":"alloc","id":{id},"size":{size},"stream":{stream},"name":{}}}"#,
                 json_str(name)
             ),
-            TraceEvent::Keep { stream, sizes } => {
+            TraceEvent::Keep {
+                stream,
+                sizes: Some(sizes),
+            } => {
                 let list: Vec<String> = sizes.iter().map(usize::to_string).collect();
                 format!(
                     r#"{{"op":"keep","stream":{stream},"sizes":[{}]}}"#,
                     list.join(",")
                 )
             }
+            TraceEvent::Keep {
+                stream,
+                sizes: None,
+            } => format!(r#"{{"op":"keep","stream":{stream},"all":true}}"#),
             TraceEvent::Free { id } => format!(r#"{{"op":"free","id":{id}}}"#),
             TraceEvent::PhaseBegin { name } => {
                 format!(r#"{{"op":"phase_begin","name":{}}}"#, json_str(name))
