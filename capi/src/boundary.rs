@@ -170,9 +170,7 @@ fn device_end(
     // Reading free memory costs no synchronize; with `inf` there is nothing to decide.
     r.short = policy == PurgePolicy::Auto
         && (lib.headroom == Headroom::Infinite
-            || lib
-                .headroom
-                .short(driver.mem_info()?.free, r.peak_live));
+            || lib.headroom.short(driver.mem_info()?.free, r.peak_live));
     let plan: Vec<(&Arc<StreamPool>, Purge)> = pools
         .iter()
         .filter_map(|s| {
@@ -248,7 +246,10 @@ mod tests {
         // Twice the ubatch's working set: 300 MiB held at once wants 600 MiB free.
         assert!(Headroom::Ubatch.short(599 * MIB, 300 * MIB));
         assert!(!Headroom::Ubatch.short(600 * MIB, 300 * MIB));
-        assert!(!Headroom::Ubatch.short(0, 0), "an idle ubatch is never short");
+        assert!(
+            !Headroom::Ubatch.short(0, 0),
+            "an idle ubatch is never short"
+        );
         assert!(Headroom::Bytes(64 * MIB).short(63 * MIB, 0));
         assert!(!Headroom::Bytes(0).short(0, 1 << 40), "0: never short");
         assert!(Headroom::Infinite.short(usize::MAX, 0));

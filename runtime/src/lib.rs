@@ -23,6 +23,7 @@ pub mod memory;
 pub mod model;
 pub mod planner;
 pub mod policy;
+pub mod profile;
 mod report;
 mod runtime;
 mod scratch;

@@ -112,7 +112,10 @@ fn every_error_path_is_reported_and_changes_nothing() {
         ("CUPOOL_DEVICE=tpu", "cuda, sim, auto"),
         ("CUPOOL_SIM_GIB=-1", "GiB"),
         ("CUPOOL_SIM_DEVICES=0", "1 to 64"),
-        ("CUPOOL_AUTO_HEADROOM=lots", "ubatch, inf, or a number of MiB"),
+        (
+            "CUPOOL_AUTO_HEADROOM=lots",
+            "ubatch, inf, or a number of MiB",
+        ),
     ] {
         assert_eq!(init(bad), CupoolStatus::InvalidArgument, "{bad}");
         assert!(error().contains(says), "{bad}: {}", error());
@@ -299,7 +302,8 @@ fn out_of_memory_trims_the_other_streams_pools_and_retries() {
 fn releases(device: i32) -> u64 {
     let mut n = u64::MAX;
     // SAFETY: `n` is a writable uint64_t.
-    assert_eq!(unsafe { cupool_releases(device, &mut n) }, CupoolStatus::Ok, "{}", error());
+    let status = unsafe { cupool_releases(device, &mut n) };
+    assert_eq!(status, CupoolStatus::Ok, "{}", error());
     n
 }
 
@@ -332,13 +336,12 @@ fn the_release_count_moves_whenever_memory_goes_back_and_only_then() {
     // Bad arguments are refused with what is accepted.
     let mut n = 0u64;
     // SAFETY: `n` is a writable uint64_t; the device is out of range.
-    assert_eq!(unsafe { cupool_releases(2, &mut n) }, CupoolStatus::InvalidArgument);
+    let status = unsafe { cupool_releases(2, &mut n) };
+    assert_eq!(status, CupoolStatus::InvalidArgument);
     assert!(error().contains("device 2 does not exist"), "{}", error());
     // SAFETY: a null count is refused before it is written.
-    assert_eq!(
-        unsafe { cupool_releases(0, std::ptr::null_mut()) },
-        CupoolStatus::InvalidArgument
-    );
+    let status = unsafe { cupool_releases(0, std::ptr::null_mut()) };
+    assert_eq!(status, CupoolStatus::InvalidArgument);
     assert!(error().contains("uint64_t"), "{}", error());
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
 }

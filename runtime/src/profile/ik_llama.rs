@@ -1,0 +1,300 @@
+//! ik_llama.cpp at 8337e4cd (the engine of the seeds' reports), dense models, CUDA devices of
+//! compute capability 8.0 or newer, flash attention on.
+//!
+//! Per layer, from `ggml/src/ggml-cuda/` of that commit:
+//! - **matrix multiplies** (`ggml_cuda_op_mul_mat`): f16 weights go to cuBLAS, which takes the
+//!   activations converted to f16 (`n × in × 2` bytes) and an f16 result (`n × out × 2`), at every
+//!   batch size. q8_0 weights above 8 columns go to MMQ: the activations quantized to q8_1 in
+//!   MMQ's layout (`n × pad(in, 512) × 36 / 32` bytes plus `mmq_x_max × 144` of tail, `mmq.cu`)
+//!   held over the launch, and a stream-k fixup buffer per launch (`nsm × mmq_x × mmq_y` floats,
+//!   `mmq.cuh` `launch_mul_mat_q`, where `mmq_x` is the smallest tile that needs no more column
+//!   passes than the largest one). At most 8 columns go to MMVQ, which takes the q8_1 activations
+//!   alone. With quantized weights ik_llama.cpp quantizes the activations once for Q, K and V
+//!   (three launches, three fixups) and runs gate and up as one `FUSED_UP_GATE` op that holds an
+//!   f32 result of `n × n_ff` beside the activations.
+//! - **flash attention** (`fattn.cu` → `fattn-mma-f16.cuh` `launch_fattn_mma`, stream-k): a
+//!   quantized cache is converted to `K_f16` and `V_f16` (the whole view, `n_kv × kv_dim`), then
+//!   `KV_min_max` (one `int2` per column tile) for batches of 1024 or more, then `dst_tmp_meta`:
+//!   `blocks × ncols × (4 + D)` elements of 8 bytes, where `ncols = ncols1 × ncols2` (ncols2 the
+//!   largest of 8, 4, 2, 1 dividing the GQA ratio; ncols1 the smallest of 8, 16, 32, 64 over
+//!   ncols2 that covers the batch), and `blocks` is the tile count, or the stream-k block count
+//!   (`2 × nsm` for batches, `nsm` for one token) when the tiles fill less than 75% of their waves
+//!   or the batch is over 2048. The allocation sizes `float2` elements by `sizeof(float)`: four
+//!   times what the kernel writes, as the engine asks.
+//! - after the last layer's attention only the output rows go on (`inp_out_ids`), then the output
+//!   matrix.
+//!
+//! Not modelled, refused with a message: mixture-of-experts models, head dimensions the MMA
+//! kernel has no case for, single-token attention that goes to the vector kernel (an f16 cache
+//! with head dimension 64 or 128 and no GQA), batches with no output row, and devices before
+//! Ampere.
+
+use super::{Arch, Device, EngineModel, OpCall, Request, Weights};
+use crate::error::RuntimeError;
+use cupool_kernels::KvType;
+
+/// The commit this profile models.
+pub const COMMIT: &str = "8337e4cd";
+
+/// ggml's row padding for quantized activations (`MATRIX_ROW_PADDING`).
+const ROW_PADDING: usize = 512;
+/// Bytes of a q8_1 block of 32 values.
+const Q8_1_BLOCK: usize = 36;
+/// Bytes of MMQ's q8_1 block of 128 values (`block_q8_1_mmq`).
+const Q8_1_MMQ_BLOCK: usize = 144;
+/// MMQ's largest column tile and its row tile on NVIDIA GPUs with int8 tensor cores.
+const MMQ_X_MAX: usize = 128;
+const MMQ_Y: usize = 128;
+/// MMVQ serves batches up to this many columns.
+const MMVQ_MAX_BATCH: usize = 8;
+/// The flash-attention mask lets KV tiles be skipped from this batch size on.
+const KV_MIN_MAX_FROM: usize = 1024;
+/// Head dimensions the MMA flash-attention kernel has a case for.
+const MMA_HEAD_DIMS: [usize; 7] = [64, 80, 96, 112, 128, 192, 256];
+
+fn invalid(what: String) -> RuntimeError {
+    RuntimeError::Invalid(format!("the ik_llama ({COMMIT}) profile: {what}"))
+}
+
+/// The pool requests of one ubatch of `n_tokens` tokens attending to `n_kv` (padded) cache
+/// positions, `n_outputs` of them producing logits, in the engine's op order.
+pub fn ubatch(
+    m: &EngineModel,
+    weights: Weights,
+    kv: KvType,
+    n_tokens: usize,
+    n_kv: usize,
+    n_outputs: usize,
+    dev: Device,
+) -> Result<Vec<OpCall>, RuntimeError> {
+    if dev.cc < 800 || dev.nsm == 0 {
+        return Err(invalid(format!(
+            "compute capability {}.{} with {} SMs: accepted are devices of compute capability 8.0 or newer",
+            dev.cc / 100,
+            dev.cc % 100 / 10,
+            dev.nsm
+        )));
+    }
+    if n_tokens == 0 || n_outputs == 0 || n_outputs > n_tokens || n_kv < n_tokens {
+        return Err(invalid(format!(
+            "{n_tokens} tokens, {n_outputs} outputs, KV length {n_kv}: accepted are 1 or more tokens, 1 to that many outputs and a KV length of at least the tokens"
+        )));
+    }
+    if !MMA_HEAD_DIMS.contains(&m.head_dim) || m.n_head_kv == 0 || m.n_head % m.n_head_kv != 0 {
+        return Err(invalid(format!(
+            "head dimension {} with {} of {} heads for K/V: accepted are head dimensions {MMA_HEAD_DIMS:?} and a whole GQA ratio",
+            m.head_dim, m.n_head_kv, m.n_head
+        )));
+    }
+    let gqa = m.n_head / m.n_head_kv;
+    let vector_decode = kv == KvType::F16 && gqa % 2 != 0 && m.head_dim % 64 == 0;
+    if vector_decode && (n_tokens == 1 || n_outputs == 1) {
+        return Err(invalid(
+            "single-token attention over an f16 cache without GQA goes to the vector kernel, which this profile does not model".into(),
+        ));
+    }
+    let e = m.n_embd;
+    let mm = MatMul { weights, dev };
+    let mut calls = Vec::with_capacity(m.n_layer * 8 + 1);
+    for layer in 0..m.n_layer {
+        let n = n_tokens;
+        match m.arch {
+            Arch::Phi3 => calls.push(mm.single(e, e + 2 * m.kv_dim(), n)),
+            Arch::Llama => match weights {
+                Weights::F16 => {
+                    calls.push(mm.single(e, e, n));
+                    calls.push(mm.single(e, m.kv_dim(), n));
+                    calls.push(mm.single(e, m.kv_dim(), n));
+                }
+                Weights::Q8_0 => calls.push(mm.shared_input(e, 3, n)),
+            },
+        }
+        calls.push(flash_attention(m, kv, n, n_kv, dev));
+        calls.push(mm.single(e, e, n));
+        // The last layer carries on with the output rows only.
+        let n = if layer + 1 == m.n_layer { n_outputs } else { n };
+        match (m.arch, weights) {
+            (Arch::Phi3, _) => calls.push(mm.single(e, 2 * m.n_ff, n)),
+            (Arch::Llama, Weights::F16) => {
+                calls.push(mm.single(e, m.n_ff, n));
+                calls.push(mm.single(e, m.n_ff, n));
+            }
+            (Arch::Llama, Weights::Q8_0) => calls.push(mm.fused_up_gate(e, m.n_ff, n)),
+        }
+        calls.push(mm.single(m.n_ff, e, n));
+    }
+    calls.push(mm.single(e, m.n_vocab, n_outputs));
+    Ok(calls)
+}
+
+/// The matrix-multiply paths of one weight type on one device.
+struct MatMul {
+    weights: Weights,
+    dev: Device,
+}
+
+const MUL_MAT: &str = "MUL_MAT";
+const FUSED_UP_GATE: &str = "FUSED_UP_GATE";
+
+impl MatMul {
+    /// `n` columns of `input` values through a matrix of `output` rows.
+    fn single(&self, input: usize, output: usize, n: usize) -> OpCall {
+        match self.weights {
+            Weights::F16 => OpCall {
+                held: vec![req(MUL_MAT, n * input * 2), req(MUL_MAT, n * output * 2)],
+                inner: vec![],
+            },
+            Weights::Q8_0 => self.quantized(MUL_MAT, input, 1, n),
+        }
+    }
+
+    /// `launches` matrices over the same activations, quantized once (Q, K and V).
+    fn shared_input(&self, input: usize, launches: usize, n: usize) -> OpCall {
+        self.quantized(MUL_MAT, input, launches, n)
+    }
+
+    /// Gate and up as one op: an f32 result of `n × n_ff` held beside the activations.
+    fn fused_up_gate(&self, input: usize, n_ff: usize, n: usize) -> OpCall {
+        let mut c = self.quantized(FUSED_UP_GATE, input, 2, n);
+        c.held.insert(0, req(FUSED_UP_GATE, n * n_ff * 4));
+        c
+    }
+
+    fn quantized(&self, name: &'static str, input: usize, launches: usize, n: usize) -> OpCall {
+        let row = input.div_ceil(ROW_PADDING) * ROW_PADDING * Q8_1_BLOCK / 32;
+        if n <= MMVQ_MAX_BATCH {
+            return OpCall {
+                held: vec![req(name, n * row)],
+                inner: vec![],
+            };
+        }
+        let fixup = self.dev.nsm * mmq_x(n) * MMQ_Y * 4;
+        OpCall {
+            held: vec![req(name, n * row + MMQ_X_MAX * Q8_1_MMQ_BLOCK)],
+            inner: vec![req(name, fixup); launches],
+        }
+    }
+}
+
+/// MMQ's column tile for `n` columns: the smallest (in steps of 8, of 16 from 48 on) that needs
+/// no more passes over the columns than the largest tile.
+fn mmq_x(n: usize) -> usize {
+    let mut best = (usize::MAX, 0);
+    let mut x = 8;
+    while x <= MMQ_X_MAX && best.0 > 1 {
+        let granularity = if x >= 48 { 16 } else { 8 };
+        if x % granularity == 0 {
+            let parts = n.div_ceil(x);
+            if parts < best.0 {
+                best = (parts, x);
+            }
+        }
+        x += 8;
+    }
+    best.1
+}
+
+fn flash_attention(m: &EngineModel, kv: KvType, n: usize, n_kv: usize, dev: Device) -> OpCall {
+    let mut held = Vec::with_capacity(4);
+    if kv == KvType::Q8_0 {
+        held.push(req("K_f16", n_kv * m.kv_dim() * 2));
+        held.push(req("V_f16", n_kv * m.kv_dim() * 2));
+    }
+    let gqa = m.n_head / m.n_head_kv;
+    let ncols2 = [8, 4, 2, 1].into_iter().find(|c| gqa % c == 0).unwrap_or(1);
+    let ncols1 = [8, 16, 32, 64]
+        .into_iter()
+        .map(|c| c / ncols2)
+        .find(|&c| n <= c)
+        .unwrap_or(64 / ncols2)
+        .max(1);
+    let ntiles_x = n.div_ceil(ncols1);
+    if n >= KV_MIN_MAX_FROM {
+        held.push(req("KV_min_max", ntiles_x * 8));
+    }
+    let ntiles = ntiles_x * (m.n_head / ncols2);
+    let max_blocks = if n > 1 { 2 * dev.nsm } else { dev.nsm };
+    let waves = ntiles.div_ceil(max_blocks);
+    let efficiency = 100 * ntiles / (max_blocks * waves);
+    let blocks = if efficiency < 75 || n > 2048 {
+        max_blocks
+    } else {
+        ntiles
+    };
+    held.push(req(
+        "dst_tmp_meta",
+        blocks * ncols1 * ncols2 * (4 + m.head_dim) * 4 * 8,
+    ));
+    OpCall {
+        held,
+        inner: vec![],
+    }
+}
+
+fn req(name: &'static str, bytes: usize) -> Request {
+    Request { name, bytes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mmq_tiles_follow_the_engine_s_search() {
+        assert_eq!(mmq_x(512), 128);
+        assert_eq!(mmq_x(1), 8);
+        assert_eq!(mmq_x(100), 112); // one pass: the first tile of at least 100 in steps of 16
+        assert_eq!(mmq_x(129), 80); // two passes: 80 is the first tile that needs only two
+        assert_eq!(mmq_x(40), 40);
+    }
+
+    #[test]
+    fn bad_inputs_are_refused_with_what_is_accepted() {
+        let m = EngineModel::preset("llama3-8b").unwrap();
+        let dev = Device::H100_SXM;
+        let err = |r: Result<Vec<OpCall>, RuntimeError>| r.unwrap_err().to_string();
+        let e = err(ubatch(&m, Weights::F16, KvType::Q8_0, 512, 256, 1, dev));
+        assert!(e.contains("KV length of at least"), "{e}");
+        let e = err(ubatch(
+            &m,
+            Weights::F16,
+            KvType::Q8_0,
+            512,
+            512,
+            1,
+            Device { cc: 750, nsm: 40 },
+        ));
+        assert!(e.contains("8.0 or newer"), "{e}");
+        let mut odd = m.clone();
+        odd.head_dim = 48;
+        let e = err(ubatch(&odd, Weights::F16, KvType::Q8_0, 8, 256, 1, dev));
+        assert!(e.contains("head dimensions"), "{e}");
+        let mut mha = m.clone();
+        mha.n_head_kv = mha.n_head;
+        let e = err(ubatch(&mha, Weights::F16, KvType::F16, 1, 256, 1, dev));
+        assert!(e.contains("vector kernel"), "{e}");
+        assert!(ubatch(&m, Weights::F16, KvType::Q8_0, 512, 512, 0, dev).is_err());
+    }
+
+    #[test]
+    fn a_long_batch_adds_the_kv_tile_bounds_and_goes_stream_k() {
+        let m = EngineModel::preset("llama3-8b").unwrap();
+        let calls = ubatch(
+            &m,
+            Weights::F16,
+            KvType::Q8_0,
+            4096,
+            8192,
+            1,
+            Device::H100_SXM,
+        )
+        .unwrap();
+        let fa = &calls[3];
+        let names: Vec<&str> = fa.held.iter().map(|r| r.name).collect();
+        assert_eq!(names, ["K_f16", "V_f16", "KV_min_max", "dst_tmp_meta"]);
+        // ncols2 = 4 (GQA 4), ncols1 = 16: 256 column tiles of 8 bytes; over 2048 tokens the
+        // kernel runs stream-k on 2 × 132 blocks of 64 columns.
+        assert_eq!(fa.held[2].bytes, 256 * 8);
+        assert_eq!(fa.held[3].bytes, 264 * 64 * 132 * 32);
+    }
+}

@@ -1,0 +1,161 @@
+//! Engine profiles: the pool requests a real engine makes for one ubatch, op by op, in its
+//! order, derived from its sources and checked against traces recorded inside it.
+//!
+//! A profile answers "what does ggml take from its per-device pool for this ubatch?" for one
+//! upstream commit. The answer is a list of [`OpCall`]s: each op takes its [`OpCall::held`]
+//! buffers in order and keeps them to its end, takes and returns each of its
+//! [`OpCall::inner`] buffers one at a time meanwhile (a stream-k fixup per kernel launch), then
+//! returns the held ones in reverse, as ggml's `ggml_cuda_pool_alloc` destructors do. That
+//! order decides what a best-fit pool strands, so it is part of the answer, not a detail.
+//!
+//! Profiles so far: [`ik_llama`] (ik_llama.cpp 8337e4cd, dense models).
+
+pub mod ik_llama;
+mod sweep;
+
+pub use sweep::{sweep_step, SweepStep};
+
+use cupool_pool::adaptors::TraceEvent;
+
+/// The device facts the kernels' launch choices read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// Compute capability as ggml writes it: 900 for 9.0.
+    pub cc: u32,
+    /// Streaming multiprocessors: stream-k kernels launch this many blocks.
+    pub nsm: usize,
+}
+
+impl Device {
+    /// An H100 SXM or H200 (132 SMs, compute capability 9.0).
+    pub const H100_SXM: Device = Device { cc: 900, nsm: 132 };
+}
+
+/// How an engine's weight matrices are stored: it decides the matrix-multiply path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weights {
+    /// f16: cuBLAS, with the activations converted to f16 and an f16 result converted back.
+    F16,
+    /// q8_0: MMQ for batches above 8 (activations quantized to q8_1, stream-k fixup), MMVQ below.
+    Q8_0,
+}
+
+impl Weights {
+    /// `f16` or `q8_0`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f16" => Some(Self::F16),
+            "q8_0" => Some(Self::Q8_0),
+            _ => None,
+        }
+    }
+}
+
+/// How the model's graph is built: which projections are one matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Phi-3: one QKV matrix, one gate-and-up matrix (`2 × n_ff` wide).
+    Phi3,
+    /// Llama: Q, K, V, gate and up matrices of their own.
+    Llama,
+}
+
+/// A dense model as an engine's graph sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineModel {
+    /// Graph shape.
+    pub arch: Arch,
+    /// Layers.
+    pub n_layer: usize,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// KV heads.
+    pub n_head_kv: usize,
+    /// Head dimension (K, V and Q alike).
+    pub head_dim: usize,
+    /// FFN width.
+    pub n_ff: usize,
+    /// Vocabulary: the output matrix's rows.
+    pub n_vocab: usize,
+}
+
+impl EngineModel {
+    /// The dense presets: `phi3-mini`, `llama3-8b`.
+    pub fn preset(name: &str) -> Option<Self> {
+        let (arch, n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab) = match name {
+            "phi3-mini" => (Arch::Phi3, 32, 3072, 32, 32, 8192, 32064),
+            "llama3-8b" => (Arch::Llama, 32, 4096, 32, 8, 14336, 128256),
+            _ => return None,
+        };
+        Some(Self {
+            arch,
+            n_layer,
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim: n_embd / n_head,
+            n_ff,
+            n_vocab,
+        })
+    }
+
+    /// K (or V) values of one token across the KV heads.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// One buffer an op takes from the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// ggml's name for it where the engine gives one (`K_f16`), else the op's (`MUL_MAT`).
+    pub name: &'static str,
+    /// Bytes asked for.
+    pub bytes: usize,
+}
+
+/// The pool traffic of one op (see the module docs for the order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpCall {
+    /// Taken in order, returned in reverse at the op's end.
+    pub held: Vec<Request>,
+    /// Each taken and returned in turn while `held` is live.
+    pub inner: Vec<Request>,
+}
+
+impl OpCall {
+    /// Bytes live at once at the op's peak.
+    pub fn peak_bytes(&self) -> usize {
+        self.held.iter().map(|r| r.bytes).sum::<usize>()
+            + self.inner.iter().map(|r| r.bytes).max().unwrap_or(0)
+    }
+}
+
+/// The calls as trace events (allocations numbered from `first_id`, stream 0), the format
+/// libcupool records and `repro-prefill replay` reads; returns the next free id.
+pub fn trace_events(calls: &[OpCall], first_id: u64, out: &mut Vec<TraceEvent>) -> u64 {
+    let mut id = first_id;
+    let mut alloc = |r: &Request, out: &mut Vec<TraceEvent>| {
+        out.push(TraceEvent::Alloc {
+            id,
+            size: r.bytes,
+            stream: 0,
+            name: Some(r.name.to_string()),
+        });
+        id += 1;
+        id - 1
+    };
+    for c in calls {
+        let held: Vec<u64> = c.held.iter().map(|r| alloc(r, out)).collect();
+        for r in &c.inner {
+            let i = alloc(r, out);
+            out.push(TraceEvent::Free { id: i });
+        }
+        for i in held.into_iter().rev() {
+            out.push(TraceEvent::Free { id: i });
+        }
+    }
+    id
+}
