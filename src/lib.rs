@@ -18,6 +18,7 @@ pub use cupool_runtime as runtime;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod predict;
 pub mod trace;
 
 /// The README's example, compiled and run as a test (it falls back to the simulated device).

@@ -212,6 +212,9 @@ pub struct ReplayReport {
     pub driver_unmaps: u64,
     /// Allocations that ran out of memory.
     pub ooms: u64,
+    /// The event (1-based) of the first allocation that ran out of memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_oom_event: Option<usize>,
 }
 
 /// The reserve of every stream's pool and their sum, updated one pool at a time (summing all
@@ -315,6 +318,7 @@ pub fn replay(
                     }
                     Err(PoolError::OutOfMemory(_)) => {
                         ooms += 1;
+                        r.first_oom_event.get_or_insert(i + 1);
                         failed.insert(*id);
                     }
                     Err(e) => return Err(e.into()),

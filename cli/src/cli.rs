@@ -51,6 +51,67 @@ pub enum Command {
     /// Replay an allocation trace (JSON lines) through a pool on the simulated device.
     #[command(allow_negative_numbers = true)]
     Replay(ReplayArgs),
+    /// Predict what a real engine asks of its pool for a prefill (its profile's requests, op by
+    /// op, replayed through a pool on the simulated device): peak reserve, driver calls, and on a
+    /// card of --vram GiB for the pool, the token where the engine runs out.
+    #[command(allow_negative_numbers = true)]
+    Predict(PredictArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    /// The engine (and commit) whose requests to predict.
+    #[arg(long, value_enum, default_value = "ik-llama")]
+    pub engine: EngineArg,
+    /// Model preset (dense models: phi3-mini, llama3-8b).
+    #[arg(long, default_value = "phi3-mini")]
+    pub model: String,
+    /// Weight type: f16 (cuBLAS) or q8_0 (MMQ, MMVQ).
+    #[arg(long, default_value = "f16")]
+    pub weights: String,
+    /// KV cache type.
+    #[arg(long, value_enum, default_value = "q8_0")]
+    pub kv_type: KvArg,
+    /// Prompt tokens (logits for the last one only).
+    #[arg(long, default_value_t = 20000)]
+    pub prompt: usize,
+    /// Tokens per ubatch.
+    #[arg(long, default_value_t = 512)]
+    pub ubatch: usize,
+    /// Instead of a prompt, llama-sweep-bench -n 1 over this many steps.
+    #[arg(long)]
+    pub sweep: Option<usize>,
+    /// The GPU's streaming multiprocessors (132: H100 SXM, H200).
+    #[arg(long, default_value_t = 132)]
+    pub sm: usize,
+    /// The GPU's compute capability.
+    #[arg(long, default_value = "9.0")]
+    pub cc: String,
+    /// Pool.
+    #[arg(long, value_parser = pool_kind(), ignore_case = true, default_value = "legacy")]
+    pub pool: PoolKind,
+    /// Purge policy at ubatch boundaries (auto: what the next ubatch asks for first stays).
+    #[arg(long, value_enum, default_value = "never")]
+    pub purge: PurgeArg,
+    /// GiB the card leaves the pool (default: never runs out).
+    #[arg(long)]
+    pub vram: Option<f64>,
+    /// Write the predicted requests to this file as a trace (`replay` reads it).
+    #[arg(long)]
+    pub trace_out: Option<PathBuf>,
+    /// Output format (table or json).
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: FormatArg,
+    /// Only errors on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    /// ik_llama.cpp 8337e4cd.
+    #[value(name = "ik-llama", alias = "ik_llama")]
+    IkLlama,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]

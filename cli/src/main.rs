@@ -12,7 +12,7 @@ mod scenario;
 use cupool::trace as replay;
 
 use clap::Parser;
-use cli::{Cli, Command, FormatArg, ReplayArgs, RunArgs};
+use cli::{Cli, Command, EngineArg, FormatArg, PredictArgs, ReplayArgs, RunArgs};
 use cupool::pool::PoolConfig;
 use cupool::runtime::planner::{plan, PlanTarget};
 use scenario::{Device, Outcome};
@@ -84,6 +84,7 @@ fn main() -> ExitCode {
         None => run(cli.run),
         Some(Command::Plan(a)) => plan_cmd(a),
         Some(Command::Replay(a)) => replay_cmd(a),
+        Some(Command::Predict(a)) => predict_cmd(a),
     }
 }
 
@@ -377,15 +378,137 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
             outln!("  peak live      {:>14} bytes", r.peak_live_bytes);
             outln!("  peak reserved  {:>14} bytes", r.peak_reserved_bytes);
             outln!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
-            outln!(
-                "  driver calls   {} mallocs, {} frees, {} maps, {} unmaps",
-                r.driver_mallocs,
-                r.driver_frees,
-                r.driver_maps,
-                r.driver_unmaps
-            );
+            outln!("  driver calls   {}", driver_calls(&r));
             outln!("  OOMs           {}", r.ooms);
         }
     }
     ExitCode::SUCCESS
+}
+
+fn predict_cmd(a: PredictArgs) -> ExitCode {
+    use cupool::predict::{engine_trace, predict, EngineRun, Schedule};
+    use cupool::runtime::profile::{ik_llama, EngineModel, Weights};
+    init_logging(a.quiet, false);
+    let EngineArg::IkLlama = a.engine;
+    let Some(model) = EngineModel::preset(&a.model) else {
+        return usage(format!(
+            "--model {:?}: the ik_llama profile models the dense presets phi3-mini and llama3-8b",
+            a.model
+        ));
+    };
+    let Some(weights) = Weights::parse(&a.weights) else {
+        return usage(format!("--weights {:?}: accepted are f16, q8_0", a.weights));
+    };
+    let cc = match a
+        .cc
+        .split_once('.')
+        .and_then(|(ma, mi)| Some(ma.parse::<u32>().ok()? * 100 + mi.parse::<u32>().ok()? * 10))
+    {
+        Some(cc) => cc,
+        None => {
+            return usage(format!(
+                "--cc {:?}: accepted is MAJOR.MINOR, e.g. 9.0",
+                a.cc
+            ))
+        }
+    };
+    let vram = match a.vram.map(scenario::gib_bytes).transpose() {
+        Ok(v) => v,
+        Err(e) => return usage(e),
+    };
+    let schedule = match a.sweep {
+        Some(steps) => Schedule::Sweep {
+            steps,
+            ubatch: a.ubatch,
+        },
+        None => Schedule::Prompt {
+            tokens: a.prompt,
+            ubatch: a.ubatch,
+        },
+    };
+    let dev = cupool::runtime::profile::Device { cc, nsm: a.sm };
+    let kv = scenario::kv_type(a.kv_type);
+    let config = PoolConfig::default().kind(a.pool);
+    let purge = scenario::purge_policy(a.purge);
+    let run = EngineRun {
+        model,
+        weights,
+        kv,
+        schedule,
+        dev,
+    };
+    let p = match predict(&run, &config, purge, vram) {
+        Ok(p) => p,
+        Err(e) => return usage(e.to_string()),
+    };
+    if let Some(path) = &a.trace_out {
+        let ops = match engine_trace(&run) {
+            Ok(t) => t.ops,
+            Err(e) => return usage(e.to_string()),
+        };
+        let text: String = ops.iter().map(|o| o.to_json() + "\n").collect();
+        if let Err(e) = std::fs::write(path, text) {
+            return fail(format!("writing {}: {e}", path.display()));
+        }
+        if !a.quiet {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    let r = &p.replay;
+    match a.format {
+        FormatArg::Json => outln!("{}", serde_json::to_string_pretty(&p).unwrap_or_default()),
+        FormatArg::Table | FormatArg::Csv => {
+            let what = match schedule {
+                Schedule::Prompt { tokens, ubatch } => {
+                    format!("a {tokens}-token prompt in ubatches of {ubatch}")
+                }
+                Schedule::Sweep { steps, ubatch } => {
+                    format!("llama-sweep-bench -n 1, {steps} steps of {ubatch}")
+                }
+            };
+            outln!(
+                "ik_llama.cpp {}: {}, {} weights, {:?} KV, {what}, {} SMs, cc {}",
+                ik_llama::COMMIT,
+                a.model,
+                a.weights,
+                kv,
+                a.sm,
+                a.cc
+            );
+            outln!("through {} / purge {}:", r.pool, r.purge);
+            let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+            outln!(
+                "  peak reserved  {:>14} bytes ({:.1} MiB)",
+                r.peak_reserved_bytes,
+                mib(r.peak_reserved_bytes)
+            );
+            outln!(
+                "  peak live      {:>14} bytes ({:.1} MiB)",
+                r.peak_live_bytes,
+                mib(r.peak_live_bytes)
+            );
+            outln!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
+            outln!("  driver calls   {}", driver_calls(r));
+            match p.oom_at_token {
+                Some(t) => outln!(
+                    "  runs out of memory in the ubatch from token {t} ({} allocations failed)",
+                    r.ooms
+                ),
+                None => outln!("  no allocation runs out of memory"),
+            }
+        }
+    }
+    if p.oom_at_token.is_some() {
+        ExitCode::from(EXIT_OOM)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// A replay's driver traffic, for the tables.
+fn driver_calls(r: &replay::ReplayReport) -> String {
+    format!(
+        "{} mallocs, {} frees, {} maps, {} unmaps",
+        r.driver_mallocs, r.driver_frees, r.driver_maps, r.driver_unmaps
+    )
 }

@@ -798,3 +798,37 @@ fn the_plot_is_png_or_svg_by_its_name_and_the_command_says_what_it_wrote() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("must end in .png or .svg"));
 }
+
+#[test]
+fn predict_gives_the_real_engine_s_sweep_and_where_it_died() {
+    let run = |args: &[&str]| {
+        let out = bin()
+            .arg("predict")
+            .args(args)
+            .args(["--format", "json"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        (v, out.status.code().unwrap())
+    };
+    // ik_llama.cpp on an H200, phi3-mini f16, llama-sweep-bench -n 1 -ub 512 to 20k, legacy
+    // pool without purging (docs/llama-cpp.md): 2,698,837,504 bytes reserved, 37 mallocs.
+    let (v, code) = run(&["--sweep", "40"]);
+    assert_eq!(code, 0);
+    assert_eq!(v["peak_reserved_bytes"], 2_698_837_504u64);
+    assert_eq!(v["driver_mallocs"], 37);
+    // On the 12 GiB card the pool had 346.8 MiB reserved and 9.6 MiB free when it failed: the
+    // run died in the step after N_KV = 8704, after 12 mallocs.
+    let (v, code) = run(&["--sweep", "40", "--vram", "0.348"]);
+    assert_eq!(code, 3, "running out exits 3");
+    assert_eq!(v["oom_at_token"], 9216);
+    assert_eq!(v["driver_mallocs"], 12);
+    // What the profile does not model is refused with what it does.
+    let out = bin()
+        .args(["predict", "--model", "deepseek-v3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("phi3-mini and llama3-8b"));
+}

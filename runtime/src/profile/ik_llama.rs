@@ -22,12 +22,12 @@
 //!   or the batch is over 2048. The allocation sizes `float2` elements by `sizeof(float)`: four
 //!   times what the kernel writes, as the engine asks.
 //! - after the last layer's attention only the output rows go on (`inp_out_ids`), then the output
-//!   matrix.
+//!   matrix; a ubatch with no output row (all but the last of a prompt) skips the last layer's
+//!   feed-forward and the output matrix (ggml skips ops on empty tensors).
 //!
 //! Not modelled, refused with a message: mixture-of-experts models, head dimensions the MMA
 //! kernel has no case for, single-token attention that goes to the vector kernel (an f16 cache
-//! with head dimension 64 or 128 and no GQA), batches with no output row, and devices before
-//! Ampere.
+//! with head dimension 64 or 128 and no GQA), and devices before Ampere.
 
 use super::{Arch, Device, EngineModel, OpCall, Request, Weights};
 use crate::error::RuntimeError;
@@ -75,9 +75,9 @@ pub fn ubatch(
             dev.nsm
         )));
     }
-    if n_tokens == 0 || n_outputs == 0 || n_outputs > n_tokens || n_kv < n_tokens {
+    if n_tokens == 0 || n_outputs > n_tokens || n_kv < n_tokens {
         return Err(invalid(format!(
-            "{n_tokens} tokens, {n_outputs} outputs, KV length {n_kv}: accepted are 1 or more tokens, 1 to that many outputs and a KV length of at least the tokens"
+            "{n_tokens} tokens, {n_outputs} outputs, KV length {n_kv}: accepted are 1 or more tokens, 0 to that many outputs and a KV length of at least the tokens"
         )));
     }
     if !MMA_HEAD_DIMS.contains(&m.head_dim) || m.n_head_kv == 0 || m.n_head % m.n_head_kv != 0 {
@@ -88,7 +88,7 @@ pub fn ubatch(
     }
     let gqa = m.n_head / m.n_head_kv;
     let vector_decode = kv == KvType::F16 && gqa % 2 != 0 && m.head_dim % 64 == 0;
-    if vector_decode && (n_tokens == 1 || n_outputs == 1) {
+    if vector_decode && n_tokens == 1 {
         return Err(invalid(
             "single-token attention over an f16 cache without GQA goes to the vector kernel, which this profile does not model".into(),
         ));
@@ -111,8 +111,11 @@ pub fn ubatch(
         }
         calls.push(flash_attention(m, kv, n, n_kv, dev));
         calls.push(mm.single(e, e, n));
-        // The last layer carries on with the output rows only.
+        // The last layer carries on with the output rows only (none: nothing more to do).
         let n = if layer + 1 == m.n_layer { n_outputs } else { n };
+        if n == 0 {
+            continue;
+        }
         match (m.arch, weights) {
             (Arch::Phi3, _) => calls.push(mm.single(e, 2 * m.n_ff, n)),
             (Arch::Llama, Weights::F16) => {
@@ -123,7 +126,9 @@ pub fn ubatch(
         }
         calls.push(mm.single(m.n_ff, e, n));
     }
-    calls.push(mm.single(e, m.n_vocab, n_outputs));
+    if n_outputs > 0 {
+        calls.push(mm.single(e, m.n_vocab, n_outputs));
+    }
     Ok(calls)
 }
 
@@ -273,7 +278,12 @@ mod tests {
         mha.n_head_kv = mha.n_head;
         let e = err(ubatch(&mha, Weights::F16, KvType::F16, 1, 256, 1, dev));
         assert!(e.contains("vector kernel"), "{e}");
-        assert!(ubatch(&m, Weights::F16, KvType::Q8_0, 512, 512, 0, dev).is_err());
+        assert!(ubatch(&m, Weights::F16, KvType::Q8_0, 512, 512, 513, dev).is_err());
+        // No output row: the last layer's feed-forward and the output matrix are skipped.
+        let all = ubatch(&m, Weights::F16, KvType::Q8_0, 512, 512, 1, dev).unwrap();
+        let none = ubatch(&m, Weights::F16, KvType::Q8_0, 512, 512, 0, dev).unwrap();
+        assert_eq!(all.len() - none.len(), 4);
+        assert_eq!(none[..], all[..none.len()]);
     }
 
     #[test]

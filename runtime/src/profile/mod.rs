@@ -13,7 +13,7 @@
 pub mod ik_llama;
 mod sweep;
 
-pub use sweep::{sweep_step, SweepStep};
+pub use sweep::{sweep_step, SweepStep, KV_PADDING};
 
 use cupool_pool::adaptors::TraceEvent;
 

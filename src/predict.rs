@@ -1,0 +1,257 @@
+//! What a real engine asks of its pool for a prefill, from its profile
+//! ([`cupool_runtime::profile`]), replayed through a pool on the simulated device: the peak
+//! reserve, the driver traffic and, on a card of given free memory, the token where the engine
+//! runs out.
+
+use crate::trace::{replay, Op, ReplayReport, TraceError};
+use cupool_kernels::KvType;
+use cupool_pool::{PoolConfig, PurgePolicy};
+use cupool_runtime::profile::{ik_llama, sweep_step, trace_events, Device, EngineModel, Weights};
+use cupool_runtime::RuntimeError;
+
+/// The KV padding of llama.cpp with flash attention.
+const KV_PADDING: usize = cupool_runtime::profile::KV_PADDING;
+
+/// Which requests, in which order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// A prompt of `tokens` tokens in ubatches of `ubatch`, logits for the last token only (as
+    /// llama-cli, llama-server and llama-bench prefill).
+    Prompt {
+        /// Prompt tokens.
+        tokens: usize,
+        /// Ubatch size.
+        ubatch: usize,
+    },
+    /// `llama-sweep-bench -n 1` over `steps` ubatches of `ubatch`.
+    Sweep {
+        /// Steps.
+        steps: usize,
+        /// Ubatch size.
+        ubatch: usize,
+    },
+}
+
+/// A prefill of a real engine: what runs, on what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineRun {
+    /// The model.
+    pub model: EngineModel,
+    /// Its weight type.
+    pub weights: Weights,
+    /// The KV cache type.
+    pub kv: KvType,
+    /// Which ubatches.
+    pub schedule: Schedule,
+    /// The GPU.
+    pub dev: Device,
+}
+
+/// The engine's requests as a trace, and per phase (prefill ubatch) its first event's index and
+/// the first prompt token of its prefill.
+#[derive(Clone, Debug)]
+pub struct EngineTrace {
+    /// Trace events.
+    pub ops: Vec<Op>,
+    /// (first event, first token) of each phase.
+    pub phases: Vec<(usize, usize)>,
+}
+
+/// The engine's requests as a trace: a phase per prefill ubatch (the decodes of a sweep share
+/// their step's phase), each ending at the engine's ubatch boundary.
+pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
+    let EngineRun {
+        model,
+        weights,
+        kv,
+        schedule,
+        dev,
+    } = run.clone();
+    let model = &model;
+    let mut ops = Vec::new();
+    let mut phases = Vec::new();
+    let mut id = 0;
+    let pad = |n: usize| n.div_ceil(KV_PADDING) * KV_PADDING;
+    let (count, ubatch) = match schedule {
+        Schedule::Prompt { tokens, ubatch } => (tokens.div_ceil(ubatch.max(1)), ubatch),
+        Schedule::Sweep { steps, ubatch } => (steps, ubatch),
+    };
+    if ubatch == 0 || count == 0 {
+        return Err(RuntimeError::Invalid(format!(
+            "{schedule:?}: accepted are 1 or more tokens (steps) and a ubatch of 1 or more"
+        )));
+    }
+    for j in 0..count {
+        phases.push((ops.len(), j * ubatch));
+        ops.push(Op::PhaseBegin {
+            name: format!("ubatch {j}"),
+        });
+        let mut calls = Vec::new();
+        match schedule {
+            Schedule::Prompt { tokens, .. } => {
+                let end = tokens.min((j + 1) * ubatch);
+                let last = end == tokens;
+                calls.push(ik_llama::ubatch(
+                    model,
+                    weights,
+                    kv,
+                    end - j * ubatch,
+                    pad(end),
+                    usize::from(last),
+                    dev,
+                )?);
+            }
+            Schedule::Sweep { .. } => {
+                let s = sweep_step(j, ubatch);
+                calls.push(ik_llama::ubatch(
+                    model,
+                    weights,
+                    kv,
+                    1,
+                    s.decode_n_kv,
+                    1,
+                    dev,
+                )?);
+                calls.push(ik_llama::ubatch(
+                    model,
+                    weights,
+                    kv,
+                    s.prefill_tokens,
+                    s.prefill_n_kv,
+                    1,
+                    dev,
+                )?);
+            }
+        }
+        for c in &calls {
+            id = trace_events(c, id, &mut ops);
+        }
+        ops.push(Op::PhaseEnd {
+            name: format!("ubatch {j}"),
+            prefill: true,
+        });
+    }
+    Ok(EngineTrace { ops, phases })
+}
+
+/// A prediction: the replay's report, and where the first allocation failed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Prediction {
+    /// What the pool did.
+    #[serde(flatten)]
+    pub replay: ReplayReport,
+    /// Ubatches (sweep steps).
+    pub ubatches: usize,
+    /// The first prompt token of the ubatch whose allocation failed first.
+    pub oom_at_token: Option<usize>,
+}
+
+/// Replays the engine's requests through `pool` under `purge`, on a card with `vram` bytes
+/// for the pool (unlimited when `None`).
+pub fn predict(
+    run: &EngineRun,
+    pool: &PoolConfig,
+    purge: PurgePolicy,
+    vram: Option<usize>,
+) -> Result<Prediction, PredictError> {
+    let EngineTrace { ops, phases } = engine_trace(run)?;
+    let report = replay(&ops, pool, purge, vram)?;
+    let oom_at_token = report.first_oom_event.map(|e| {
+        let at = phases.partition_point(|&(start, _)| start < e) - 1;
+        phases[at].1
+    });
+    Ok(Prediction {
+        replay: report,
+        ubatches: phases.len(),
+        oom_at_token,
+    })
+}
+
+/// Why a prediction failed.
+#[derive(Debug)]
+pub enum PredictError {
+    /// The profile refused the model or schedule.
+    Profile(RuntimeError),
+    /// The replay failed.
+    Replay(TraceError),
+}
+
+impl std::fmt::Display for PredictError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Profile(e) => write!(f, "{e}"),
+            Self::Replay(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for PredictError {}
+
+impl From<RuntimeError> for PredictError {
+    fn from(e: RuntimeError) -> Self {
+        Self::Profile(e)
+    }
+}
+
+impl From<TraceError> for PredictError {
+    fn from(e: TraceError) -> Self {
+        Self::Replay(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cupool_pool::PoolKind;
+
+    fn legacy() -> PoolConfig {
+        PoolConfig::default().kind(PoolKind::Legacy)
+    }
+
+    fn run(model: &str, weights: Weights, tokens: usize) -> EngineRun {
+        EngineRun {
+            model: EngineModel::preset(model).unwrap(),
+            weights,
+            kv: KvType::Q8_0,
+            schedule: Schedule::Prompt {
+                tokens,
+                ubatch: 512,
+            },
+            dev: Device::H100_SXM,
+        }
+    }
+
+    #[test]
+    fn a_prompt_s_ubatches_have_one_output_and_the_last_may_be_short() {
+        let t = engine_trace(&run("llama3-8b", Weights::Q8_0, 1000)).unwrap();
+        assert_eq!(t.phases.iter().map(|p| p.1).collect::<Vec<_>>(), [0, 512]);
+        // The first ubatch has no output row: 3 ops fewer (fused up-gate, down, output).
+        let allocs = |ops: &[Op]| ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count();
+        let (first, second) = t.ops.split_at(t.phases[1].0);
+        assert!(allocs(first) < allocs(second));
+    }
+
+    #[test]
+    fn a_small_card_names_the_ubatch_that_runs_out() {
+        let r = run("phi3-mini", Weights::F16, 20_000);
+        let free = predict(&r, &legacy(), PurgePolicy::Never, None).unwrap();
+        assert_eq!(free.oom_at_token, None);
+        assert_eq!(free.ubatches, 40);
+        // Half the unlimited run's peak: it dies on the way, at a ubatch start.
+        let half = Some(free.replay.peak_reserved_bytes / 2);
+        let p = predict(&r, &legacy(), PurgePolicy::Never, half).unwrap();
+        let at = p.oom_at_token.expect("runs out");
+        assert!(at > 0 && at < 20_000 && at % 512 == 0, "{at}");
+        // Returning what is outgrown at each boundary gets further, or through.
+        let auto = predict(&r, &legacy(), PurgePolicy::Auto, half).unwrap();
+        assert!(auto.oom_at_token.is_none_or(|t| t > at), "{auto:?}");
+        // Bad schedules are refused.
+        assert!(predict(
+            &run("phi3-mini", Weights::F16, 0),
+            &legacy(),
+            PurgePolicy::Never,
+            None
+        )
+        .is_err());
+    }
+}
