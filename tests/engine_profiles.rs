@@ -205,3 +205,58 @@ fn ik_llama_llama3_8b_q8_0_weights() {
         warm_up: false,
     });
 }
+
+/// cupool's runtime taking a profile's traffic (`repro-prefill run/plan --engine ik-llama`) and
+/// the profile's trace replayed (`repro-prefill predict`) are two paths to one answer: the
+/// runtime skips what repeats, the replay runs every request.
+#[test]
+fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
+    use cupool::pool::driver::sim::{SimConfig, SimDevice};
+    use cupool::predict::{predict, EngineRun, Schedule};
+    use cupool::runtime::executor::dry_run::DryRun;
+    use cupool::runtime::profile::EngineKind;
+    use cupool::runtime::{ModelShape, RunConfig, Runtime};
+    use std::sync::Arc;
+    for (model, weights) in [("phi3-mini", Weights::F16), ("llama3-8b", Weights::Q8_0)] {
+        for (kind, purge) in [
+            (PoolKind::Legacy, PurgePolicy::Never),
+            (PoolKind::Legacy, PurgePolicy::Always),
+            (PoolKind::Vmm, PurgePolicy::Never),
+        ] {
+            for (prompt, ubatch) in [(20_000, 512), (3_000, 256), (700, 512)] {
+                let mut cfg = RunConfig::new(ModelShape::preset(model).unwrap(), 20480);
+                cfg.engine = EngineKind::IkLlama { weights, cc: 900 };
+                cfg.pool = PoolConfig::default().kind(kind);
+                cfg.purge = purge;
+                cfg.n_ubatch = ubatch;
+                let card = SimConfig::gib(64.0).backed(false).record_calls(false);
+                let driver = Arc::new(SimDevice::new(card).unwrap());
+                let mut rt = Runtime::new(driver, cfg.clone(), Box::new(DryRun)).unwrap();
+                let ran = rt.prefill(prompt).unwrap();
+                let run = EngineRun {
+                    model: EngineModel::preset(model).unwrap(),
+                    weights,
+                    kv: KvType::Q8_0,
+                    schedule: Schedule::Prompt {
+                        tokens: prompt,
+                        ubatch,
+                    },
+                    dev: Device::H100_SXM,
+                };
+                let p = predict(&run, &cfg.pool, purge, None).unwrap();
+                let what = format!("{model} {kind:?} {purge:?} {prompt}/{ubatch}");
+                assert!(ran.completed, "{what}");
+                assert_eq!(
+                    ran.peak_reserved_bytes, p.replay.peak_reserved_bytes,
+                    "{what}"
+                );
+                assert_eq!(ran.peak_live_bytes, p.replay.peak_live_bytes, "{what}");
+                assert_eq!(
+                    ran.driver_mallocs,
+                    p.replay.driver_mallocs + p.replay.driver_maps,
+                    "{what}"
+                );
+            }
+        }
+    }
+}

@@ -109,7 +109,9 @@ pub struct PredictArgs {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EngineArg {
-    /// ik_llama.cpp 8337e4cd.
+    /// cupool's runtime: the flash-attention scratch alone.
+    Cupool,
+    /// ik_llama.cpp 8337e4cd: every op's requests (dense presets).
     #[value(name = "ik-llama", alias = "ik_llama")]
     IkLlama,
 }
@@ -195,6 +197,14 @@ pub struct RunArgs {
     /// KV cache type.
     #[arg(long, value_enum, default_value = "q8_0")]
     pub kv_type: KvArg,
+    /// Whose pool traffic: cupool (the runtime's flash-attention scratch) or ik-llama
+    /// (ik_llama.cpp 8337e4cd's requests op by op, as `predict` models them; dense presets, on
+    /// the simulated device without --compute, and in plan).
+    #[arg(long, value_enum, default_value = "cupool")]
+    pub engine: EngineArg,
+    /// The weights' type for an engine profile: f16 or q8_0.
+    #[arg(long, default_value = "f16")]
+    pub weight_type: String,
     /// Context length.
     #[arg(long, default_value_t = 20480)]
     pub ctx: usize,

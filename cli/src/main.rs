@@ -389,7 +389,11 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
     use cupool::predict::{engine_trace, predict, EngineRun, Schedule};
     use cupool::runtime::profile::{ik_llama, EngineModel, Weights};
     init_logging(a.quiet, false);
-    let EngineArg::IkLlama = a.engine;
+    if a.engine == EngineArg::Cupool {
+        return usage(
+            "--engine cupool: predict needs an engine profile: accepted is ik-llama (repro-prefill run models cupool's own traffic)",
+        );
+    }
     let Some(model) = EngineModel::preset(&a.model) else {
         return usage(format!(
             "--model {:?}: the ik_llama profile models the dense presets phi3-mini and llama3-8b",

@@ -218,6 +218,14 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
     };
     c.purge = purge_policy(a.purge);
     c.budget = budget_mode(a.budget);
+    let weights = cupool::runtime::profile::Weights::parse(&a.weight_type)
+        .ok_or_else(|| format!("--weight-type {:?}: accepted are f16, q8_0", a.weight_type))?;
+    c.engine = match a.engine {
+        crate::cli::EngineArg::Cupool => cupool::runtime::profile::EngineKind::Cupool,
+        crate::cli::EngineArg::IkLlama => {
+            cupool::runtime::profile::EngineKind::IkLlama { weights, cc: 900 }
+        }
+    };
     c.validate().map_err(|e| e.to_string())?;
     if let Some(v) = a.vram {
         gib_bytes(v)?;

@@ -832,3 +832,46 @@ fn predict_gives_the_real_engine_s_sweep_and_where_it_died() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("phi3-mini and llama3-8b"));
 }
+
+#[test]
+fn run_and_plan_take_an_engine_profile_s_traffic() {
+    // The runtime with the ik_llama profile on the simulated device reports what `predict`
+    // replays for the same prompt.
+    let (v, code) = json(&[
+        "run", "--engine", "ik-llama", "--pool", "legacy", "--purge", "never", "--vram", "16",
+    ]);
+    assert_eq!(code, 0);
+    let run = &v["runs"][0];
+    let out = bin()
+        .args(["predict", "--prompt", "20000", "--format", "json"])
+        .output()
+        .unwrap();
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["peak_reserved_bytes"], p["peak_reserved_bytes"]);
+    assert_eq!(run["driver_mallocs"], p["driver_mallocs"]);
+    // Kernels of cupool's own are not the engine's: a profile is refused with --compute.
+    let out = bin()
+        .args([
+            "run",
+            "--device",
+            "sim",
+            "--compute",
+            "cpu",
+            "--engine",
+            "ik-llama",
+        ])
+        .args(["--pool", "legacy", "--ctx", "1024", "--prompt", "512"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(err.contains("dry-run executor"), "{err}");
+    // A bad weight type names the accepted ones.
+    let out = bin()
+        .args(["plan", "--engine", "ik-llama", "--weight-type", "q4_k"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("f16, q8_0"));
+}

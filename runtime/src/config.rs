@@ -3,6 +3,7 @@
 use crate::error::RuntimeError;
 use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
+use crate::profile::{EngineKind, EngineModel};
 use cupool_kernels::KvType;
 use cupool_pool::PoolConfig;
 
@@ -39,6 +40,8 @@ pub struct RunConfig {
     pub margin_bytes: usize,
     /// Record the pool's allocation trace.
     pub record_trace: bool,
+    /// Whose pool traffic the run takes (an engine profile plans on the dry-run executor only).
+    pub engine: EngineKind,
 }
 
 impl RunConfig {
@@ -60,6 +63,7 @@ impl RunConfig {
             budget: BudgetMode::Ggml,
             margin_bytes: 0,
             record_trace: false,
+            engine: EngineKind::Cupool,
         }
     }
 
@@ -84,6 +88,13 @@ impl RunConfig {
         }
         if self.sms == 0 {
             return bad("sms is 0: it must be at least 1".into());
+        }
+        if self.engine != EngineKind::Cupool && EngineModel::preset(&self.model.name).is_none() {
+            return bad(format!(
+                "the {} engine profile models the dense presets phi3-mini and llama3-8b, not {:?}",
+                self.engine.name(),
+                self.model.name
+            ));
         }
         Ok(())
     }

@@ -12,12 +12,13 @@ use crate::executor::{DeviceBuffers, Executor};
 use crate::layer::{Model, Ubatch};
 use crate::planner::{self, PlanTarget};
 use crate::policy::PurgePolicy;
+use crate::profile::{ik_llama, Device, EngineKind, EngineModel, OpCall, OpKind};
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
 use cupool_kernels::fa;
-use cupool_pool::adaptors::{Phases, Recorder};
+use cupool_pool::adaptors::{label, Phases, Recorder};
 use cupool_pool::driver::Driver;
-use cupool_pool::{synchronize, OomReport, Pool, Purge};
+use cupool_pool::{synchronize, OomReport, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -302,7 +303,72 @@ impl Engine {
         fa::scratch(&c.model.attn(), c.kv_type, n_tokens, n_kv, c.sms)
     }
 
+    /// The engine profile's requests for a ubatch (`None`: cupool's own traffic).
+    fn profile_calls(
+        &self,
+        n_tokens: usize,
+        n_kv: usize,
+        n_outputs: usize,
+    ) -> Result<Option<Vec<OpCall>>, RuntimeError> {
+        let c = &self.cfg;
+        match c.engine {
+            EngineKind::Cupool => Ok(None),
+            EngineKind::IkLlama { weights, cc } => {
+                let m = engine_model(&c.model)?;
+                let dev = Device { cc, nsm: c.sms };
+                ik_llama::ubatch(&m, weights, c.kv_type, n_tokens, n_kv, n_outputs, dev).map(Some)
+            }
+        }
+    }
+
+    /// Rows with logits in a ubatch: the last token of the prompt being decoded.
+    fn outputs(&self, pos0: usize, n_tokens: usize) -> usize {
+        usize::from(pos0 + n_tokens == self.prefill_tokens)
+    }
+
+    /// An engine profile's requests, op by op (the dry-run executor computes nothing): each op
+    /// takes its held buffers, its inner ones in turn, and returns them in reverse. In a dry
+    /// run, the layers between the first one that made no driver call and the last one repeat
+    /// it exactly and are skipped; the last layer (output rows only) and the output matrix run.
+    fn profile_layers(&mut self, ub: &Ubatch, calls: &[OpCall]) -> Result<(), RuntimeError> {
+        let per_layer = calls
+            .iter()
+            .position(|c| c.kind == OpKind::FlashAttention)
+            .map_or(calls.len(), |fa| {
+                calls[fa + 1..]
+                    .iter()
+                    .position(|c| c.kind == OpKind::FlashAttention)
+                    .map_or(calls.len(), |next| next + 1)
+            });
+        let n_layer = self.cfg.model.n_layer;
+        let mut layer = 0;
+        let mut at = 0;
+        while at < calls.len() {
+            let end = if layer + 1 < n_layer {
+                at + per_layer
+            } else {
+                calls.len()
+            };
+            let before = self.fast_forward.then(|| self.pool.stats().calls);
+            for c in &calls[at..end] {
+                take_call(&self.pool, c)?;
+            }
+            at = end;
+            layer += 1;
+            if layer + 1 < n_layer && before.is_some_and(|b| self.pool.stats().calls == b) {
+                at = (n_layer - 1) * per_layer;
+                layer = n_layer - 1;
+            }
+        }
+        let _ = ub;
+        self.exec.sync()
+    }
+
     fn layers(&mut self, ub: &Ubatch) -> Result<(), RuntimeError> {
+        let n_outputs = self.outputs(ub.pos0, ub.n_tokens);
+        if let Some(calls) = self.profile_calls(ub.n_tokens, ub.n_kv, n_outputs)? {
+            return self.profile_layers(ub, &calls);
+        }
         let scratch = self.scratch(ub.n_tokens, ub.n_kv);
         let model = Model {
             m: &self.cfg.model,
@@ -337,7 +403,12 @@ impl Engine {
             PurgePolicy::Always => Purge::All,
             PurgePolicy::Auto => {
                 let n_kv = fa::n_kv(next_pos + next_tokens, self.cfg.n_ctx);
-                let what = Purge::KeepFor(self.scratch(next_tokens, n_kv).request_bytes());
+                let outputs = self.outputs(next_pos, next_tokens);
+                let keep = match self.profile_calls(next_tokens, n_kv, outputs)? {
+                    Some(calls) => keep_for(&calls),
+                    None => self.scratch(next_tokens, n_kv).request_bytes(),
+                };
+                let what = Purge::KeepFor(keep);
                 if self.pool.releasable(&what) == 0 {
                     return Ok(0);
                 }
@@ -350,6 +421,73 @@ impl Engine {
         }
         Ok(self.pool.purge(&token, what)?.bytes)
     }
+}
+
+/// The engine's view of the run's model: the preset's graph shape and vocabulary, the run's
+/// dimensions (a run may override the layers, say).
+fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeError> {
+    let preset = EngineModel::preset(&s.name).ok_or_else(|| {
+        RuntimeError::Invalid(format!(
+            "engine profiles model the dense presets phi3-mini and llama3-8b, not {:?}",
+            s.name
+        ))
+    })?;
+    if s.head_dim_k != s.head_dim_v || s.v_is_k {
+        return Err(RuntimeError::Invalid(format!(
+            "engine profiles model K and V heads of one dimension, not {} and {}",
+            s.head_dim_k, s.head_dim_v
+        )));
+    }
+    Ok(EngineModel {
+        n_layer: s.n_layer,
+        n_embd: s.n_embd,
+        n_head: s.n_head,
+        n_head_kv: s.n_head_kv,
+        head_dim: s.head_dim_k,
+        n_ff: s.n_ff,
+        ..preset
+    })
+}
+
+/// Takes one op's requests from `pool` in the engine's order and gives them back.
+fn take_call(pool: &Arc<dyn Pool>, c: &OpCall) -> Result<(), RuntimeError> {
+    let mut held = Vec::with_capacity(c.held.len());
+    for r in &c.held {
+        held.push(label::with(r.name, || {
+            PoolBuffer::<u8>::alloc(pool, r.bytes)
+        })?);
+    }
+    for r in &c.inner {
+        drop(label::with(r.name, || {
+            PoolBuffer::<u8>::alloc(pool, r.bytes)
+        })?);
+    }
+    while let Some(b) = held.pop() {
+        drop(b);
+    }
+    Ok(())
+}
+
+/// What an auto purge keeps for a ubatch of `calls`: for each request size, as many buffers as
+/// one op holds at once (ops run one after another), largest first.
+fn keep_for(calls: &[OpCall]) -> Vec<usize> {
+    let mut most: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    for c in calls {
+        let mut here: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+        for b in c.request_bytes() {
+            *here.entry(b).or_default() += 1;
+        }
+        for (b, n) in here {
+            let e = most.entry(b).or_default();
+            *e = (*e).max(n);
+        }
+    }
+    let mut keep: Vec<usize> = most
+        .into_iter()
+        .flat_map(|(b, n)| std::iter::repeat_n(b, n))
+        .collect();
+    keep.sort_unstable_by(|a, b| b.cmp(a));
+    keep
 }
 
 impl std::fmt::Debug for Engine {

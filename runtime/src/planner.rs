@@ -289,6 +289,7 @@ mod fast_forward_tests {
     use super::*;
     use crate::model::ModelShape;
     use crate::policy::PurgePolicy;
+    use crate::profile::{EngineKind, Weights};
     use cupool_pool::{PoolConfig, PoolKind};
     use proptest::prelude::*;
 
@@ -314,6 +315,39 @@ mod fast_forward_tests {
             pool_mib in prop::option::of(8usize..200),
         ) {
             let mut cfg = RunConfig::new(shape(n_layer), 4096);
+            cfg.n_ubatch = ubatch;
+            cfg.n_batch = ubatch * batch_mult;
+            cfg.purge = purge;
+            cfg.pool = PoolConfig::default().kind(kind);
+            let target = PlanTarget { free_bytes: 0, vmm: true, granularity: 2 << 20 };
+            let bytes = pool_mib.map_or(MAX_CAPACITY, |m| m << 20);
+            let full = dry_run(&cfg, &target, n_prompt, bytes, false).unwrap();
+            let fast = dry_run(&cfg, &target, n_prompt, bytes, true).unwrap();
+            prop_assert_eq!(fast.peak_reserved_bytes, full.peak_reserved_bytes);
+            prop_assert_eq!(fast.peak_live_bytes, full.peak_live_bytes);
+            prop_assert_eq!(fast.driver_mallocs, full.driver_mallocs);
+            prop_assert_eq!(fast.driver_frees, full.driver_frees);
+            prop_assert_eq!(fast.oom_at_token, full.oom_at_token);
+        }
+
+        /// The same with an engine profile's requests (every op of every layer, the last
+        /// layer on its output rows only).
+        #[test]
+        fn fast_forward_holds_for_an_engine_profile(
+            kind in prop::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
+            purge in prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+            model in prop::sample::select(vec!["phi3-mini", "llama3-8b"]),
+            weights in prop::sample::select(vec![Weights::F16, Weights::Q8_0]),
+            n_layer in 1usize..4,
+            ubatch in prop::sample::select(vec![1usize, 7, 64, 256, 512]),
+            batch_mult in 1usize..4,
+            n_prompt in 1usize..3000,
+            pool_mib in prop::option::of(8usize..400),
+        ) {
+            let mut m = ModelShape::preset(model).unwrap();
+            m.n_layer = n_layer;
+            let mut cfg = RunConfig::new(m, 4096);
+            cfg.engine = EngineKind::IkLlama { weights, cc: 900 };
             cfg.n_ubatch = ubatch;
             cfg.n_batch = ubatch * batch_mult;
             cfg.purge = purge;

@@ -33,6 +33,13 @@ impl Runtime {
         exec: Box<dyn Executor>,
     ) -> Result<Self, RuntimeError> {
         cfg.validate()?;
+        if cfg.engine != crate::profile::EngineKind::Cupool && exec.kind() != ExecutorKind::DryRun {
+            return Err(RuntimeError::Invalid(format!(
+                "the {} engine profile predicts the engine's pool traffic on the dry-run executor (plan, or a run on the simulated device without --compute); the {} executor runs cupool's own kernels: use --engine cupool",
+                cfg.engine.name(),
+                exec.kind().name()
+            )));
+        }
         if exec.kind() == ExecutorKind::Cpu && !driver.host_accessible() {
             return Err(RuntimeError::Invalid(
                 "the cpu executor needs a backed simulated device".into(),

@@ -29,7 +29,7 @@
 //! kernel has no case for, single-token attention that goes to the vector kernel (an f16 cache
 //! with head dimension 64 or 128 and no GQA), and devices before Ampere.
 
-use super::{Arch, Device, EngineModel, OpCall, Request, Weights};
+use super::{Arch, Device, EngineModel, OpCall, OpKind, Request, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
@@ -146,6 +146,7 @@ impl MatMul {
     fn single(&self, input: usize, output: usize, n: usize) -> OpCall {
         match self.weights {
             Weights::F16 => OpCall {
+                kind: OpKind::MatMul,
                 held: vec![req(MUL_MAT, n * input * 2), req(MUL_MAT, n * output * 2)],
                 inner: vec![],
             },
@@ -169,12 +170,14 @@ impl MatMul {
         let row = input.div_ceil(ROW_PADDING) * ROW_PADDING * Q8_1_BLOCK / 32;
         if n <= MMVQ_MAX_BATCH {
             return OpCall {
+                kind: OpKind::MatMul,
                 held: vec![req(name, n * row)],
                 inner: vec![],
             };
         }
         let fixup = self.dev.nsm * mmq_x(n) * MMQ_Y * 4;
         OpCall {
+            kind: OpKind::MatMul,
             held: vec![req(name, n * row + MMQ_X_MAX * Q8_1_MMQ_BLOCK)],
             inner: vec![req(name, fixup); launches],
         }
@@ -231,6 +234,7 @@ fn flash_attention(m: &EngineModel, kv: KvType, n: usize, n_kv: usize, dev: Devi
         blocks * ncols1 * ncols2 * (4 + m.head_dim) * 4 * 8,
     ));
     OpCall {
+        kind: OpKind::FlashAttention,
         held,
         inner: vec![],
     }

@@ -15,6 +15,31 @@ mod sweep;
 
 pub use sweep::{sweep_step, SweepStep, KV_PADDING};
 
+/// Whose pool traffic a run takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// cupool's runtime: the flash-attention scratch alone, its own split heuristic.
+    #[default]
+    Cupool,
+    /// ik_llama.cpp 8337e4cd ([`ik_llama`]): every op's requests, on a device of `cc`.
+    IkLlama {
+        /// The weights' type.
+        weights: Weights,
+        /// Compute capability (900 for 9.0); the SM count is the run's `sms`.
+        cc: u32,
+    },
+}
+
+impl EngineKind {
+    /// `cupool` or `ik_llama`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cupool => "cupool",
+            Self::IkLlama { .. } => "ik_llama",
+        }
+    }
+}
+
 use cupool_pool::adaptors::TraceEvent;
 
 /// The device facts the kernels' launch choices read.
@@ -116,9 +141,20 @@ pub struct Request {
     pub bytes: usize,
 }
 
+/// What an op is, for an engine that runs its own kernels between the requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// A matrix multiply (or a fused pair).
+    MatMul,
+    /// Flash attention: its held buffers start with `K_f16` and `V_f16` for a quantized cache.
+    FlashAttention,
+}
+
 /// The pool traffic of one op (see the module docs for the order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpCall {
+    /// What the op is.
+    pub kind: OpKind,
     /// Taken in order, returned in reverse at the op's end.
     pub held: Vec<Request>,
     /// Each taken and returned in turn while `held` is live.
@@ -126,6 +162,14 @@ pub struct OpCall {
 }
 
 impl OpCall {
+    /// Request sizes as `Purge::KeepFor` takes them: each held one, and the largest inner one.
+    pub fn request_bytes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.held
+            .iter()
+            .map(|r| r.bytes)
+            .chain(self.inner.iter().map(|r| r.bytes).max())
+    }
+
     /// Bytes live at once at the op's peak.
     pub fn peak_bytes(&self) -> usize {
         self.held.iter().map(|r| r.bytes).sum::<usize>()
