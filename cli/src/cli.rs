@@ -198,8 +198,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "q8_0")]
     pub kv_type: KvArg,
     /// Whose pool traffic: cupool (the runtime's flash-attention scratch) or ik-llama
-    /// (ik_llama.cpp 8337e4cd's requests op by op, as `predict` models them; dense presets, on
-    /// the simulated device without --compute, and in plan).
+    /// (ik_llama.cpp 8337e4cd's requests op by op, as `predict` models them; dense presets; in
+    /// plan, and in runs on the simulated device that compute nothing).
     #[arg(long, value_enum, default_value = "cupool")]
     pub engine: EngineArg,
     /// The weights' type for an engine profile: f16 or q8_0.

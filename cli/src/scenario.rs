@@ -135,11 +135,13 @@ impl Device {
 }
 
 pub fn gib_bytes(g: f64) -> Result<usize, String> {
-    if g.is_finite() && g > 0.0 && g < 1e6 {
+    // The simulated device's limit (256 TiB), so that every size accepted here can be simulated.
+    let max_gib = (cupool::pool::driver::sim::MAX_CAPACITY as f64 / GIB) as u64;
+    if g.is_finite() && g > 0.0 && g <= max_gib as f64 {
         Ok((g * GIB) as usize)
     } else {
         Err(format!(
-            "{g} GiB is not a usable size: give a positive number of GiB"
+            "{g} GiB is not a usable size: give a number of GiB above 0 and up to {max_gib}"
         ))
     }
 }

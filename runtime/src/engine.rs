@@ -12,7 +12,8 @@ use crate::executor::{DeviceBuffers, Executor};
 use crate::layer::{Model, Ubatch};
 use crate::planner::{self, PlanTarget};
 use crate::policy::PurgePolicy;
-use crate::profile::{ik_llama, Device, EngineKind, EngineModel, OpCall, OpKind};
+use crate::profile::ik_llama::UbatchShape;
+use crate::profile::{ik_llama, Device, EngineKind, EngineModel, OpCall, Weights};
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
 use cupool_kernels::fa;
@@ -303,21 +304,16 @@ impl Engine {
         fa::scratch(&c.model.attn(), c.kv_type, n_tokens, n_kv, c.sms)
     }
 
-    /// The engine profile's requests for a ubatch (`None`: cupool's own traffic).
-    fn profile_calls(
-        &self,
-        n_tokens: usize,
-        n_kv: usize,
-        n_outputs: usize,
-    ) -> Result<Option<Vec<OpCall>>, RuntimeError> {
+    /// The engine profile of the run, if any: its model, weights and device.
+    fn profile(&self) -> Result<Option<(EngineModel, Weights, Device)>, RuntimeError> {
         let c = &self.cfg;
         match c.engine {
             EngineKind::Cupool => Ok(None),
-            EngineKind::IkLlama { weights, cc } => {
-                let m = engine_model(&c.model)?;
-                let dev = Device { cc, nsm: c.sms };
-                ik_llama::ubatch(&m, weights, c.kv_type, n_tokens, n_kv, n_outputs, dev).map(Some)
-            }
+            EngineKind::IkLlama { weights, cc } => Ok(Some((
+                engine_model(&c.model)?,
+                weights,
+                Device { cc, nsm: c.sms },
+            ))),
         }
     }
 
@@ -330,44 +326,51 @@ impl Engine {
     /// takes its held buffers, its inner ones in turn, and returns them in reverse. In a dry
     /// run, the layers between the first one that made no driver call and the last one repeat
     /// it exactly and are skipped; the last layer (output rows only) and the output matrix run.
-    fn profile_layers(&mut self, ub: &Ubatch, calls: &[OpCall]) -> Result<(), RuntimeError> {
-        let per_layer = calls
-            .iter()
-            .position(|c| c.kind == OpKind::FlashAttention)
-            .map_or(calls.len(), |fa| {
-                calls[fa + 1..]
-                    .iter()
-                    .position(|c| c.kind == OpKind::FlashAttention)
-                    .map_or(calls.len(), |next| next + 1)
-            });
-        let n_layer = self.cfg.model.n_layer;
-        let mut layer = 0;
-        let mut at = 0;
-        while at < calls.len() {
-            let end = if layer + 1 < n_layer {
-                at + per_layer
-            } else {
-                calls.len()
-            };
+    fn profile_layers(
+        &mut self,
+        u: UbatchShape,
+        (m, weights, dev): (EngineModel, Weights, Device),
+    ) -> Result<(), RuntimeError> {
+        let kv = self.cfg.kv_type;
+        let mut l = 0;
+        while l < m.n_layer {
             let before = self.fast_forward.then(|| self.pool.stats().calls);
-            for c in &calls[at..end] {
-                take_call(&self.pool, c)?;
+            for c in ik_llama::layer(&m, weights, kv, u, dev, l)? {
+                take_call(&self.pool, &c)?;
             }
-            at = end;
-            layer += 1;
-            if layer + 1 < n_layer && before.is_some_and(|b| self.pool.stats().calls == b) {
-                at = (n_layer - 1) * per_layer;
-                layer = n_layer - 1;
+            l += 1;
+            if l + 1 < m.n_layer && before.is_some_and(|b| self.pool.stats().calls == b) {
+                l = m.n_layer - 1;
             }
         }
-        let _ = ub;
+        if let Some(c) = ik_llama::output(&m, weights, u, dev) {
+            take_call(&self.pool, &c)?;
+        }
         self.exec.sync()
     }
 
+    /// What an auto purge keeps for the profile's ubatch `u`: the first layer's requests (every
+    /// layer but the last repeats them), the last layer's and the output matrix's.
+    fn profile_keep(
+        &self,
+        u: UbatchShape,
+        (m, weights, dev): (EngineModel, Weights, Device),
+    ) -> Result<Vec<usize>, RuntimeError> {
+        let kv = self.cfg.kv_type;
+        let mut calls = ik_llama::layer(&m, weights, kv, u, dev, 0)?;
+        calls.extend(ik_llama::layer(&m, weights, kv, u, dev, m.n_layer - 1)?);
+        calls.extend(ik_llama::output(&m, weights, u, dev));
+        Ok(keep_for(&calls))
+    }
+
     fn layers(&mut self, ub: &Ubatch) -> Result<(), RuntimeError> {
-        let n_outputs = self.outputs(ub.pos0, ub.n_tokens);
-        if let Some(calls) = self.profile_calls(ub.n_tokens, ub.n_kv, n_outputs)? {
-            return self.profile_layers(ub, &calls);
+        if let Some(p) = self.profile()? {
+            let u = UbatchShape {
+                n_tokens: ub.n_tokens,
+                n_kv: ub.n_kv,
+                n_outputs: self.outputs(ub.pos0, ub.n_tokens),
+            };
+            return self.profile_layers(u, p);
         }
         let scratch = self.scratch(ub.n_tokens, ub.n_kv);
         let model = Model {
@@ -403,9 +406,15 @@ impl Engine {
             PurgePolicy::Always => Purge::All,
             PurgePolicy::Auto => {
                 let n_kv = fa::n_kv(next_pos + next_tokens, self.cfg.n_ctx);
-                let outputs = self.outputs(next_pos, next_tokens);
-                let keep = match self.profile_calls(next_tokens, n_kv, outputs)? {
-                    Some(calls) => keep_for(&calls),
+                let keep = match self.profile()? {
+                    Some(p) => {
+                        let u = UbatchShape {
+                            n_tokens: next_tokens,
+                            n_kv,
+                            n_outputs: self.outputs(next_pos, next_tokens),
+                        };
+                        self.profile_keep(u, p)?
+                    }
                     None => self.scratch(next_tokens, n_kv).request_bytes(),
                 };
                 let what = Purge::KeepFor(keep);

@@ -56,8 +56,20 @@ fn invalid(what: String) -> RuntimeError {
     RuntimeError::Invalid(format!("the ik_llama ({COMMIT}) profile: {what}"))
 }
 
-/// The pool requests of one ubatch of `n_tokens` tokens attending to `n_kv` (padded) cache
-/// positions, `n_outputs` of them producing logits, in the engine's op order.
+/// The shape of one ubatch: its tokens, the (padded) cache positions they attend to, and the
+/// rows that produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UbatchShape {
+    /// Tokens.
+    pub n_tokens: usize,
+    /// Padded KV length.
+    pub n_kv: usize,
+    /// Output rows (0 for all but a prompt's last ubatch).
+    pub n_outputs: usize,
+}
+
+/// The pool requests of one ubatch, in the engine's op order: every layer, then the output
+/// matrix.
 pub fn ubatch(
     m: &EngineModel,
     weights: Weights,
@@ -67,6 +79,25 @@ pub fn ubatch(
     n_outputs: usize,
     dev: Device,
 ) -> Result<Vec<OpCall>, RuntimeError> {
+    let u = UbatchShape {
+        n_tokens,
+        n_kv,
+        n_outputs,
+    };
+    let mut calls = Vec::with_capacity(m.n_layer * 8 + 1);
+    for l in 0..m.n_layer {
+        calls.extend(layer(m, weights, kv, u, dev, l)?);
+    }
+    calls.extend(output(m, weights, u, dev));
+    Ok(calls)
+}
+
+fn check(m: &EngineModel, kv: KvType, u: UbatchShape, dev: Device) -> Result<(), RuntimeError> {
+    let UbatchShape {
+        n_tokens,
+        n_kv,
+        n_outputs,
+    } = u;
     if dev.cc < 800 || dev.nsm == 0 {
         return Err(invalid(format!(
             "compute capability {}.{} with {} SMs: accepted are devices of compute capability 8.0 or newer",
@@ -93,43 +124,57 @@ pub fn ubatch(
             "single-token attention over an f16 cache without GQA goes to the vector kernel, which this profile does not model".into(),
         ));
     }
+    Ok(())
+}
+
+/// The requests of layer `l` of a ubatch (the last layer's feed-forward runs on the output rows
+/// only, and not at all without any).
+pub fn layer(
+    m: &EngineModel,
+    weights: Weights,
+    kv: KvType,
+    u: UbatchShape,
+    dev: Device,
+    l: usize,
+) -> Result<Vec<OpCall>, RuntimeError> {
+    check(m, kv, u, dev)?;
     let e = m.n_embd;
     let mm = MatMul { weights, dev };
-    let mut calls = Vec::with_capacity(m.n_layer * 8 + 1);
-    for layer in 0..m.n_layer {
-        let n = n_tokens;
-        match m.arch {
-            Arch::Phi3 => calls.push(mm.single(e, e + 2 * m.kv_dim(), n)),
-            Arch::Llama => match weights {
-                Weights::F16 => {
-                    calls.push(mm.single(e, e, n));
-                    calls.push(mm.single(e, m.kv_dim(), n));
-                    calls.push(mm.single(e, m.kv_dim(), n));
-                }
-                Weights::Q8_0 => calls.push(mm.shared_input(e, 3, n)),
-            },
-        }
-        calls.push(flash_attention(m, kv, n, n_kv, dev));
-        calls.push(mm.single(e, e, n));
-        // The last layer carries on with the output rows only (none: nothing more to do).
-        let n = if layer + 1 == m.n_layer { n_outputs } else { n };
-        if n == 0 {
-            continue;
-        }
-        match (m.arch, weights) {
-            (Arch::Phi3, _) => calls.push(mm.single(e, 2 * m.n_ff, n)),
-            (Arch::Llama, Weights::F16) => {
-                calls.push(mm.single(e, m.n_ff, n));
-                calls.push(mm.single(e, m.n_ff, n));
+    let mut calls = Vec::with_capacity(8);
+    let n = u.n_tokens;
+    match m.arch {
+        Arch::Phi3 => calls.push(mm.single(e, e + 2 * m.kv_dim(), n)),
+        Arch::Llama => match weights {
+            Weights::F16 => {
+                calls.push(mm.single(e, e, n));
+                calls.push(mm.single(e, m.kv_dim(), n));
+                calls.push(mm.single(e, m.kv_dim(), n));
             }
-            (Arch::Llama, Weights::Q8_0) => calls.push(mm.fused_up_gate(e, m.n_ff, n)),
+            Weights::Q8_0 => calls.push(mm.shared_input(e, 3, n)),
+        },
+    }
+    calls.push(flash_attention(m, kv, n, u.n_kv, dev));
+    calls.push(mm.single(e, e, n));
+    // The last layer carries on with the output rows only (none: nothing more to do).
+    let n = if l + 1 == m.n_layer { u.n_outputs } else { n };
+    if n == 0 {
+        return Ok(calls);
+    }
+    match (m.arch, weights) {
+        (Arch::Phi3, _) => calls.push(mm.single(e, 2 * m.n_ff, n)),
+        (Arch::Llama, Weights::F16) => {
+            calls.push(mm.single(e, m.n_ff, n));
+            calls.push(mm.single(e, m.n_ff, n));
         }
-        calls.push(mm.single(m.n_ff, e, n));
+        (Arch::Llama, Weights::Q8_0) => calls.push(mm.fused_up_gate(e, m.n_ff, n)),
     }
-    if n_outputs > 0 {
-        calls.push(mm.single(e, m.n_vocab, n_outputs));
-    }
+    calls.push(mm.single(m.n_ff, e, n));
     Ok(calls)
+}
+
+/// The output matrix's requests, on the output rows (none without any).
+pub fn output(m: &EngineModel, weights: Weights, u: UbatchShape, dev: Device) -> Option<OpCall> {
+    (u.n_outputs > 0).then(|| MatMul { weights, dev }.single(m.n_embd, m.n_vocab, u.n_outputs))
 }
 
 /// The matrix-multiply paths of one weight type on one device.
