@@ -15,11 +15,14 @@ const KV_PADDING: usize = cupool_runtime::profile::KV_PADDING;
 /// Which requests, in which order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Schedule {
-    /// A prompt of `tokens` tokens in ubatches of `ubatch`, logits for the last token only (as
-    /// llama-cli, llama-server and llama-bench prefill).
+    /// A prompt of `tokens` tokens in batches of `batch` and ubatches of `ubatch`, logits for
+    /// the last token of each batch (llama-cli and llama-bench; llama-server asks for the
+    /// prompt's last token only).
     Prompt {
         /// Prompt tokens.
         tokens: usize,
+        /// Batch size (`-b`).
+        batch: usize,
         /// Ubatch size.
         ubatch: usize,
     },
@@ -73,7 +76,18 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
     let mut id = 0;
     let pad = |n: usize| n.div_ceil(KV_PADDING) * KV_PADDING;
     let (count, ubatch) = match schedule {
-        Schedule::Prompt { tokens, ubatch } => (tokens.div_ceil(ubatch.max(1)), ubatch),
+        Schedule::Prompt {
+            tokens,
+            batch,
+            ubatch,
+        } => {
+            if batch == 0 || batch % ubatch.max(1) != 0 {
+                return Err(RuntimeError::Invalid(format!(
+                    "batch {batch} with ubatch {ubatch}: accepted is a batch that is a whole number of ubatches"
+                )));
+            }
+            (tokens.div_ceil(ubatch.max(1)), ubatch)
+        }
         Schedule::Sweep { steps, ubatch } => (steps, ubatch),
     };
     if ubatch == 0 || count == 0 {
@@ -88,9 +102,9 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
         });
         let mut calls = Vec::new();
         match schedule {
-            Schedule::Prompt { tokens, .. } => {
+            Schedule::Prompt { tokens, batch, .. } => {
                 let end = tokens.min((j + 1) * ubatch);
-                let last = end == tokens;
+                let last = end == tokens || end % batch == 0;
                 calls.push(ik_llama::ubatch(
                     model,
                     weights,
@@ -215,6 +229,7 @@ mod tests {
             kv: KvType::Q8_0,
             schedule: Schedule::Prompt {
                 tokens,
+                batch: 2048,
                 ubatch: 512,
             },
             dev: Device::H100_SXM,
@@ -225,6 +240,14 @@ mod tests {
     fn a_prompt_s_ubatches_have_one_output_and_the_last_may_be_short() {
         let t = engine_trace(&run("llama3-8b", Weights::Q8_0, 1000)).unwrap();
         assert_eq!(t.phases.iter().map(|p| p.1).collect::<Vec<_>>(), [0, 512]);
+        // A batch that is not a whole number of ubatches is refused.
+        let mut bad = run("llama3-8b", Weights::Q8_0, 1000);
+        bad.schedule = Schedule::Prompt {
+            tokens: 1000,
+            batch: 700,
+            ubatch: 512,
+        };
+        assert!(engine_trace(&bad).is_err());
         // The first ubatch has no output row: 3 ops fewer (fused up-gate, down, output).
         let allocs = |ops: &[Op]| ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count();
         let (first, second) = t.ops.split_at(t.phases[1].0);

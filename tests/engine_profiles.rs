@@ -28,6 +28,11 @@ enum Event {
 }
 
 fn phases(ops: &[Op]) -> Vec<Vec<Event>> {
+    phases_of(ops, None)
+}
+
+/// As `phases`, for one stream's pool only (a device of a multi-GPU run) when `stream` is set.
+fn phases_of(ops: &[Op], stream: Option<u64>) -> Vec<Vec<Event>> {
     let mut out: Vec<Vec<Event>> = Vec::new();
     let mut pos = std::collections::HashMap::new();
     for op in ops {
@@ -36,6 +41,8 @@ fn phases(ops: &[Op]) -> Vec<Vec<Event>> {
                 out.push(Vec::new());
                 pos.clear();
             }
+            Op::Alloc { stream: s, .. } if stream.is_some_and(|want| want != *s) => {}
+            Op::Free { id } if !pos.contains_key(id) && stream.is_some() => {}
             Op::Alloc { id, size, name, .. } => {
                 let phase = out.last_mut().expect("allocations before the first phase");
                 pos.insert(*id, phase.len());
@@ -239,6 +246,7 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                     kv: KvType::Q8_0,
                     schedule: Schedule::Prompt {
                         tokens: prompt,
+                        batch: 2048,
                         ubatch,
                     },
                     dev: Device::H100_SXM,
@@ -256,6 +264,71 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                     p.replay.driver_mallocs + p.replay.driver_maps,
                     "{what}"
                 );
+            }
+        }
+    }
+}
+
+/// llama-bench prompts recorded on two H200s (`-sm layer`: each device's pool serves its
+/// layers, the second also the output matrix): each batch's last token has logits, the others
+/// none; phi3-mini f16 `-p 8192 -b 2048 -ub 2048` (flash attention over 2048 queries: the KV
+/// tile bounds) and llama3-8b q8_0 `-p 5000 -b 2048 -ub 512` (a short last ubatch of 392).
+/// The start-up phase (llama-bench's warm-up and the first ubatch) is not compared.
+#[test]
+fn ik_llama_prompts_on_two_gpus() {
+    use cupool::runtime::profile::ik_llama::{layer, output, UbatchShape};
+    let dev = Device::H100_SXM;
+    for (trace, model, weights, tokens, batch, ubatch, split) in [
+        (
+            "phi3-f16-p8192-ub2048",
+            "phi3-mini",
+            Weights::F16,
+            8192usize,
+            2048,
+            2048,
+            16,
+        ),
+        (
+            "llama3-q8_0-p5000",
+            "llama3-8b",
+            Weights::Q8_0,
+            5000,
+            2048,
+            512,
+            17,
+        ),
+    ] {
+        let path = format!("docs/data/h200-2026-11-22-traces/{trace}.trace.jsonl.gz");
+        let recorded = read_trace(&path);
+        let m = EngineModel::preset(model).unwrap();
+        let n_ub: usize = tokens.div_ceil(ubatch);
+        for (stream, layers) in [(0u64, 0..split), (1, split..m.n_layer)] {
+            let want = phases_of(&recorded, Some(stream));
+            assert_eq!(
+                want.len(),
+                n_ub + 1,
+                "{trace}: a phase per ubatch after the first, and the last empty"
+            );
+            for (j, w) in want.iter().enumerate().take(n_ub).skip(1) {
+                let start = j * ubatch;
+                let end = (start + ubatch).min(tokens);
+                let u = UbatchShape {
+                    n_tokens: end - start,
+                    n_kv: end.next_multiple_of(256),
+                    n_outputs: usize::from(end % batch == 0 || end == tokens),
+                };
+                let mut calls = Vec::new();
+                for l in layers.clone() {
+                    calls.extend(layer(&m, weights, KvType::Q8_0, u, dev, l).unwrap());
+                }
+                if stream == 1 {
+                    calls.extend(output(&m, weights, u, dev));
+                }
+                let mut ops = vec![Op::PhaseBegin {
+                    name: String::new(),
+                }];
+                trace_events(&calls, 0, &mut ops);
+                same(&format!("{trace} stream {stream}"), j, &phases(&ops)[0], w);
             }
         }
     }

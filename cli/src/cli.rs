@@ -72,9 +72,12 @@ pub struct PredictArgs {
     /// KV cache type.
     #[arg(long, value_enum, default_value = "q8_0")]
     pub kv_type: KvArg,
-    /// Prompt tokens (logits for the last one only).
+    /// Prompt tokens (logits for each batch's last one, as llama-cli and llama-bench ask).
     #[arg(long, default_value_t = 20000)]
     pub prompt: usize,
+    /// Tokens per batch (`-b`).
+    #[arg(long, default_value_t = 2048)]
+    pub batch: usize,
     /// Tokens per ubatch.
     #[arg(long, default_value_t = 512)]
     pub ubatch: usize,

@@ -427,6 +427,7 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
         },
         None => Schedule::Prompt {
             tokens: a.prompt,
+            batch: a.batch,
             ubatch: a.ubatch,
         },
     };
@@ -463,9 +464,11 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
         FormatArg::Json => outln!("{}", serde_json::to_string_pretty(&p).unwrap_or_default()),
         FormatArg::Table | FormatArg::Csv => {
             let what = match schedule {
-                Schedule::Prompt { tokens, ubatch } => {
-                    format!("a {tokens}-token prompt in ubatches of {ubatch}")
-                }
+                Schedule::Prompt {
+                    tokens,
+                    batch,
+                    ubatch,
+                } => format!("a {tokens}-token prompt, -b {batch} -ub {ubatch}"),
                 Schedule::Sweep { steps, ubatch } => {
                     format!("llama-sweep-bench -n 1, {steps} steps of {ubatch}")
                 }

@@ -46,6 +46,8 @@ pub(crate) struct Engine {
     room: PlanTarget,
     /// Tokens of the prefill being decoded, from position 0.
     prefill_tokens: usize,
+    /// Where the decode in progress started (its batches count from there).
+    decode_start: usize,
     /// Dry runs only (the planner): skip what cannot change the pool's numbers (see
     /// `decode`). Rows, budget checks and observers then cover the ubatches run, not all.
     pub(crate) fast_forward: bool,
@@ -79,6 +81,7 @@ impl Engine {
         Ok(Self {
             room,
             prefill_tokens: 0,
+            decode_start: 0,
             fast_forward: false,
             budget: Budget::new(budget_bytes, bufs.cl.bytes),
             pool: phases.clone(),
@@ -120,6 +123,7 @@ impl Engine {
             )));
         }
         self.prefill_tokens = self.pos + tokens.len();
+        self.decode_start = self.pos;
         let mut ubatches = Vec::new();
         let mut at = 0;
         for batch in tokens.chunks(self.cfg.n_batch) {
@@ -317,9 +321,11 @@ impl Engine {
         }
     }
 
-    /// Rows with logits in a ubatch: the last token of the prompt being decoded.
+    /// Rows with logits in a ubatch: the last token of each batch (llama-cli and llama-bench
+    /// decode a prompt in batches of `-b` tokens, each asking for its last token's logits).
     fn outputs(&self, pos0: usize, n_tokens: usize) -> usize {
-        usize::from(pos0 + n_tokens == self.prefill_tokens)
+        let end = pos0 + n_tokens;
+        usize::from(end == self.prefill_tokens || (end - self.decode_start) % self.cfg.n_batch == 0)
     }
 
     /// An engine profile's requests, op by op (the dry-run executor computes nothing): each op
