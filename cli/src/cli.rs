@@ -68,7 +68,7 @@ pub struct PredictArgs {
     pub model: String,
     /// Weight type: f16 (cuBLAS) or q8_0 (MMQ, MMVQ).
     #[arg(long, default_value = "f16")]
-    pub weights: String,
+    pub weight_type: String,
     /// KV cache type.
     #[arg(long, value_enum, default_value = "q8_0")]
     pub kv_type: KvArg,

@@ -400,8 +400,11 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
             a.model
         ));
     };
-    let Some(weights) = Weights::parse(&a.weights) else {
-        return usage(format!("--weights {:?}: accepted are f16, q8_0", a.weights));
+    let Some(weights) = Weights::parse(&a.weight_type) else {
+        return usage(format!(
+            "--weight-type {:?}: accepted are f16, q8_0",
+            a.weight_type
+        ));
     };
     let cc = match a
         .cc
@@ -477,7 +480,7 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
                 "ik_llama.cpp {}: {}, {} weights, {:?} KV, {what}, {} SMs, cc {}",
                 ik_llama::COMMIT,
                 a.model,
-                a.weights,
+                a.weight_type,
                 kv,
                 a.sm,
                 a.cc

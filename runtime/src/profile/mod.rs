@@ -169,12 +169,6 @@ impl OpCall {
             .map(|r| r.bytes)
             .chain(self.inner.iter().map(|r| r.bytes).max())
     }
-
-    /// Bytes live at once at the op's peak.
-    pub fn peak_bytes(&self) -> usize {
-        self.held.iter().map(|r| r.bytes).sum::<usize>()
-            + self.inner.iter().map(|r| r.bytes).max().unwrap_or(0)
-    }
 }
 
 /// The calls as trace events (allocations numbered from `first_id`, stream 0), the format
