@@ -107,8 +107,9 @@ def edit_ggml_cuda(t: str) -> str:
     return t
 
 
-def edit_common(t: str) -> str:
-    p = "ggml/src/ggml-cuda/common.cuh"
+def common_edits(t: str, p: str) -> str:
+    """common.cuh, the same in both engines: the shim's header, and a release count per backend
+    context beside its CUDA graphs."""
     t = insert_before(
         t,
         "struct ggml_cuda_pool {\n",
@@ -121,6 +122,10 @@ def edit_common(t: str) -> str:
         "    uint64_t cupool_releases = 0; // cupool's release count when the graphs were last checked\n",
         p,
     )
+
+
+def edit_common(t: str) -> str:
+    return common_edits(t, "ggml/src/ggml-cuda/common.cuh")
 
 
 def edit_header(t: str) -> str:
@@ -212,19 +217,7 @@ def mainline_edits() -> dict:
         )
 
     def edit_common(t: str) -> str:
-        p = "src/ggml-cuda/common.cuh"
-        t = insert_before(
-            t,
-            "struct ggml_cuda_pool {\n",
-            "#include \"ggml-cupool.h\" // cupool's pool shim (GGML_POOL)\n\n",
-            p,
-        )
-        return insert_after(
-            t,
-            "    std::unordered_map<const void *, std::unique_ptr<ggml_cuda_graph>> cuda_graphs;\n",
-            "    uint64_t cupool_releases = 0; // cupool's release count when the graphs were last checked\n",
-            p,
-        )
+        return common_edits(t, "src/ggml-cuda/common.cuh")
 
     return {cu: edit_cu, "src/ggml-cuda/common.cuh": edit_common}
 

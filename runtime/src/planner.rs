@@ -299,6 +299,29 @@ mod fast_forward_tests {
         m
     }
 
+    /// A fast-forwarded dry run reports what the full one does, on a card whose pool has
+    /// `pool_mib` (unlimited when `None`).
+    fn same_fast_and_full(
+        cfg: &RunConfig,
+        n_prompt: usize,
+        pool_mib: Option<usize>,
+    ) -> Result<(), TestCaseError> {
+        let target = PlanTarget {
+            free_bytes: 0,
+            vmm: true,
+            granularity: 2 << 20,
+        };
+        let bytes = pool_mib.map_or(MAX_CAPACITY, |m| m << 20);
+        let full = dry_run(cfg, &target, n_prompt, bytes, false).unwrap();
+        let fast = dry_run(cfg, &target, n_prompt, bytes, true).unwrap();
+        prop_assert_eq!(fast.peak_reserved_bytes, full.peak_reserved_bytes);
+        prop_assert_eq!(fast.peak_live_bytes, full.peak_live_bytes);
+        prop_assert_eq!(fast.driver_mallocs, full.driver_mallocs);
+        prop_assert_eq!(fast.driver_frees, full.driver_frees);
+        prop_assert_eq!(fast.oom_at_token, full.oom_at_token);
+        Ok(())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -319,15 +342,7 @@ mod fast_forward_tests {
             cfg.n_batch = ubatch * batch_mult;
             cfg.purge = purge;
             cfg.pool = PoolConfig::default().kind(kind);
-            let target = PlanTarget { free_bytes: 0, vmm: true, granularity: 2 << 20 };
-            let bytes = pool_mib.map_or(MAX_CAPACITY, |m| m << 20);
-            let full = dry_run(&cfg, &target, n_prompt, bytes, false).unwrap();
-            let fast = dry_run(&cfg, &target, n_prompt, bytes, true).unwrap();
-            prop_assert_eq!(fast.peak_reserved_bytes, full.peak_reserved_bytes);
-            prop_assert_eq!(fast.peak_live_bytes, full.peak_live_bytes);
-            prop_assert_eq!(fast.driver_mallocs, full.driver_mallocs);
-            prop_assert_eq!(fast.driver_frees, full.driver_frees);
-            prop_assert_eq!(fast.oom_at_token, full.oom_at_token);
+            same_fast_and_full(&cfg, n_prompt, pool_mib)?;
         }
 
         /// The same with an engine profile's requests (every op of every layer, the last
@@ -352,15 +367,7 @@ mod fast_forward_tests {
             cfg.n_batch = ubatch * batch_mult;
             cfg.purge = purge;
             cfg.pool = PoolConfig::default().kind(kind);
-            let target = PlanTarget { free_bytes: 0, vmm: true, granularity: 2 << 20 };
-            let bytes = pool_mib.map_or(MAX_CAPACITY, |m| m << 20);
-            let full = dry_run(&cfg, &target, n_prompt, bytes, false).unwrap();
-            let fast = dry_run(&cfg, &target, n_prompt, bytes, true).unwrap();
-            prop_assert_eq!(fast.peak_reserved_bytes, full.peak_reserved_bytes);
-            prop_assert_eq!(fast.peak_live_bytes, full.peak_live_bytes);
-            prop_assert_eq!(fast.driver_mallocs, full.driver_mallocs);
-            prop_assert_eq!(fast.driver_frees, full.driver_frees);
-            prop_assert_eq!(fast.oom_at_token, full.oom_at_token);
+            same_fast_and_full(&cfg, n_prompt, pool_mib)?;
         }
     }
 }
