@@ -168,17 +168,29 @@ pub fn predict(
     purge: PurgePolicy,
     vram: Option<usize>,
 ) -> Result<Prediction, PredictError> {
-    let EngineTrace { ops, phases } = engine_trace(run)?;
-    let report = replay(&ops, pool, purge, vram)?;
-    let oom_at_token = report.first_oom_event.map(|e| {
-        let at = phases.partition_point(|&(start, _)| start < e) - 1;
-        phases[at].1
-    });
-    Ok(Prediction {
-        replay: report,
-        ubatches: phases.len(),
-        oom_at_token,
-    })
+    Ok(engine_trace(run)?.replay(pool, purge, vram)?)
+}
+
+impl EngineTrace {
+    /// Replays the trace through `pool` under `purge` on a card with `vram` bytes for the pool
+    /// (unlimited when `None`).
+    pub fn replay(
+        &self,
+        pool: &PoolConfig,
+        purge: PurgePolicy,
+        vram: Option<usize>,
+    ) -> Result<Prediction, TraceError> {
+        let report = replay(&self.ops, pool, purge, vram)?;
+        let oom_at_token = report.first_oom_event.map(|e| {
+            let at = self.phases.partition_point(|&(start, _)| start < e) - 1;
+            self.phases[at].1
+        });
+        Ok(Prediction {
+            replay: report,
+            ubatches: self.phases.len(),
+            oom_at_token,
+        })
+    }
 }
 
 /// Why a prediction failed.

@@ -386,7 +386,7 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
 }
 
 fn predict_cmd(a: PredictArgs) -> ExitCode {
-    use cupool::predict::{engine_trace, predict, EngineRun, Schedule};
+    use cupool::predict::{engine_trace, EngineRun, Schedule};
     use cupool::runtime::profile::{ik_llama, EngineModel, Weights};
     init_logging(a.quiet, false);
     if a.engine == EngineArg::Cupool {
@@ -445,16 +445,13 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
         schedule,
         dev,
     };
-    let p = match predict(&run, &config, purge, vram) {
-        Ok(p) => p,
+    // One trace: written if asked for, then replayed.
+    let trace = match engine_trace(&run) {
+        Ok(t) => t,
         Err(e) => return usage(e.to_string()),
     };
     if let Some(path) = &a.trace_out {
-        let ops = match engine_trace(&run) {
-            Ok(t) => t.ops,
-            Err(e) => return usage(e.to_string()),
-        };
-        let text: String = ops.iter().map(|o| o.to_json() + "\n").collect();
+        let text: String = trace.ops.iter().map(|o| o.to_json() + "\n").collect();
         if let Err(e) = std::fs::write(path, text) {
             return fail(format!("writing {}: {e}", path.display()));
         }
@@ -462,6 +459,10 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
             eprintln!("wrote {}", path.display());
         }
     }
+    let p = match trace.replay(&config, purge, vram) {
+        Ok(p) => p,
+        Err(e) => return usage(e.to_string()),
+    };
     let r = &p.replay;
     match a.format {
         FormatArg::Json => outln!("{}", serde_json::to_string_pretty(&p).unwrap_or_default()),

@@ -799,19 +799,22 @@ fn the_plot_is_png_or_svg_by_its_name_and_the_command_says_what_it_wrote() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("must end in .png or .svg"));
 }
 
+/// `repro-prefill predict ARGS --format json`: its output and exit code.
+fn predict_json(args: &[&str]) -> (Value, i32) {
+    let out = bin()
+        .arg("predict")
+        .args(args)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    (v, out.status.code().unwrap())
+}
+
 #[test]
 fn predict_gives_the_real_engine_s_sweep_and_where_it_died() {
-    let run = |args: &[&str]| {
-        let out = bin()
-            .arg("predict")
-            .args(args)
-            .args(["--format", "json"])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-        (v, out.status.code().unwrap())
-    };
+    let run = predict_json;
     // ik_llama.cpp on an H200, phi3-mini f16, llama-sweep-bench -n 1 -ub 512 to 20k, legacy
     // pool without purging (docs/llama-cpp.md): 2,698,837,504 bytes reserved, 37 mallocs.
     let (v, code) = run(&["--sweep", "40"]);
@@ -842,11 +845,8 @@ fn run_and_plan_take_an_engine_profile_s_traffic() {
     ]);
     assert_eq!(code, 0);
     let run = &v["runs"][0];
-    let out = bin()
-        .args(["predict", "--prompt", "20000", "--format", "json"])
-        .output()
-        .unwrap();
-    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (p, code) = predict_json(&["--prompt", "20000"]);
+    assert_eq!(code, 0);
     assert_eq!(run["peak_reserved_bytes"], p["peak_reserved_bytes"]);
     assert_eq!(run["driver_mallocs"], p["driver_mallocs"]);
     // Kernels of cupool's own are not the engine's: a profile is refused with --compute.

@@ -2,8 +2,8 @@
 //! one-token decode over the `k` ubatches already in the cache (then removed again), then the
 //! next prefill ubatch. With flash attention the engine pads the KV length it attends to to 256.
 
-/// The KV padding of llama.cpp with flash attention.
-pub const KV_PADDING: usize = 256;
+/// The KV padding of llama.cpp with flash attention (the runtime's own, one constant).
+pub const KV_PADDING: usize = cupool_kernels::fa::KV_PAD;
 
 /// What step `k` of a sweep runs (each with one output row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
