@@ -1,10 +1,14 @@
 //! The flash-attention kernel on prefill shapes (GPU): 512 query tokens at the end of a KV of
 //! 4k and 16k, for Phi-3-mini (32 heads, D 96) and Llama-3-8B (32/8 heads, D 128). Timed with
 //! CUDA events, median of 20 launches. `scripts/sdpa_bench.py` times PyTorch's
-//! `scaled_dot_product_attention` on the same shapes. Prints one JSON line per shape.
+//! `scaled_dot_product_attention` on the same shapes. Prints one JSON line per shape and kernel:
+//! the tensor-core kernel as `flash_attn` picks it (`cupool`), its other m-tile count
+//! (`cupool-mma-mt<N>`, to keep the choice in `fa::MMA_SHAPES` honest) and the CUDA-core kernel
+//! (`cupool-simt`).
 use cudarc::driver::{result, sys, CudaContext};
 use cupool::kernels::cpu::FaParams;
-use cupool::kernels::cuda::Kernels;
+use cupool::kernels::cuda::{FaKernel, Kernels};
+use cupool::kernels::fa::MmaConfig;
 use half::f16;
 
 fn main() {
@@ -61,30 +65,46 @@ fn main() {
                     result::malloc_sync(n_tokens * n_head * d * 4).unwrap(),
                 )
             };
-            for _ in 0..3 {
-                k.flash_attn(&p, qd, kd, vd, od, 0, 0).unwrap();
+            let picked = k.fa_kernel(&p, qd, kd, vd, od);
+            let mut kernels = vec![("cupool".to_string(), picked)];
+            if let FaKernel::TensorCores(cfg) = picked {
+                let other = MmaConfig {
+                    m_tiles: 3 - cfg.m_tiles,
+                    ..cfg
+                };
+                kernels.push((
+                    format!("cupool-mma-mt{}", other.m_tiles),
+                    FaKernel::TensorCores(other),
+                ));
+                kernels.push(("cupool-simt".to_string(), FaKernel::CudaCores));
             }
-            let mut ms = Vec::new();
-            for _ in 0..20 {
-                let start = ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                let end = ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                start.record(&stream).unwrap();
-                k.flash_attn(&p, qd, kd, vd, od, 0, 0).unwrap();
-                end.record(&stream).unwrap();
-                end.synchronize().unwrap();
-                ms.push(start.elapsed_ms(&end).unwrap() as f64);
+            for (label, kernel) in kernels {
+                let run = || k.flash_attn_with(kernel, &p, qd, kd, vd, od, 0, 0).unwrap();
+                for _ in 0..3 {
+                    run();
+                }
+                let mut ms = Vec::new();
+                for _ in 0..20 {
+                    let start = ctx
+                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                        .unwrap();
+                    let end = ctx
+                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                        .unwrap();
+                    start.record(&stream).unwrap();
+                    run();
+                    end.record(&stream).unwrap();
+                    end.synchronize().unwrap();
+                    ms.push(start.elapsed_ms(&end).unwrap() as f64);
+                }
+                ms.sort_by(|a, b| a.total_cmp(b));
+                let med = ms[ms.len() / 2];
+                // Causal: query t sees pos0 + t + 1 keys; QK and PV are 2 flops per multiply-add each.
+                let pairs: f64 =
+                    (0..n_tokens).map(|t| (p.pos0 + t + 1) as f64).sum::<f64>() * n_head as f64;
+                let tflops = pairs * 2.0 * (2 * d) as f64 / (med * 1e-3) / 1e12;
+                println!("{{\"suite\":\"fattn\",\"impl\":\"{label}\",\"kernel\":\"{kernel:?}\",\"shape\":\"{name}\",\"n_head\":{n_head},\"n_head_kv\":{n_head_kv},\"d\":{d},\"n_tokens\":{n_tokens},\"n_kv\":{n_kv},\"ms\":{med:.4},\"tflops\":{tflops:.2},\"q\":\"f32\",\"kv\":\"f16\"}}");
             }
-            ms.sort_by(|a, b| a.total_cmp(b));
-            let med = ms[ms.len() / 2];
-            // Causal: query t sees pos0 + t + 1 keys; QK and PV are 2 flops per multiply-add each.
-            let pairs: f64 =
-                (0..n_tokens).map(|t| (p.pos0 + t + 1) as f64).sum::<f64>() * n_head as f64;
-            let tflops = pairs * 2.0 * (2 * d) as f64 / (med * 1e-3) / 1e12;
-            println!("{{\"suite\":\"fattn\",\"impl\":\"cupool\",\"shape\":\"{name}\",\"n_head\":{n_head},\"n_head_kv\":{n_head_kv},\"d\":{d},\"n_tokens\":{n_tokens},\"n_kv\":{n_kv},\"ms\":{med:.4},\"tflops\":{tflops:.2},\"q\":\"f32\",\"kv\":\"f16\"}}");
             // SAFETY: our own allocations; the stream is idle.
             unsafe {
                 for ptr in [qd, kd, vd, od] {

@@ -1,15 +1,19 @@
 //! The CUDA kernels: sources, NVRTC compilation, and launches.
 //!
-//! Sources are compiled once per context ([`Kernels::load`]). Every launch takes raw device
-//! addresses, so pool buffers ([`cupool_pool::PoolBuffer`] pushes its pointer) and plain
-//! allocations are passed alike.
+//! Sources are compiled once per context ([`Kernels::load`]); the tensor-core flash attention
+//! is a template compiled per head shape on first use (most models use one). Every launch takes
+//! raw device addresses, so pool buffers ([`cupool_pool::PoolBuffer`] pushes its pointer) and
+//! plain allocations are passed alike.
 
 use crate::cpu::FaParams;
+use crate::fa::{self, MmaConfig};
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 const COMMON: &str = include_str!("cuda/common.cuh");
 
@@ -25,6 +29,52 @@ pub fn sources() -> Vec<(&'static str, String)> {
     .collect()
 }
 
+/// The tensor-core flash attention for one head shape and configuration: the template and the
+/// one entry point `fattn_mma_<d_k>_<d_v>` it is instantiated as.
+pub fn fa_mma_source(d_k: usize, d_v: usize, cfg: MmaConfig) -> String {
+    format!(
+        "{COMMON}\n{}\nFA_MMA_ENTRY({d_k}, {d_v}, {}, {})\n",
+        include_str!("cuda/fattn_mma.cu"),
+        cfg.m_tiles,
+        cfg.col_warps
+    )
+}
+
+/// The entry point's name in [`fa_mma_source`].
+pub fn fa_mma_entry(d_k: usize, d_v: usize) -> String {
+    format!("fattn_mma_{d_k}_{d_v}")
+}
+
+/// Compiles one tensor-core flash-attention instantiation for `arch` (`compute_80` or later).
+pub fn compile_fa_mma(
+    arch: &'static str,
+    d_k: usize,
+    d_v: usize,
+    cfg: MmaConfig,
+) -> Result<Ptx, KernelError> {
+    compile_one(&fa_mma_entry(d_k, d_v), fa_mma_source(d_k, d_v, cfg), arch)
+}
+
+fn compile_one(name: &str, src: String, arch: &'static str) -> Result<Ptx, KernelError> {
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(src, opts)
+        .map_err(|e: CompileError| KernelError::Compile(format!("{name}: {e:?}")))
+}
+
+/// Which flash-attention kernel runs a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaKernel {
+    /// `fattn` in fattn.cu: any head shape up to 576/512, any device, any strides.
+    CudaCores,
+    /// `fattn_mma.cu`: tensor cores, compute capability 8.0 and later, the head shapes of
+    /// [`fa::MMA_SHAPES`], 16-byte aligned K/V rows.
+    TensorCores(MmaConfig),
+}
+
 /// Whether NVRTC can be loaded on this machine.
 pub fn nvrtc_available() -> bool {
     // SAFETY: only tries to open the shared library.
@@ -35,16 +85,7 @@ pub fn nvrtc_available() -> bool {
 pub fn compile(arch: &'static str) -> Result<Vec<(&'static str, Ptx)>, KernelError> {
     sources()
         .into_iter()
-        .map(|(name, src)| {
-            let opts = CompileOptions {
-                arch: Some(arch),
-                options: vec!["--std=c++17".into()],
-                ..Default::default()
-            };
-            compile_ptx_with_opts(src, opts)
-                .map(|p| (name, p))
-                .map_err(|e: CompileError| KernelError::Compile(format!("{name}.cu: {e:?}")))
-        })
+        .map(|(name, src)| compile_one(&format!("{name}.cu"), src, arch).map(|p| (name, p)))
         .collect()
 }
 
@@ -88,6 +129,14 @@ impl From<DriverError> for KernelError {
 #[derive(Debug)]
 pub struct Kernels {
     stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    arch: &'static str,
+    /// Compute capability major version (tensor-core kernels need 8).
+    cc_major: i32,
+    /// The most dynamic shared memory a block may opt in to.
+    max_shared: usize,
+    /// Tensor-core flash attention, compiled on first use per (D_K, D_V, configuration).
+    fa_mma: Mutex<HashMap<(usize, usize, MmaConfig), CudaFunction>>,
     quantize_q8_0: CudaFunction,
     store_f16: CudaFunction,
     dequantize_q8_0: CudaFunction,
@@ -131,8 +180,18 @@ impl Kernels {
         let f = |m: &str, name: &str| modules[m].load_function(name);
         let fattn = f("fattn", "fattn")?;
         let max_smem = crate::fa::shared_bytes(crate::fa::MAX_D_K, crate::fa::MAX_D_V) as i32;
-        fattn.set_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, max_smem)?;
+        fattn.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            max_smem,
+        )?;
+        let max_shared = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         Ok(Self {
+            ctx: ctx.clone(),
+            arch,
+            cc_major: major,
+            max_shared: max_shared.max(0) as usize,
+            fa_mma: Mutex::new(HashMap::new()),
             quantize_q8_0: f("quant", "quantize_q8_0")?,
             store_f16: f("quant", "store_f16")?,
             dequantize_q8_0: f("quant", "dequantize_q8_0")?,
@@ -203,7 +262,33 @@ impl Kernels {
         Ok(())
     }
 
-    /// Flash attention (and the combine when split).
+    /// The kernel [`Kernels::flash_attn`] picks for a call: tensor cores where the device, the
+    /// head shape, the strides and the addresses allow, the CUDA-core kernel otherwise.
+    pub fn fa_kernel(&self, p: &FaParams, q: u64, k: u64, v: u64, dst: u64) -> FaKernel {
+        let Some(cfg) = fa::mma_config(p.d_k, p.d_v) else {
+            return FaKernel::CudaCores;
+        };
+        // cp.async moves 16 bytes: K/V rows and heads start on 8-half boundaries; Q and the
+        // output move as float pairs.
+        let strides = [p.k_row, p.k_head, p.v_row, p.v_head];
+        let aligned = strides.iter().all(|s| s % 8 == 0)
+            && k % 16 == 0
+            && v % 16 == 0
+            && q % 8 == 0
+            && dst % 8 == 0;
+        let v_in_k = Self::v_in_k(p, k, v);
+        if self.cc_major < 8 || !aligned || cfg.shared_bytes(p.d_k, p.d_v, v_in_k) > self.max_shared
+        {
+            return FaKernel::CudaCores;
+        }
+        FaKernel::TensorCores(cfg)
+    }
+
+    fn v_in_k(p: &FaParams, k: u64, v: u64) -> bool {
+        k == v && p.k_row == p.v_row && p.k_head == p.v_head && p.d_v <= p.d_k
+    }
+
+    /// Flash attention (and the combine when split), on the kernel [`Kernels::fa_kernel`] picks.
     #[allow(clippy::too_many_arguments)]
     pub fn flash_attn(
         &self,
@@ -215,12 +300,74 @@ impl Kernels {
         dst_tmp: u64,
         dst_meta: u64,
     ) -> Result<(), KernelError> {
-        if p.d_k > crate::fa::MAX_D_K || p.d_v > crate::fa::MAX_D_V || p.n_head % p.n_head_kv != 0 {
+        let kernel = self.fa_kernel(p, q, k, v, dst);
+        self.flash_attn_with(kernel, p, q, k, v, dst, dst_tmp, dst_meta)
+    }
+
+    /// Flash attention on a chosen kernel (tests and benchmarks compare them); the error says
+    /// when the kernel cannot run this call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_with(
+        &self,
+        kernel: FaKernel,
+        p: &FaParams,
+        q: u64,
+        k: u64,
+        v: u64,
+        dst: u64,
+        dst_tmp: u64,
+        dst_meta: u64,
+    ) -> Result<(), KernelError> {
+        if p.d_k > crate::fa::MAX_D_K
+            || p.d_v > crate::fa::MAX_D_V
+            || p.n_head_kv == 0
+            || p.n_head % p.n_head_kv != 0
+            || p.parallel_blocks == 0
+        {
             return Err(KernelError::Unsupported(format!(
-                "D_K {} D_V {} heads {}/{}",
-                p.d_k, p.d_v, p.n_head, p.n_head_kv
+                "D_K {} D_V {} heads {}/{} splits {}: head dims up to {}/{}, whole KV groups, at least one split",
+                p.d_k, p.d_v, p.n_head, p.n_head_kv, p.parallel_blocks, crate::fa::MAX_D_K, crate::fa::MAX_D_V
             )));
         }
+        match kernel {
+            FaKernel::CudaCores => self.fattn_simt(p, q, k, v, dst, dst_tmp, dst_meta)?,
+            FaKernel::TensorCores(cfg) => {
+                self.fattn_mma(cfg, p, q, k, v, dst, dst_tmp, dst_meta)?
+            }
+        }
+        if p.parallel_blocks > 1 {
+            let rows = (p.n_tokens * p.n_head) as i32;
+            let dv = p.d_v as i32;
+            let pb = p.parallel_blocks as i32;
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(&self.fattn_combine);
+            b.arg(&dst_tmp)
+                .arg(&dst_meta)
+                .arg(&dst)
+                .arg(&rows)
+                .arg(&dv)
+                .arg(&pb);
+            // SAFETY: partials written above; dst holds rows*d_v floats.
+            unsafe { b.launch(cfg) }?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fattn_simt(
+        &self,
+        p: &FaParams,
+        q: u64,
+        k: u64,
+        v: u64,
+        dst: u64,
+        dst_tmp: u64,
+        dst_meta: u64,
+    ) -> Result<(), KernelError> {
         let cfg = LaunchConfig {
             grid_dim: (
                 p.n_tokens.div_ceil(crate::fa::QUERIES_PER_BLOCK) as u32,
@@ -258,24 +405,95 @@ impl Kernels {
         b.arg(&p.scale).arg(&pb);
         // SAFETY: buffers sized by `fa::scratch` and the caller's q/dst for these parameters.
         unsafe { b.launch(cfg) }?;
-        if p.parallel_blocks > 1 {
-            let rows = (p.n_tokens * p.n_head) as i32;
-            let dv = p.d_v as i32;
-            let cfg = LaunchConfig {
-                grid_dim: (rows as u32, 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(&self.fattn_combine);
-            b.arg(&dst_tmp)
-                .arg(&dst_meta)
-                .arg(&dst)
-                .arg(&rows)
-                .arg(&dv)
-                .arg(&pb);
-            // SAFETY: partials written above; dst holds rows*d_v floats.
-            unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The tensor-core entry point of a shape, compiled and loaded on first use.
+    fn fa_mma_function(
+        &self,
+        d_k: usize,
+        d_v: usize,
+        cfg: MmaConfig,
+    ) -> Result<CudaFunction, KernelError> {
+        let mut cache = self
+            .fa_mma
+            .lock()
+            .map_err(|_| KernelError::Compile("the kernel cache was poisoned by a panic".into()))?;
+        if let Some(f) = cache.get(&(d_k, d_v, cfg)) {
+            return Ok(f.clone());
         }
+        let ptx = compile_fa_mma(self.arch, d_k, d_v, cfg)?;
+        let f = self
+            .ctx
+            .load_module(ptx)?
+            .load_function(&fa_mma_entry(d_k, d_v))?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            cfg.shared_bytes(d_k, d_v, false).min(self.max_shared) as i32,
+        )?;
+        cache.insert((d_k, d_v, cfg), f.clone());
+        Ok(f)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fattn_mma(
+        &self,
+        cfg: MmaConfig,
+        p: &FaParams,
+        q: u64,
+        k: u64,
+        v: u64,
+        dst: u64,
+        dst_tmp: u64,
+        dst_meta: u64,
+    ) -> Result<(), KernelError> {
+        if self.cc_major < 8 || fa::mma_config(p.d_k, p.d_v).is_none() {
+            return Err(KernelError::Unsupported(format!(
+                "tensor-core flash attention for D_K {} D_V {} on compute capability {}.x: it needs 8.0 or later and one of the head shapes {:?}",
+                p.d_k,
+                p.d_v,
+                self.cc_major,
+                fa::MMA_SHAPES.iter().map(|&(k, v, _)| (k, v)).collect::<Vec<_>>()
+            )));
+        }
+        let shared = cfg.shared_bytes(p.d_k, p.d_v, Self::v_in_k(p, k, v));
+        if shared > self.max_shared {
+            return Err(KernelError::Unsupported(format!(
+                "tensor-core flash attention for D_K {} D_V {} needs {shared} bytes of shared memory; the device allows {}",
+                p.d_k, p.d_v, self.max_shared
+            )));
+        }
+        let f = self.fa_mma_function(p.d_k, p.d_v, cfg)?;
+        let rows = p.n_tokens * (p.n_head / p.n_head_kv);
+        let launch = LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(cfg.rows_per_block()) as u32,
+                p.n_head_kv as u32,
+                p.parallel_blocks as u32,
+            ),
+            block_dim: ((fa::MMA_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let ints = [p.n_tokens, p.n_head, p.n_head_kv, p.n_kv, p.pos0].map(|v| v as i32);
+        let strides = [p.k_row, p.k_head, p.v_row, p.v_head].map(|v| v as i64);
+        let pb = p.parallel_blocks as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&dst)
+            .arg(&dst_tmp)
+            .arg(&dst_meta);
+        for i in &ints {
+            b.arg(i);
+        }
+        for s in &strides {
+            b.arg(s);
+        }
+        b.arg(&p.scale).arg(&pb);
+        // SAFETY: as for the CUDA-core kernel: q, k, v, dst and the split buffers are sized for
+        // these parameters by the caller and `fa::scratch`; alignment checked by `fa_kernel`.
+        unsafe { b.launch(launch) }?;
         Ok(())
     }
 

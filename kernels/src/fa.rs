@@ -142,3 +142,110 @@ pub fn shared_bytes(d_k: usize, d_v: usize) -> usize {
     let kv = KEYS_PER_TILE * (d_k + 2) * 2 + KEYS_PER_TILE * d_v * 2;
     kv.next_multiple_of(4) + QUERIES_PER_BLOCK * d_k * 4
 }
+
+/// How the tensor-core kernel (`fattn_mma.cu`) splits a block's 4 warps for one head shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaConfig {
+    /// 16-row m-tiles each warp owns: two let every K/V fragment read from shared memory feed
+    /// twice the tensor-core work, where the registers allow it.
+    pub m_tiles: usize,
+    /// Warps that split one row group's keys (of S) and dimensions (of O): wide heads do not
+    /// fit one warp's registers otherwise.
+    pub col_warps: usize,
+}
+
+/// Warps of a tensor-core block.
+pub const MMA_WARPS: usize = 4;
+/// Keys per tile of the tensor-core kernel.
+pub const MMA_KEYS_PER_TILE: usize = 64;
+
+/// The head shapes the tensor-core kernel is built for, with their configuration; every other
+/// shape (and devices before compute capability 8.0) runs the CUDA-core kernel.
+pub const MMA_SHAPES: &[(usize, usize, MmaConfig)] = &[
+    (
+        64,
+        64,
+        MmaConfig {
+            m_tiles: 2,
+            col_warps: 1,
+        },
+    ),
+    (
+        80,
+        80,
+        MmaConfig {
+            m_tiles: 2,
+            col_warps: 1,
+        },
+    ),
+    (
+        96,
+        96,
+        MmaConfig {
+            m_tiles: 1,
+            col_warps: 1,
+        },
+    ),
+    (
+        112,
+        112,
+        MmaConfig {
+            m_tiles: 1,
+            col_warps: 1,
+        },
+    ),
+    (
+        128,
+        128,
+        MmaConfig {
+            m_tiles: 1,
+            col_warps: 1,
+        },
+    ),
+    (
+        256,
+        256,
+        MmaConfig {
+            m_tiles: 1,
+            col_warps: 2,
+        },
+    ),
+    (
+        576,
+        512,
+        MmaConfig {
+            m_tiles: 1,
+            col_warps: 4,
+        },
+    ),
+];
+
+/// The tensor-core configuration of a head shape, if it has one.
+pub fn mma_config(d_k: usize, d_v: usize) -> Option<MmaConfig> {
+    MMA_SHAPES
+        .iter()
+        .find(|&&(k, v, _)| k == d_k && v == d_v)
+        .map(|&(_, _, c)| c)
+}
+
+impl MmaConfig {
+    /// Rows (token, head-of-group pairs) one block covers.
+    pub fn rows_per_block(&self) -> usize {
+        16 * self.m_tiles * (MMA_WARPS / self.col_warps)
+    }
+
+    /// Dynamic shared memory of one block: Q, the K tile, the V tile unless V is read from the
+    /// K tile, P and the row exchange when warps split columns. Rows are padded by 8 halves.
+    pub fn shared_bytes(&self, d_k: usize, d_v: usize, v_in_k: bool) -> usize {
+        let rows = self.rows_per_block();
+        let mut halves = rows * (d_k + 8) + MMA_KEYS_PER_TILE * (d_k + 8);
+        if !v_in_k {
+            halves += MMA_KEYS_PER_TILE * (d_v + 8);
+        }
+        let mut bytes = halves * 2;
+        if self.col_warps > 1 {
+            bytes += rows * (MMA_KEYS_PER_TILE + 8) * 2 + rows * self.col_warps * 4;
+        }
+        bytes
+    }
+}

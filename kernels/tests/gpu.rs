@@ -3,7 +3,8 @@
 //! `cargo test -p cupool-kernels --test gpu -- --ignored`.
 use cudarc::driver::{result, CudaContext};
 use cupool_kernels::cpu::{self, FaParams};
-use cupool_kernels::cuda::Kernels;
+use cupool_kernels::cuda::{FaKernel, Kernels};
+use cupool_kernels::fa::{self, MmaConfig};
 use half::f16;
 use std::sync::Arc;
 
@@ -83,11 +84,38 @@ fn close(name: &str, got: &[f32], want: &[f32], tol: f32) {
     eprintln!("{name}: worst relative error {worst:.2e}");
 }
 
+/// The kernels a call is checked on: the CUDA-core kernel, the tensor-core kernel with its
+/// configuration, and (for one-column-group shapes) the other m-tile count the benchmark times.
+fn kernels_for(d_k: usize, d_v: usize) -> Vec<FaKernel> {
+    let mut out = vec![FaKernel::CudaCores];
+    if let Some(cfg) = fa::mma_config(d_k, d_v) {
+        out.push(FaKernel::TensorCores(cfg));
+        if cfg.col_warps == 1 {
+            out.push(FaKernel::TensorCores(MmaConfig {
+                m_tiles: 3 - cfg.m_tiles,
+                ..cfg
+            }));
+        }
+    }
+    out
+}
+
+/// Worst relative error each kernel may show against the f32 CPU reference: the CUDA-core
+/// kernel keeps Q and P in f32; the tensor-core kernel rounds Q (scaled) and P to f16 as ggml's
+/// MMA kernel does (11-bit mantissas: about 5e-4 each, summed over the softmax).
+fn tolerance(k: FaKernel) -> f32 {
+    match k {
+        FaKernel::CudaCores => 2e-3,
+        FaKernel::TensorCores(_) => 6e-3,
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn flash_attention_matches_the_cpu_reference() {
     let mut g = Gpu::new();
-    let cases: [Case; 7] = [
+    let (major, _) = g.ctx.compute_capability().unwrap();
+    let cases: &[Case] = &[
         // (n_tokens, pos0, n_head, n_head_kv, d_k, d_v, v_is_k, parallel_blocks)
         (70, 0, 4, 4, 64, 64, false, 1),
         (33, 200, 8, 2, 96, 96, false, 1),
@@ -96,6 +124,16 @@ fn flash_attention_matches_the_cpu_reference() {
         (7, 255, 4, 1, 256, 256, false, 3),
         (40, 100, 16, 1, 576, 512, true, 1),
         (3, 600, 16, 1, 576, 512, true, 5),
+        // The tensor-core kernel's edges: rows not a block multiple, tiles straddling the
+        // causal edge and the cache end, splits with no tiles, every head dimension.
+        (200, 1000, 32, 32, 96, 96, false, 1),
+        (129, 3900, 8, 2, 128, 128, false, 3),
+        (65, 63, 4, 4, 80, 80, false, 1),
+        (100, 400, 6, 3, 112, 112, false, 2),
+        (17, 40, 4, 2, 64, 64, false, 8),
+        (130, 500, 4, 2, 256, 256, false, 1),
+        (2, 1500, 16, 1, 576, 512, true, 3),
+        (20, 70, 4, 1, 576, 512, false, 1),
     ];
     for (i, &(n_tokens, pos0, n_head, n_head_kv, d_k, d_v, v_is_k, pb)) in cases.iter().enumerate()
     {
@@ -121,7 +159,11 @@ fn flash_attention_matches_the_cpu_reference() {
             scale: 1.0 / (d_k as f32).sqrt(),
             parallel_blocks: pb,
         };
-        let q = rand(i as u64 * 3 + 1, n_tokens * n_head * d_k);
+        // Q spread 4x wider than K: peaked softmaxes, so the running max matters.
+        let q: Vec<f32> = rand(i as u64 * 3 + 1, n_tokens * n_head * d_k)
+            .into_iter()
+            .map(|x| 4.0 * x)
+            .collect();
         let k: Vec<f16> = rand(i as u64 * 3 + 2, n_kv * k_row)
             .into_iter()
             .map(f16::from_f32)
@@ -144,9 +186,32 @@ fn flash_attention_matches_the_cpu_reference() {
         let dst = g.upload(&vec![f32::NAN; rows * d_v]);
         let dtmp = g.upload(&vec![f32::NAN; pb * rows * d_v]);
         let dmeta = g.upload(&vec![f32::NAN; pb * rows * 2]);
-        g.k.flash_attn(&p, qd, kd, vd, dst, dtmp, dmeta).unwrap();
-        let got: Vec<f32> = g.download(dst, rows * d_v);
-        close(&format!("fattn case {i} {p:?}"), &got, &want, 2e-3);
+        let picked = g.k.fa_kernel(&p, qd, kd, vd, dst);
+        if major >= 8 && fa::mma_config(d_k, d_v).is_some() {
+            assert!(
+                matches!(picked, FaKernel::TensorCores(_)),
+                "case {i}: {picked:?} picked on compute capability {major}"
+            );
+        }
+        for kernel in kernels_for(d_k, d_v) {
+            if major < 8 && kernel != FaKernel::CudaCores {
+                continue;
+            }
+            // Poison the output again: each kernel must write every element.
+            let nan = vec![f32::NAN; rows * d_v];
+            g.ctx.bind_to_thread().unwrap();
+            // SAFETY: dst holds rows*d_v floats; synchronous copy from a live vector.
+            unsafe { result::memcpy_htod_sync(dst, &nan).unwrap() };
+            g.k.flash_attn_with(kernel, &p, qd, kd, vd, dst, dtmp, dmeta)
+                .unwrap();
+            let got: Vec<f32> = g.download(dst, rows * d_v);
+            close(
+                &format!("fattn case {i} {kernel:?} {p:?}"),
+                &got,
+                &want,
+                tolerance(kernel),
+            );
+        }
     }
 }
 
