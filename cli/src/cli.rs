@@ -112,7 +112,7 @@ pub struct PredictArgs {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum EngineArg {
-    /// cupool's runtime: the flash-attention scratch alone.
+    /// cupool's runtime: the flash-attention scratch and the GEMM workspace.
     Cupool,
     /// ik_llama.cpp 8337e4cd: every op's requests (dense presets).
     #[value(name = "ik-llama", alias = "ik_llama")]

@@ -140,8 +140,8 @@ fn a_single_run_that_runs_out_exits_3() {
         .unwrap()
         .contains("stranded"));
     // The budget warning projected where it dies, and so does the plan.
-    assert_eq!(v["runs"][0]["oom_at_token"], 8192);
-    assert_eq!(v["runs"][0]["projected_oom_at_token"], 8192);
+    assert_eq!(v["runs"][0]["oom_at_token"], 7680);
+    assert_eq!(v["runs"][0]["projected_oom_at_token"], 7680);
     let mut plan = bin();
     plan.args([
         "plan", "--device", "sim", "--pool", "legacy", "--purge", "never", "--format", "json",
@@ -149,7 +149,7 @@ fn a_single_run_that_runs_out_exits_3() {
     let p: Value = serde_json::from_slice(&plan.output().unwrap().stdout).unwrap();
     assert_eq!(
         (&p["fits"], &p["oom_at_token"]),
-        (&Value::Bool(false), &Value::from(8192))
+        (&Value::Bool(false), &Value::from(7680))
     );
     let (v, code) = json(&["--pool", "legacy", "--purge", "auto"]);
     assert_eq!(code, 0);
@@ -700,7 +700,7 @@ fn a_comparison_says_its_budget_warnings_once() {
         .collect();
     assert_eq!(summary.len(), 1, "{err}");
     assert!(
-        summary[0].contains("5 of 6") && summary[0].contains("legacy/never dies at token 8192"),
+        summary[0].contains("5 of 6") && summary[0].contains("legacy/never dies at token 7680"),
         "{err}"
     );
     // A single run keeps its own warning, with the projection.
@@ -711,7 +711,7 @@ fn a_comparison_says_its_budget_warnings_once() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("compute budget exceeded").count(), 1, "{err}");
-    assert!(err.contains("the run dies at token 8192"), "{err}");
+    assert!(err.contains("the run dies at token 7680"), "{err}");
 }
 
 #[test]

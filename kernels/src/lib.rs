@@ -1,8 +1,9 @@
-//! The runtime's kernels: CUDA C compiled at run time with NVRTC ([`cuda`]), a CPU reference of
-//! each ([`cpu`]), and the flash-attention scratch sizes that every executor and the planner
+//! The runtime's kernels: CUDA C compiled at run time with NVRTC ([`cuda`]), GEMMs through
+//! cuBLAS ([`blas`]), a CPU reference of each ([`cpu`]), and the flash-attention scratch sizes that every executor and the planner
 //! share ([`fa`]).
 #![warn(missing_docs)]
 
+pub mod blas;
 pub mod cpu;
 pub mod cuda;
 pub mod fa;

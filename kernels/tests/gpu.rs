@@ -304,3 +304,59 @@ fn quantization_and_layer_kernels_match_the_cpu_reference() {
     let got: Vec<f16> = g.download(wd, 10_000);
     assert_eq!(got, want);
 }
+
+/// cuBLAS's f16 GEMM with f32 output against the CPU reference on the same f16-rounded input:
+/// shapes of the runtime's projections, tails that are not tile multiples, with and without
+/// accumulation, with and without a workspace (a pool buffer in the runtime; a plain
+/// allocation here).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cublas_gemm_matches_the_cpu_reference() {
+    use cupool_kernels::blas::{Gemm, WORKSPACE_BYTES};
+    let mut g = Gpu::new();
+    let Some(mut gemm) = Gemm::new(g.k.stream().clone()).unwrap() else {
+        panic!("libcublas is not on the loader path");
+    };
+    let ws = g.upload(&vec![0u8; WORKSPACE_BYTES]);
+    for (i, (m, n, k)) in [
+        (1, 64, 64),
+        (70, 200, 96),
+        (512, 3072, 3072),
+        (333, 8192, 3072),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        gemm.set_workspace(ws, if i % 2 == 0 { WORKSPACE_BYTES } else { 0 })
+            .unwrap();
+        let xs: Vec<f32> = rand(m as u64 + 3, m * k)
+            .into_iter()
+            .map(|v| f16::from_f32(v).to_f32())
+            .collect();
+        let x16: Vec<f16> = xs.iter().map(|&v| f16::from_f32(v)).collect();
+        let w: Vec<f16> = rand(n as u64 + 5, k * n)
+            .into_iter()
+            .map(|v| f16::from_f32(v / (k as f32).sqrt()))
+            .collect();
+        let y0 = rand(9, m * n);
+        for acc in [false, true] {
+            let mut want = y0.clone();
+            cpu::matmul(&xs, &w, &mut want, m, n, k, acc);
+            let (xd, wd) = (g.upload(&x16), g.upload(&w));
+            let yd = g.upload(&if acc {
+                y0.clone()
+            } else {
+                vec![f32::NAN; m * n]
+            });
+            gemm.f16_f32(xd, wd, yd, m, n, k, acc).unwrap();
+            // f32 accumulation in another order than the CPU's: rounding only.
+            close(
+                &format!("cublas {m}x{n}x{k} acc={acc}"),
+                &g.download(yd, m * n),
+                &want,
+                1e-4,
+            );
+        }
+    }
+    gemm.set_workspace(0, 0).unwrap();
+}

@@ -42,6 +42,9 @@ pub struct RunConfig {
     pub record_trace: bool,
     /// Whose pool traffic the run takes (an engine profile plans on the dry-run executor only).
     pub engine: EngineKind,
+    /// The GEMM workspace each ubatch of cupool's engine takes from the pool (cuBLAS uses it on
+    /// a GPU; every executor takes it, so plans match runs). 0: none.
+    pub gemm_workspace_bytes: usize,
 }
 
 impl RunConfig {
@@ -64,6 +67,7 @@ impl RunConfig {
             margin_bytes: 0,
             record_trace: false,
             engine: EngineKind::Cupool,
+            gemm_workspace_bytes: cupool_kernels::blas::WORKSPACE_BYTES,
         }
     }
 

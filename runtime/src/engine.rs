@@ -379,12 +379,16 @@ impl Engine {
             return self.profile_layers(u, p);
         }
         let scratch = self.scratch(ub.n_tokens, ub.n_kv);
+        let workspace = take_workspace(&self.pool, self.cfg.gemm_workspace_bytes)?;
         let model = Model {
             m: &self.cfg.model,
             kv: self.cfg.kv_type,
             b: &self.bufs,
         };
         let x = self.exec.as_mut();
+        if let Some(w) = &workspace {
+            x.set_gemm_workspace(w.ptr(), w.len())?;
+        }
         model.embed(x, ub)?;
         for layer in 0..model.m.n_layer {
             let before = self.fast_forward.then(|| self.pool.stats().calls);
@@ -399,7 +403,11 @@ impl Engine {
                 break;
             }
         }
-        x.sync()
+        x.sync()?;
+        // The GEMMs that used it have run: it goes back to the pool with the ubatch.
+        x.set_gemm_workspace(0, 0)?;
+        drop(workspace);
+        Ok(())
     }
 
     /// Applies the purge policy after a prefill ubatch; returns the bytes released.
@@ -421,7 +429,12 @@ impl Engine {
                         };
                         self.profile_keep(u, p)?
                     }
-                    None => self.scratch(next_tokens, n_kv).request_bytes(),
+                    None => {
+                        let mut keep = vec![self.cfg.gemm_workspace_bytes];
+                        keep.retain(|&b| b > 0);
+                        keep.extend(self.scratch(next_tokens, n_kv).request_bytes());
+                        keep
+                    }
                 };
                 let what = Purge::KeepFor(keep);
                 if self.pool.releasable(&what) == 0 {
@@ -465,6 +478,19 @@ fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeErro
 }
 
 /// Takes one op's requests from `pool` in the engine's order and gives them back.
+/// The ubatch's GEMM workspace (`cublas_workspace` in a trace), if it has one.
+fn take_workspace(
+    pool: &Arc<dyn Pool>,
+    bytes: usize,
+) -> Result<Option<PoolBuffer<u8>>, RuntimeError> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    Ok(Some(label::with("cublas_workspace", || {
+        PoolBuffer::alloc(pool, bytes)
+    })?))
+}
+
 fn take_call(pool: &Arc<dyn Pool>, c: &OpCall) -> Result<(), RuntimeError> {
     let mut held = Vec::with_capacity(c.held.len());
     for r in &c.held {

@@ -87,6 +87,7 @@ impl Model<'_> {
         )?;
         x.matmul(
             self.c(cl.xn),
+            self.c(cl.x_f16),
             self.w(wl.wq),
             self.c(cl.q),
             u,
@@ -97,6 +98,7 @@ impl Model<'_> {
         let mut project = |w: usize, out: usize, dim: usize, cache: usize| {
             x.matmul(
                 self.c(cl.xn),
+                self.c(cl.x_f16),
                 self.w(w),
                 self.c(out),
                 u,
@@ -163,6 +165,7 @@ impl Model<'_> {
         let (m, cl, wl, u) = (self.m, &self.b.cl, &self.b.wl, ub.n_tokens);
         x.matmul(
             self.c(cl.attn),
+            self.c(cl.x_f16),
             self.w(wl.wo),
             self.c(cl.x),
             u,
@@ -180,6 +183,7 @@ impl Model<'_> {
         )?;
         x.matmul(
             self.c(cl.xn),
+            self.c(cl.x_f16),
             self.w(wl.w1),
             self.c(cl.ff),
             u,
@@ -190,6 +194,7 @@ impl Model<'_> {
         x.silu(self.c(cl.ff), u * m.n_ff)?;
         x.matmul(
             self.c(cl.ff),
+            self.c(cl.x_f16),
             self.w(wl.w2),
             self.c(cl.x),
             u,

@@ -25,6 +25,8 @@ pub struct ComputeLayout {
     pub attn: usize,
     /// FFN activations [u][n_ff] f32.
     pub ff: usize,
+    /// A GEMM's input converted to f16 for cuBLAS [u][widest input] (ggml's `src1` in f16).
+    pub x_f16: usize,
     /// Total bytes.
     pub bytes: usize,
 }
@@ -47,6 +49,8 @@ impl ComputeLayout {
         let v_new = region(u * m.kv_dim_v());
         let attn = region(u * m.out_dim());
         let ff = region(u * m.n_ff);
+        // Halves: the floats of half the count.
+        let x_f16 = region((u * m.n_embd.max(m.out_dim()).max(m.n_ff)).div_ceil(2));
         Self {
             tokens,
             x,
@@ -56,6 +60,7 @@ impl ComputeLayout {
             v_new,
             attn,
             ff,
+            x_f16,
             bytes: at,
         }
     }

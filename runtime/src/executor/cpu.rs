@@ -161,6 +161,7 @@ impl Executor for CpuExecutor {
     fn matmul(
         &mut self,
         x: u64,
+        _x_f16: u64,
         w: u64,
         y: u64,
         m: usize,

@@ -1,9 +1,12 @@
 //! The kernels on a CUDA device, launched on the context's default stream: the stream whose
-//! pool the runtime takes scratch from.
+//! pool the runtime takes scratch from. GEMMs go through cuBLAS (input converted to f16 in the
+//! compute buffer, f32 output, the workspace the engine took from the pool); without libcublas
+//! they run on the runtime's own CUDA-core kernel, with a warning.
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
 use cudarc::driver::{result, CudaContext};
+use cupool_kernels::blas::Gemm;
 use cupool_kernels::cpu::FaParams;
 use cupool_kernels::cuda::{KernelError, Kernels};
 use cupool_kernels::KvType;
@@ -15,6 +18,7 @@ use std::sync::Arc;
 pub struct CudaExecutor {
     ctx: Arc<CudaContext>,
     k: Kernels,
+    gemm: Option<Gemm>,
 }
 
 fn dev(e: cudarc::driver::DriverError) -> RuntimeError {
@@ -25,7 +29,17 @@ impl CudaExecutor {
     /// Compiles and loads the kernels on `ctx`.
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, RuntimeError> {
         let k = Kernels::load(&ctx, ctx.default_stream())?;
-        Ok(Self { ctx, k })
+        let gemm =
+            Gemm::new(ctx.default_stream()).map_err(|e| RuntimeError::Invalid(e.to_string()))?;
+        if gemm.is_none() {
+            tracing::warn!("libcublas not found on the loader path: GEMMs run on the runtime's CUDA-core kernel (slow)");
+        }
+        Ok(Self { ctx, k, gemm })
+    }
+
+    /// Whether GEMMs go through cuBLAS.
+    pub fn uses_cublas(&self) -> bool {
+        self.gemm.is_some()
     }
 }
 
@@ -94,6 +108,7 @@ impl Executor for CudaExecutor {
     fn matmul(
         &mut self,
         x: u64,
+        x_f16: u64,
         w: u64,
         y: u64,
         m: usize,
@@ -101,7 +116,21 @@ impl Executor for CudaExecutor {
         k: usize,
         accumulate: bool,
     ) -> Result<(), RuntimeError> {
-        Ok(self.k.matmul(x, w, y, m, n, k, accumulate)?)
+        let Some(g) = &self.gemm else {
+            return Ok(self.k.matmul(x, w, y, m, n, k, accumulate)?);
+        };
+        self.k.store_f16(x, x_f16, m, k, 0)?;
+        g.f16_f32(x_f16, w, y, m, n, k, accumulate)
+            .map_err(|e| RuntimeError::Invalid(e.to_string()))
+    }
+
+    fn set_gemm_workspace(&mut self, at: u64, bytes: usize) -> Result<(), RuntimeError> {
+        match &mut self.gemm {
+            Some(g) => g
+                .set_workspace(at, bytes)
+                .map_err(|e| RuntimeError::Invalid(e.to_string())),
+            None => Ok(()),
+        }
     }
 
     fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError> {

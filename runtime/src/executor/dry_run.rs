@@ -47,6 +47,7 @@ impl Executor for DryRun {
         _: u64,
         _: u64,
         _: u64,
+        _: u64,
         _: usize,
         _: usize,
         _: usize,

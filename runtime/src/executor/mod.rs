@@ -120,11 +120,13 @@ pub trait Executor: Send {
         n: usize,
         eps: f32,
     ) -> Result<(), RuntimeError>;
-    /// `y (+)= x · w`: `x` is `m×k` f32, `w` is `k×n` f16, `y` is `m×n` f32.
+    /// `y (+)= x · w`: `x` is `m×k` f32, `w` is `k×n` f16, `y` is `m×n` f32. `x_f16` has room
+    /// for `m×k` halves, where an executor whose GEMM takes f16 inputs converts `x`.
     #[allow(clippy::too_many_arguments)]
     fn matmul(
         &mut self,
         x: u64,
+        x_f16: u64,
         w: u64,
         y: u64,
         m: usize,
@@ -132,6 +134,11 @@ pub trait Executor: Send {
         k: usize,
         accumulate: bool,
     ) -> Result<(), RuntimeError>;
+    /// The GEMM workspace for the ubatch that starts (`bytes` 0: none, as when it ends). The
+    /// engine takes it from the pool; only an executor whose GEMMs use one (cuBLAS) keeps it.
+    fn set_gemm_workspace(&mut self, _at: u64, _bytes: usize) -> Result<(), RuntimeError> {
+        Ok(())
+    }
     /// SiLU in place over `n` floats.
     fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError>;
     /// Writes `rows` f32 rows of `row_len` at `src` into the `kv`-typed cache at `cache`,

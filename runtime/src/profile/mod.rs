@@ -18,7 +18,7 @@ pub use sweep::{sweep_step, SweepStep, KV_PADDING};
 /// Whose pool traffic a run takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum EngineKind {
-    /// cupool's runtime: the flash-attention scratch alone, its own split heuristic.
+    /// cupool's runtime: the flash-attention scratch (its own split heuristic) and the GEMM workspace.
     #[default]
     Cupool,
     /// ik_llama.cpp 8337e4cd ([`ik_llama`]): every op's requests, on a device of `cc`.
