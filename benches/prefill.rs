@@ -2,8 +2,8 @@
 //! purge never/always/auto, legacy and vmm pools, in one run, interleaved so drift hits every
 //! configuration alike. Goal: `auto` within 0.5% of `never`; `always` is reported.
 //!
-//! `CUPOOL_PREFILL_LAYERS` (default 2) sets the layers per preset to keep the run short; the
-//! per-layer work and the per-ubatch boundary are those of the full model.
+//! Full depth (every layer of the preset) by default; `CUPOOL_PREFILL_LAYERS` sets fewer to keep
+//! a run short (the per-layer work and the per-ubatch boundary stay those of the full model).
 //! Prints one JSON line per configuration. Run: `cargo bench --bench prefill`.
 use cupool::pool::driver::cuda::{is_available, CudaDriver};
 use cupool::pool::{PoolConfig, PoolKind};
@@ -12,7 +12,7 @@ use cupool::runtime::{ModelShape, PurgePolicy, RunConfig, Runtime};
 use std::sync::Arc;
 
 const TOKENS: usize = 16384;
-const REPS: usize = 3;
+const REPS: usize = 5;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -31,10 +31,9 @@ fn main() {
             return;
         }
     };
-    let layers: usize = std::env::var("CUPOOL_PREFILL_LAYERS")
+    let layers: Option<usize> = std::env::var("CUPOOL_PREFILL_LAYERS")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
+        .and_then(|v| v.parse().ok());
     let mut configs = Vec::new();
     for preset in ["phi3-mini", "llama3-8b"] {
         for kind in [PoolKind::Legacy, PoolKind::Vmm] {
@@ -46,7 +45,7 @@ fn main() {
     for _ in 0..REPS {
         for (preset, kind, purge, samples) in configs.iter_mut() {
             let mut m = ModelShape::preset(preset).unwrap();
-            m.n_layer = layers;
+            m.n_layer = layers.unwrap_or(m.n_layer);
             let mut cfg = RunConfig::new(m, TOKENS);
             cfg.weights_bytes = 0;
             cfg.pool = PoolConfig::default().kind(*kind);
@@ -61,6 +60,7 @@ fn main() {
     let mut baseline = std::collections::HashMap::new();
     for (preset, kind, purge, samples) in configs.iter_mut() {
         let med = median(samples);
+        let layers = layers.unwrap_or(ModelShape::preset(preset).unwrap().n_layer);
         if *purge == PurgePolicy::Never {
             baseline.insert((*preset, *kind), med);
         }

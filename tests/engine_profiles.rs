@@ -232,7 +232,8 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
         ] {
             for (prompt, ubatch) in [(20_000, 512), (3_000, 256), (700, 512)] {
                 let mut cfg = RunConfig::new(ModelShape::preset(model).unwrap(), 20480);
-                cfg.engine = EngineKind::IkLlama { weights, cc: 900 };
+                cfg.engine = EngineKind::IkLlama { cc: 900 };
+                cfg.weight_type = weights;
                 cfg.pool = PoolConfig::default().kind(kind);
                 cfg.purge = purge;
                 cfg.n_ubatch = ubatch;

@@ -200,12 +200,13 @@ pub struct RunArgs {
     /// KV cache type.
     #[arg(long, value_enum, default_value = "q8_0")]
     pub kv_type: KvArg,
-    /// Whose pool traffic: cupool (the runtime's flash-attention scratch) or ik-llama
+    /// Whose pool traffic: cupool (the runtime's flash-attention scratch and GEMM buffers) or ik-llama
     /// (ik_llama.cpp 8337e4cd's requests op by op, as `predict` models them; dense presets; in
     /// plan, and in runs on the simulated device that compute nothing).
     #[arg(long, value_enum, default_value = "cupool")]
     pub engine: EngineArg,
-    /// The weights' type for an engine profile: f16 or q8_0.
+    /// The weights' type: f16 or q8_0 (cupool's runtime converts q8_0 to f16 for each GEMM, in
+    /// a pool buffer; an engine profile takes its engine's path).
     #[arg(long, default_value = "f16")]
     pub weight_type: String,
     /// Context length.

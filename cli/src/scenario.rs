@@ -179,7 +179,9 @@ pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
         // The preset's weight size, scaled by how the shape changed the weight layout (same
         // quantisation): 16 of 32 layers weigh about half.
         // (The layout is one layer's: the runtime shares it between layers.)
-        let all = |s: &ModelShape| WeightLayout::new(s).bytes as f64 * s.n_layer as f64;
+        let all = |s: &ModelShape| {
+            WeightLayout::new(s, Default::default()).bytes as f64 * s.n_layer as f64
+        };
         let (was, now) = (all(&preset), all(&m));
         m.weights_bytes = (m.weights_bytes as f64 * now / was.max(1.0)) as usize;
     }
@@ -222,11 +224,10 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
     c.budget = budget_mode(a.budget);
     let weights = cupool::runtime::profile::Weights::parse(&a.weight_type)
         .ok_or_else(|| format!("--weight-type {:?}: accepted are f16, q8_0", a.weight_type))?;
+    c.weight_type = weights;
     c.engine = match a.engine {
         crate::cli::EngineArg::Cupool => cupool::runtime::profile::EngineKind::Cupool,
-        crate::cli::EngineArg::IkLlama => {
-            cupool::runtime::profile::EngineKind::IkLlama { weights, cc: 900 }
-        }
+        crate::cli::EngineArg::IkLlama => cupool::runtime::profile::EngineKind::IkLlama { cc: 900 },
     };
     c.validate().map_err(|e| e.to_string())?;
     if let Some(v) = a.vram {
@@ -246,7 +247,8 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
 pub fn static_bytes(c: &RunConfig) -> (usize, usize, usize) {
     let m = &c.model;
     (
-        c.weights_bytes.max(WeightLayout::new(m).bytes),
+        c.weights_bytes
+            .max(WeightLayout::new(m, c.weight_type).bytes),
         KvLayout::new(m, c.kv_type, c.n_ctx).bytes,
         ComputeLayout::new(m, c.n_ubatch).bytes,
     )

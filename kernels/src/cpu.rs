@@ -243,3 +243,11 @@ pub fn init_weights(w: &mut [f16], seed: u32, scale: f32) {
         *o = f16::from_f32(((h & 0xffffff) as f32 / 8388608.0 - 1.0) * scale * 1.732_050_8);
     }
 }
+
+/// [`init_weights`]'s values (rounded to f16), stored as q8_0 blocks: `w` holds `n / 32` blocks.
+pub fn init_weights_q8_0(w: &mut [u8], seed: u32, scale: f32) {
+    let mut h = vec![f16::ZERO; w.len() / Q8_0_BLOCK_BYTES * QK8_0];
+    init_weights(&mut h, seed, scale);
+    let x: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+    quantize_q8_0(&x, w);
+}

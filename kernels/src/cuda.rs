@@ -147,6 +147,7 @@ pub struct Kernels {
     matmul: CudaFunction,
     silu: CudaFunction,
     init_weights: CudaFunction,
+    init_weights_q8_0: CudaFunction,
 }
 
 fn grid(n: usize, threads: u32) -> LaunchConfig {
@@ -202,6 +203,7 @@ impl Kernels {
             matmul: f("layer", "matmul")?,
             silu: f("layer", "silu")?,
             init_weights: f("layer", "init_weights")?,
+            init_weights_q8_0: f("layer", "init_weights_q8_0")?,
             stream,
         })
     }
@@ -583,6 +585,22 @@ impl Kernels {
         let mut b = self.stream.launch_builder(&self.init_weights);
         b.arg(&w).arg(&nn).arg(&seed).arg(&scale);
         // SAFETY: w holds n halves.
+        unsafe { b.launch(grid(n, 256)) }?;
+        Ok(())
+    }
+
+    /// The same weights as q8_0 blocks: `n` values (a multiple of 32) into `n / 32` blocks.
+    pub fn init_weights_q8_0(
+        &self,
+        w: u64,
+        n: usize,
+        seed: u32,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        let nn = n as i64;
+        let mut b = self.stream.launch_builder(&self.init_weights_q8_0);
+        b.arg(&w).arg(&nn).arg(&seed).arg(&scale);
+        // SAFETY: w holds n / 32 q8_0 blocks; one warp per block.
         unsafe { b.launch(grid(n, 256)) }?;
         Ok(())
     }

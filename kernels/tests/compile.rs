@@ -23,6 +23,7 @@ fn every_kernel_source_compiles_for_hopper() {
         "matmul",
         "silu",
         "init_weights",
+        "init_weights_q8_0",
     ] {
         assert!(
             all.contains(&format!(".entry {entry}(")),

@@ -3,8 +3,8 @@
 use crate::error::RuntimeError;
 use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
-use crate::profile::{EngineKind, EngineModel};
-use cupool_kernels::KvType;
+use crate::profile::{EngineKind, EngineModel, Weights};
+use cupool_kernels::{KvType, QK8_0};
 use cupool_pool::PoolConfig;
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
@@ -45,6 +45,9 @@ pub struct RunConfig {
     /// The GEMM workspace each ubatch of cupool's engine takes from the pool (cuBLAS uses it on
     /// a GPU; every executor takes it, so plans match runs). 0: none.
     pub gemm_workspace_bytes: usize,
+    /// How the weight matrices are stored (cupool's runtime converts q8_0 to f16 per GEMM;
+    /// an engine profile takes its own path for the type).
+    pub weight_type: Weights,
 }
 
 impl RunConfig {
@@ -68,6 +71,7 @@ impl RunConfig {
             record_trace: false,
             engine: EngineKind::Cupool,
             gemm_workspace_bytes: cupool_kernels::blas::WORKSPACE_BYTES,
+            weight_type: Weights::F16,
         }
     }
 
@@ -89,6 +93,21 @@ impl RunConfig {
         }
         if self.n_ubatch > self.n_batch {
             return bad(format!("ubatch {} is larger than batch {}: the physical batch must be at most the logical batch", self.n_ubatch, self.n_batch));
+        }
+        if self.weight_type == Weights::Q8_0 {
+            let m = &self.model;
+            let mut rows = vec![
+                ("n_embd", m.n_embd),
+                ("n_head * head_dim_k", m.q_dim()),
+                ("n_head_kv * head_dim_k", m.kv_dim_k()),
+                ("n_ff", m.n_ff),
+            ];
+            if !m.v_is_k {
+                rows.push(("n_head_kv * head_dim_v", m.kv_dim_v()));
+            }
+            if let Some((name, v)) = rows.into_iter().find(|&(_, v)| v % QK8_0 != 0) {
+                return bad(format!("q8_0 weights store rows in blocks of {QK8_0}: {name} is {v}; use f16 weights or a multiple of {QK8_0}"));
+            }
         }
         if self.sms == 0 {
             return bad("sms is 0: it must be at least 1".into());

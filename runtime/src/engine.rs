@@ -71,10 +71,12 @@ impl Engine {
             pool = r.clone();
         }
         let phases = Arc::new(Phases::new(pool));
+        let phased: Arc<dyn Pool> = phases.clone();
         Model {
             m: &cfg.model,
             kv: cfg.kv_type,
             b: &bufs,
+            pool: &phased,
         }
         .init(exec.as_mut())?;
         let room = PlanTarget::of(driver.as_ref())?;
@@ -84,7 +86,7 @@ impl Engine {
             decode_start: 0,
             fast_forward: false,
             budget: Budget::new(budget_bytes, bufs.cl.bytes),
-            pool: phases.clone(),
+            pool: phased,
             phases,
             cfg,
             driver,
@@ -104,6 +106,7 @@ impl Engine {
             m: &self.cfg.model,
             kv: self.cfg.kv_type,
             b: &self.bufs,
+            pool: &self.pool,
         };
         model.hidden(self.exec.as_mut(), n_tokens)
     }
@@ -313,9 +316,9 @@ impl Engine {
         let c = &self.cfg;
         match c.engine {
             EngineKind::Cupool => Ok(None),
-            EngineKind::IkLlama { weights, cc } => Ok(Some((
+            EngineKind::IkLlama { cc } => Ok(Some((
                 engine_model(&c.model)?,
-                weights,
+                c.weight_type,
                 Device { cc, nsm: c.sms },
             ))),
         }
@@ -384,6 +387,7 @@ impl Engine {
             m: &self.cfg.model,
             kv: self.cfg.kv_type,
             b: &self.bufs,
+            pool: &self.pool,
         };
         let x = self.exec.as_mut();
         if let Some(w) = &workspace {
@@ -430,8 +434,15 @@ impl Engine {
                         self.profile_keep(u, p)?
                     }
                     None => {
+                        // The workspace, one buffer of each size the GEMMs convert q8_0
+                        // weights into (one at a time), the flash-attention scratch.
                         let mut keep = vec![self.cfg.gemm_workspace_bytes];
                         keep.retain(|&b| b > 0);
+                        let mut src0 =
+                            crate::layer::src0_requests(&self.cfg.model, self.cfg.weight_type);
+                        src0.sort_unstable_by(|a, b| b.cmp(a));
+                        src0.dedup();
+                        keep.extend(src0);
                         keep.extend(self.scratch(next_tokens, n_kv).request_bytes());
                         keep
                     }

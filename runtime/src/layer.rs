@@ -5,9 +5,14 @@
 use crate::error::RuntimeError;
 use crate::executor::{DeviceBuffers, Executor, FaBuffers};
 use crate::model::ModelShape;
+use crate::profile::Weights;
 use crate::scratch::Scratch;
 use cupool_kernels::cpu::FaParams;
+use cupool_kernels::fa::KvHalf;
 use cupool_kernels::KvType;
+use cupool_pool::adaptors::label;
+use cupool_pool::{Pool, PoolBuffer};
+use std::sync::Arc;
 
 const EPS: f32 = 1e-6;
 
@@ -31,6 +36,8 @@ pub(crate) struct Model<'a> {
     pub m: &'a ModelShape,
     pub kv: KvType,
     pub b: &'a DeviceBuffers,
+    /// Where a GEMM over q8_0 weights takes its f16 copy of them.
+    pub pool: &'a Arc<dyn Pool>,
 }
 
 impl Model<'_> {
@@ -42,6 +49,34 @@ impl Model<'_> {
         self.b.weights + off as u64
     }
 
+    /// `y (+)= input · w` for the `k×n` weight matrix at offset `w`: f16 weights directly;
+    /// q8_0 weights converted to f16 first, into `src0_f16` taken from the pool for the GEMM
+    /// (ggml's cuBLAS path for a quantized `src0`).
+    #[allow(clippy::too_many_arguments)]
+    fn mm(
+        &self,
+        x: &mut dyn Executor,
+        input: u64,
+        w: usize,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        accumulate: bool,
+    ) -> Result<(), RuntimeError> {
+        let x_f16 = self.c(self.b.cl.x_f16);
+        match self.b.wl.weight_type {
+            Weights::F16 => x.matmul(input, x_f16, self.w(w), y, m, n, k, accumulate),
+            Weights::Q8_0 => {
+                let w16 =
+                    label::with("src0_f16", || PoolBuffer::<KvHalf>::alloc(self.pool, k * n))?;
+                x.dequantize_q8_0(self.w(w), w16.ptr(), k, n)?;
+                // Returned to the pool after the GEMM is queued: the pool is stream-ordered.
+                x.matmul(input, x_f16, w16.ptr(), y, m, n, k, accumulate)
+            }
+        }
+    }
+
     /// Fills the weights reproducibly and clears the KV cache (padded positions past the
     /// prompt are read, and masked, so they must not be garbage).
     pub fn init(&self, x: &mut dyn Executor) -> Result<(), RuntimeError> {
@@ -49,7 +84,13 @@ impl Model<'_> {
         x.fill_ones_f16(self.w(wl.norm1), e)?;
         x.fill_ones_f16(self.w(wl.norm2), e)?;
         let mut init = |off: usize, n: usize, seed: u32, fan_in: usize| {
-            x.init_weights(self.w(off), n, seed, 1.0 / (fan_in as f32).sqrt())
+            x.init_weights(
+                self.w(off),
+                n,
+                seed,
+                1.0 / (fan_in as f32).sqrt(),
+                wl.weight_type,
+            )
         };
         init(wl.wq, e * m.q_dim(), 11, e)?;
         init(wl.wk, e * m.kv_dim_k(), 12, e)?;
@@ -85,10 +126,10 @@ impl Model<'_> {
             m.n_embd,
             EPS,
         )?;
-        x.matmul(
+        self.mm(
+            x,
             self.c(cl.xn),
-            self.c(cl.x_f16),
-            self.w(wl.wq),
+            wl.wq,
             self.c(cl.q),
             u,
             m.q_dim(),
@@ -96,16 +137,7 @@ impl Model<'_> {
             false,
         )?;
         let mut project = |w: usize, out: usize, dim: usize, cache: usize| {
-            x.matmul(
-                self.c(cl.xn),
-                self.c(cl.x_f16),
-                self.w(w),
-                self.c(out),
-                u,
-                dim,
-                m.n_embd,
-                false,
-            )?;
+            self.mm(x, self.c(cl.xn), w, self.c(out), u, dim, m.n_embd, false)?;
             x.store_kv(
                 self.kv,
                 self.c(out),
@@ -163,10 +195,10 @@ impl Model<'_> {
     /// Output projection and residual, norm, SiLU MLP and residual.
     pub fn feed_forward(&self, x: &mut dyn Executor, ub: &Ubatch) -> Result<(), RuntimeError> {
         let (m, cl, wl, u) = (self.m, &self.b.cl, &self.b.wl, ub.n_tokens);
-        x.matmul(
+        self.mm(
+            x,
             self.c(cl.attn),
-            self.c(cl.x_f16),
-            self.w(wl.wo),
+            wl.wo,
             self.c(cl.x),
             u,
             m.n_embd,
@@ -181,10 +213,10 @@ impl Model<'_> {
             m.n_embd,
             EPS,
         )?;
-        x.matmul(
+        self.mm(
+            x,
             self.c(cl.xn),
-            self.c(cl.x_f16),
-            self.w(wl.w1),
+            wl.w1,
             self.c(cl.ff),
             u,
             m.n_ff,
@@ -192,10 +224,10 @@ impl Model<'_> {
             false,
         )?;
         x.silu(self.c(cl.ff), u * m.n_ff)?;
-        x.matmul(
+        self.mm(
+            x,
             self.c(cl.ff),
-            self.c(cl.x_f16),
-            self.w(wl.w2),
+            wl.w2,
             self.c(cl.x),
             u,
             m.n_embd,
@@ -208,6 +240,23 @@ impl Model<'_> {
     pub fn hidden(&self, x: &mut dyn Executor, n_tokens: usize) -> Result<Vec<f32>, RuntimeError> {
         x.read_f32(self.c(self.b.cl.x), n_tokens * self.m.n_embd)
     }
+}
+
+/// The `src0_f16` bytes each GEMM of a layer takes from the pool, in the order the layer runs
+/// them (none for f16 weights).
+pub(crate) fn src0_requests(m: &ModelShape, wt: Weights) -> Vec<usize> {
+    if wt == Weights::F16 {
+        return Vec::new();
+    }
+    let e = m.n_embd;
+    let mut kn = vec![e * m.q_dim(), e * m.kv_dim_k()];
+    if !m.v_is_k {
+        kn.push(e * m.kv_dim_v());
+    }
+    kn.extend([m.out_dim() * e, e * m.n_ff, m.n_ff * e]);
+    kn.into_iter()
+        .map(|n| n * std::mem::size_of::<KvHalf>())
+        .collect()
 }
 
 /// The kernel parameters of one flash-attention call.

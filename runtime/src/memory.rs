@@ -2,6 +2,7 @@
 //! KV cache for the whole context, and the compute buffer for the worst-case ubatch.
 
 use crate::model::ModelShape;
+use crate::profile::Weights;
 use cupool_kernels::KvType;
 
 const ALIGN: usize = 256;
@@ -66,7 +67,8 @@ impl ComputeLayout {
     }
 }
 
-/// Byte offsets of one layer's weights (f16) inside the weights buffer. One set serves every
+/// Byte offsets of one layer's weights inside the weights buffer: norms in f16, matrices in the
+/// run's weight type (rows of `n` outputs; q8_0 blocks run along a row). One set serves every
 /// layer: the maths is real, the weights are random, and only their size has to be resident.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WeightLayout {
@@ -86,28 +88,32 @@ pub struct WeightLayout {
     pub w1: usize,
     /// FFN down [n_ff][n_embd].
     pub w2: usize,
+    /// The matrices' type.
+    pub weight_type: Weights,
     /// Total bytes.
     pub bytes: usize,
 }
 
 impl WeightLayout {
     /// The layout of one layer's weights.
-    pub fn new(m: &ModelShape) -> Self {
+    pub fn new(m: &ModelShape, wt: Weights) -> Self {
         let mut at = 0usize;
-        let mut region = |halves: usize| {
+        let mut region = |bytes: usize| {
             let off = at;
-            at += (halves * 2).next_multiple_of(ALIGN);
+            at += bytes.next_multiple_of(ALIGN);
             off
         };
         let e = m.n_embd;
-        let norm1 = region(e);
-        let wq = region(e * m.q_dim());
-        let wk = region(e * m.kv_dim_k());
-        let wv = region(if m.v_is_k { 0 } else { e * m.kv_dim_v() });
-        let wo = region(m.out_dim() * e);
-        let norm2 = region(e);
-        let w1 = region(e * m.n_ff);
-        let w2 = region(m.n_ff * e);
+        // A k×n matrix: k rows of n.
+        let matrix = |k: usize, n: usize| k * wt.row_bytes(n);
+        let norm1 = region(e * 2);
+        let wq = region(matrix(e, m.q_dim()));
+        let wk = region(matrix(e, m.kv_dim_k()));
+        let wv = region(if m.v_is_k { 0 } else { matrix(e, m.kv_dim_v()) });
+        let wo = region(matrix(m.out_dim(), e));
+        let norm2 = region(e * 2);
+        let w1 = region(matrix(e, m.n_ff));
+        let w2 = region(matrix(m.n_ff, e));
         Self {
             norm1,
             wq,
@@ -117,6 +123,7 @@ impl WeightLayout {
             norm2,
             w1,
             w2,
+            weight_type: wt,
             bytes: at,
         }
     }

@@ -104,7 +104,7 @@ fn dry_run(
         weights: 0,
         kv: 0,
         compute: 0,
-        wl: WeightLayout::new(m),
+        wl: WeightLayout::new(m, c.weight_type),
         kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
         cl: ComputeLayout::new(m, c.n_ubatch),
     };
@@ -174,7 +174,9 @@ pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usiz
 
 fn static_bytes(cfg: &RunConfig, n_ctx: usize) -> (usize, usize, usize) {
     let m = &cfg.model;
-    let weights = cfg.weights_bytes.max(WeightLayout::new(m).bytes);
+    let weights = cfg
+        .weights_bytes
+        .max(WeightLayout::new(m, cfg.weight_type).bytes);
     (
         weights,
         KvLayout::new(m, cfg.kv_type, n_ctx).bytes,
@@ -362,7 +364,8 @@ mod fast_forward_tests {
             let mut m = ModelShape::preset(model).unwrap();
             m.n_layer = n_layer;
             let mut cfg = RunConfig::new(m, 4096);
-            cfg.engine = EngineKind::IkLlama { weights, cc: 900 };
+            cfg.engine = EngineKind::IkLlama { cc: 900 };
+            cfg.weight_type = weights;
             cfg.n_ubatch = ubatch;
             cfg.n_batch = ubatch * batch_mult;
             cfg.purge = purge;

@@ -47,7 +47,7 @@ impl Runtime {
         }
         let m = &cfg.model;
         let (wl, kvl, cl) = (
-            WeightLayout::new(m),
+            WeightLayout::new(m, cfg.weight_type),
             KvLayout::new(m, cfg.kv_type, cfg.n_ctx),
             ComputeLayout::new(m, cfg.n_ubatch),
         );

@@ -1,4 +1,7 @@
-//! A multi-ubatch prefill on the GPU equals the CPU executor on the same small model.
+//! A multi-ubatch prefill on the GPU equals the CPU executor on the same small model: f16 and
+//! q8_0 caches, f16 and q8_0 weights, V as a view of K. The GPU's GEMMs (cuBLAS) take their
+//! inputs in f16 where the CPU's keep f32, and its flash attention rounds Q and P to f16: the
+//! tolerance covers that, and the allocation traces must be equal.
 //! Needs a GPU: `cargo test -p cupool-runtime --test gpu -- --ignored`.
 use cupool_kernels::KvType;
 use cupool_pool::driver::cuda::CudaDriver;
@@ -7,6 +10,7 @@ use cupool_pool::driver::Driver;
 use cupool_pool::{PoolConfig, PoolKind};
 use cupool_runtime::executor::cpu::CpuExecutor;
 use cupool_runtime::executor::cuda::CudaExecutor;
+use cupool_runtime::profile::Weights;
 use cupool_runtime::*;
 use std::sync::Arc;
 
@@ -29,10 +33,11 @@ fn model(v_is_k: bool) -> ModelShape {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_prefill_equals_the_cpu_executor() {
     let cuda = Arc::new(CudaDriver::new(0).unwrap());
-    for (kind, kv, v_is_k) in [
-        (PoolKind::Vmm, KvType::Q8_0, false),
-        (PoolKind::Legacy, KvType::F16, false),
-        (PoolKind::Vmm, KvType::Q8_0, true),
+    for (kind, kv, v_is_k, wt) in [
+        (PoolKind::Vmm, KvType::Q8_0, false, Weights::F16),
+        (PoolKind::Legacy, KvType::F16, false, Weights::F16),
+        (PoolKind::Vmm, KvType::Q8_0, true, Weights::F16),
+        (PoolKind::Legacy, KvType::Q8_0, false, Weights::Q8_0),
     ] {
         let mut outs = Vec::new();
         let mut traces = Vec::new();
@@ -45,6 +50,7 @@ fn cuda_prefill_equals_the_cpu_executor() {
             cfg.sms = 8;
             cfg.pool = PoolConfig::default().kind(kind);
             cfg.record_trace = true;
+            cfg.weight_type = wt;
             let (driver, exec): (Arc<dyn Driver>, Box<dyn executor::Executor>) = if on_gpu {
                 (
                     cuda.clone(),
@@ -60,7 +66,7 @@ fn cuda_prefill_equals_the_cpu_executor() {
             let last = r.ubatches.last().unwrap().n_tokens;
             outs.push(rt.hidden(last).unwrap());
             traces.push(rt.recorder().unwrap().events());
-            eprintln!("{kind:?} {kv:?} v_is_k={v_is_k} gpu={on_gpu}: {} ubatches, peak reserved {} KiB, {:.3}s", r.ubatches.len(), r.peak_reserved_bytes >> 10, r.seconds);
+            eprintln!("{kind:?} {kv:?} {wt:?} v_is_k={v_is_k} gpu={on_gpu}: {} ubatches, peak reserved {} KiB, {:.3}s", r.ubatches.len(), r.peak_reserved_bytes >> 10, r.seconds);
         }
         assert_eq!(
             traces[0], traces[1],

@@ -8,6 +8,7 @@ use cupool_pool::{PoolConfig, PoolKind};
 use cupool_runtime::executor::cpu::CpuExecutor;
 use cupool_runtime::executor::dry_run::DryRun;
 use cupool_runtime::planner::{plan, PlanTarget};
+use cupool_runtime::profile::Weights;
 use cupool_runtime::*;
 use std::sync::Arc;
 
@@ -46,12 +47,17 @@ fn seed001(kind: PoolKind, purge: PurgePolicy, budget: BudgetMode, card_gib: f64
 
 #[test]
 fn dry_run_and_cpu_allocate_identically() {
-    for kind in [PoolKind::Vmm, PoolKind::Legacy] {
+    for (kind, wt) in [
+        (PoolKind::Vmm, Weights::F16),
+        (PoolKind::Legacy, Weights::F16),
+        (PoolKind::Legacy, Weights::Q8_0),
+    ] {
         for kv in [KvType::Q8_0, KvType::F16] {
             let mut traces = Vec::new();
             for cpu in [false, true] {
                 let mut cfg = small_cfg(kind);
                 cfg.kv_type = kv;
+                cfg.weight_type = wt;
                 let (driver, exec) = if cpu {
                     self::cpu()
                 } else {
@@ -65,28 +71,84 @@ fn dry_run_and_cpu_allocate_identically() {
                 assert!(r.completed);
                 traces.push(rt.recorder().unwrap().events());
             }
-            assert_eq!(traces[0], traces[1], "{kind:?} {kv:?}");
-            let allocs = traces[0]
-                .iter()
-                .filter(|e| matches!(e, TraceEvent::Alloc { .. }))
-                .count();
-            // Each allocation carries ggml's name for the buffer.
-            for e in &traces[0] {
-                if let TraceEvent::Alloc { name, .. } = e {
-                    let n = name.as_deref().unwrap_or("unnamed");
-                    assert!(
-                        ["K_f16", "V_f16", "dst_tmp", "dst_tmp_meta"].contains(&n),
-                        "{n}"
-                    );
+            assert_eq!(traces[0], traces[1], "{kind:?} {kv:?} {wt:?}");
+            // Each allocation carries ggml's name for the buffer (PyTorch's for the cuBLAS
+            // workspace); per ubatch: the workspace, then per layer one src0_f16 per GEMM
+            // (q8_0 weights: 6 in this model, the k x n halves of each weight matrix) and the
+            // flash-attention scratch.
+            let m = common::small_model();
+            let (e, ff) = (m.n_embd, m.n_ff);
+            let src0 = [e * 128, e * 64, e * 64, 128 * e, e * ff, ff * e].map(|h| h * 2);
+            let mut per_ubatch: Vec<Vec<(String, usize)>> = Vec::new();
+            for ev in &traces[0] {
+                match ev {
+                    TraceEvent::PhaseBegin { .. } => per_ubatch.push(Vec::new()),
+                    TraceEvent::Alloc { name, size, .. } => per_ubatch
+                        .last_mut()
+                        .unwrap()
+                        .push((name.clone().unwrap_or_else(|| "unnamed".into()), *size)),
+                    _ => {}
                 }
             }
-            let expected_per_call = if kv == KvType::Q8_0 { 2 } else { 0 };
-            assert!(
-                allocs >= 10 * 2 * expected_per_call,
-                "{kind:?} {kv:?}: {allocs} allocations"
-            );
+            assert_eq!(per_ubatch.len(), 10, "600 tokens in ubatches of 64");
+            for (u, allocs) in per_ubatch.iter().enumerate() {
+                assert_eq!(
+                    allocs[0],
+                    ("cublas_workspace".to_string(), cfg_workspace()),
+                    "ubatch {u}"
+                );
+                let gemms: Vec<usize> = allocs
+                    .iter()
+                    .filter(|(n, _)| n == "src0_f16")
+                    .map(|a| a.1)
+                    .collect();
+                match wt {
+                    Weights::F16 => assert!(gemms.is_empty()),
+                    Weights::Q8_0 => {
+                        assert_eq!(gemms, [src0, src0].concat(), "ubatch {u}: two layers")
+                    }
+                }
+                let fa = allocs
+                    .iter()
+                    .filter(|(n, _)| {
+                        ["K_f16", "V_f16", "dst_tmp", "dst_tmp_meta"].contains(&n.as_str())
+                    })
+                    .count();
+                assert_eq!(fa + gemms.len() + 1, allocs.len(), "ubatch {u}: {allocs:?}");
+                if kv == KvType::Q8_0 {
+                    assert!(fa >= 2 * 2, "ubatch {u}: K_f16 and V_f16 in each layer");
+                }
+            }
         }
     }
+}
+
+fn cfg_workspace() -> usize {
+    small_cfg(PoolKind::Vmm).gemm_workspace_bytes
+}
+
+#[test]
+fn q8_0_weights_stay_close_to_their_f16_originals() {
+    // The same random weights, stored as q8_0 and converted to f16 per GEMM: the hidden state
+    // moves by the quantization error only.
+    let mut outs = Vec::new();
+    for wt in [Weights::F16, Weights::Q8_0] {
+        let mut cfg = small_cfg(PoolKind::Legacy);
+        cfg.weight_type = wt;
+        cfg.purge = PurgePolicy::Auto;
+        let (driver, exec) = cpu();
+        let mut rt = Runtime::new(driver, cfg, exec).unwrap();
+        let r = rt.prefill(300).unwrap();
+        assert!(r.completed);
+        outs.push(rt.hidden(r.ubatches.last().unwrap().n_tokens).unwrap());
+    }
+    let mut worst = 0f32;
+    for (a, b) in outs[1].iter().zip(&outs[0]) {
+        assert!(a.is_finite());
+        worst = worst.max((a - b).abs() / (1.0 + b.abs()));
+    }
+    assert!(worst > 0.0, "q8_0 weights must differ from f16 somewhere");
+    assert!(worst < 3e-2, "worst relative difference {worst}");
 }
 
 #[test]

@@ -88,3 +88,25 @@ extern "C" __global__ void init_weights(unsigned short *w, long long n, unsigned
     h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
     w[i] = f2h(((float)(h & 0xffffff) / 8388608.0f - 1.0f) * scale * 1.7320508f);
 }
+
+// The same weights as init_weights (rounded to f16 first), stored as q8_0 rows: one warp per
+// 32-value block, quantized as quantize_q8_0 does. n is a multiple of 32.
+extern "C" __global__ void init_weights_q8_0(unsigned char *w, long long n, unsigned int seed, float scale) {
+    long long b = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (b >= n / QK8_0) return;
+    long long i = b * QK8_0 + lane;
+    unsigned int h = (unsigned int)i * 2654435761u ^ seed * 2246822519u;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+    float x = h2f(f2h(((float)(h & 0xffffff) / 8388608.0f - 1.0f) * scale * 1.7320508f));
+    float amax = warp_max(fabsf(x));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    unsigned char *blk = w + b * 34;
+    if (lane == 0) {
+        unsigned short dh = f2h(d);
+        blk[0] = (unsigned char)(dh & 0xff);
+        blk[1] = (unsigned char)(dh >> 8);
+    }
+    blk[2 + lane] = (unsigned char)(signed char)roundf(x * id);
+}

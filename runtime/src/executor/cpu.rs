@@ -7,6 +7,7 @@
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
+use crate::profile::Weights;
 use cupool_kernels::cpu::{self, FaParams};
 use cupool_kernels::fa::{KvHalf, Meta, Partial};
 use cupool_kernels::KvType;
@@ -118,8 +119,15 @@ impl Executor for CpuExecutor {
         n: usize,
         seed: u32,
         scale: f32,
+        wt: Weights,
     ) -> Result<(), RuntimeError> {
-        cpu::init_weights(Call::new(&self.device).output::<f16>(at, n)?, seed, scale);
+        let mut c = Call::new(&self.device);
+        match wt {
+            Weights::F16 => cpu::init_weights(c.output::<f16>(at, n)?, seed, scale),
+            Weights::Q8_0 => {
+                cpu::init_weights_q8_0(c.output::<u8>(at, wt.row_bytes(n))?, seed, scale)
+            }
+        }
         Ok(())
     }
 

@@ -5,6 +5,7 @@
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
+use crate::profile::Weights;
 use cudarc::driver::{result, CudaContext};
 use cupool_kernels::blas::Gemm;
 use cupool_kernels::cpu::FaParams;
@@ -72,8 +73,13 @@ impl Executor for CudaExecutor {
         n: usize,
         seed: u32,
         scale: f32,
+        wt: Weights,
     ) -> Result<(), RuntimeError> {
-        Ok(self.k.init_weights(at, n, seed, scale)?)
+        match wt {
+            Weights::F16 => self.k.init_weights(at, n, seed, scale)?,
+            Weights::Q8_0 => self.k.init_weights_q8_0(at, n, seed, scale)?,
+        }
+        Ok(())
     }
 
     fn upload_tokens(&mut self, at: u64, tokens: &[i32]) -> Result<(), RuntimeError> {

@@ -2,6 +2,7 @@
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
+use crate::profile::Weights;
 use cupool_kernels::cpu::FaParams;
 use cupool_kernels::KvType;
 
@@ -22,7 +23,14 @@ impl Executor for DryRun {
     fn fill_ones_f16(&mut self, _: u64, _: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn init_weights(&mut self, _: u64, _: usize, _: u32, _: f32) -> Result<(), RuntimeError> {
+    fn init_weights(
+        &mut self,
+        _: u64,
+        _: usize,
+        _: u32,
+        _: f32,
+        _: Weights,
+    ) -> Result<(), RuntimeError> {
         Ok(())
     }
     fn upload_tokens(&mut self, _: u64, _: &[i32]) -> Result<(), RuntimeError> {

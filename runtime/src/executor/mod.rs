@@ -13,6 +13,7 @@ pub mod dry_run;
 
 use crate::error::RuntimeError;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
+use crate::profile::Weights;
 use cupool_kernels::cpu::FaParams;
 use cupool_kernels::KvType;
 
@@ -92,13 +93,15 @@ pub trait Executor: Send {
     fn zero(&mut self, at: u64, bytes: usize) -> Result<(), RuntimeError>;
     /// Sets `n` halves at `at` to one (norm weights).
     fn fill_ones_f16(&mut self, at: u64, n: usize) -> Result<(), RuntimeError>;
-    /// Fills `n` halves at `at` with reproducible values of magnitude about `scale`.
+    /// Fills `n` weights of type `wt` at `at` (halves, or `n / 32` q8_0 blocks) with
+    /// reproducible values of magnitude about `scale` (q8_0: the same values, quantized).
     fn init_weights(
         &mut self,
         at: u64,
         n: usize,
         seed: u32,
         scale: f32,
+        wt: Weights,
     ) -> Result<(), RuntimeError>;
     /// Copies `tokens` from the host to `at`.
     fn upload_tokens(&mut self, at: u64, tokens: &[i32]) -> Result<(), RuntimeError>;

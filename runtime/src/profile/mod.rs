@@ -21,10 +21,9 @@ pub enum EngineKind {
     /// cupool's runtime: the flash-attention scratch (its own split heuristic) and the GEMM workspace.
     #[default]
     Cupool,
-    /// ik_llama.cpp 8337e4cd ([`ik_llama`]): every op's requests, on a device of `cc`.
+    /// ik_llama.cpp 8337e4cd ([`ik_llama`]): every op's requests, on a device of `cc`, for the
+    /// run's weight type.
     IkLlama {
-        /// The weights' type.
-        weights: Weights,
         /// Compute capability (900 for 9.0); the SM count is the run's `sms`.
         cc: u32,
     },
@@ -56,16 +55,35 @@ impl Device {
     pub const H100_SXM: Device = Device { cc: 900, nsm: 132 };
 }
 
-/// How an engine's weight matrices are stored: it decides the matrix-multiply path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How an engine's weight matrices are stored: it decides the matrix-multiply path. In cupool's
+/// runtime, q8_0 weights are converted to f16 (`src0_f16`, from the pool) before each cuBLAS
+/// GEMM, as ggml's cuBLAS path converts a quantized `src0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Weights {
     /// f16: cuBLAS, with the activations converted to f16 and an f16 result converted back.
+    #[default]
     F16,
     /// q8_0: MMQ for batches above 8 (activations quantized to q8_1, stream-k fixup), MMVQ below.
     Q8_0,
 }
 
 impl Weights {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F16 => "f16",
+            Self::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes of a row of `n` weights (`n` a multiple of 32 for q8_0).
+    pub fn row_bytes(self, n: usize) -> usize {
+        match self {
+            Self::F16 => n * 2,
+            Self::Q8_0 => cupool_kernels::KvType::Q8_0.row_bytes(n),
+        }
+    }
+
     /// `f16` or `q8_0`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {

@@ -19,7 +19,8 @@ pub fn small_model() -> ModelShape {
 }
 
 /// The small model over a 1024-token context in ubatches of 64 (batches of 128), on 4 SMs so that
-/// short ubatches still split the KV range, with a pool of `kind`.
+/// short ubatches still split the KV range, with a pool of `kind` and a GEMM workspace to the
+/// model's scale (32 KiB: cuBLAS runs with any size).
 #[allow(dead_code)] // not every test binary uses it
 pub fn small_cfg(kind: PoolKind) -> RunConfig {
     let mut c = RunConfig::new(small_model(), 1024);
@@ -27,5 +28,6 @@ pub fn small_cfg(kind: PoolKind) -> RunConfig {
     c.n_ubatch = 64;
     c.sms = 4;
     c.pool = PoolConfig::default().kind(kind);
+    c.gemm_workspace_bytes = 32 << 10;
     c
 }
