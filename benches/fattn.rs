@@ -2,13 +2,13 @@
 //! 4k and 16k, for Phi-3-mini (32 heads, D 96) and Llama-3-8B (32/8 heads, D 128). Timed with
 //! CUDA events, median of 20 launches. `scripts/sdpa_bench.py` times PyTorch's
 //! `scaled_dot_product_attention` on the same shapes. Prints one JSON line per shape and kernel:
-//! the tensor-core kernel as `flash_attn` picks it (`cupool`), its other m-tile count
-//! (`cupool-mma-mt<N>`, to keep the choice in `fa::MMA_SHAPES` honest) and the CUDA-core kernel
-//! (`cupool-simt`).
+//! the tensor-core kernel as `flash_attn` picks it (`cupool`), its other configurations
+//! (`cupool-mma-mt<M>-bk<K>`: m-tiles per warp, keys per tile; to keep the choice in
+//! `fa::MMA_SHAPES` measured) and the CUDA-core kernel (`cupool-simt`).
 use cudarc::driver::{result, sys, CudaContext};
 use cupool::kernels::cpu::FaParams;
 use cupool::kernels::cuda::{FaKernel, Kernels};
-use cupool::kernels::fa::MmaConfig;
+use cupool::kernels::fa::mma_candidates;
 use half::f16;
 
 fn main() {
@@ -68,14 +68,12 @@ fn main() {
             let picked = k.fa_kernel(&p, qd, kd, vd, od);
             let mut kernels = vec![("cupool".to_string(), picked)];
             if let FaKernel::TensorCores(cfg) = picked {
-                let other = MmaConfig {
-                    m_tiles: 3 - cfg.m_tiles,
-                    ..cfg
-                };
-                kernels.push((
-                    format!("cupool-mma-mt{}", other.m_tiles),
-                    FaKernel::TensorCores(other),
-                ));
+                for c in mma_candidates(d, d).into_iter().filter(|&c| c != cfg) {
+                    kernels.push((
+                        format!("cupool-mma-mt{}-bk{}", c.m_tiles, c.keys_per_tile),
+                        FaKernel::TensorCores(c),
+                    ));
+                }
                 kernels.push(("cupool-simt".to_string(), FaKernel::CudaCores));
             }
             for (label, kernel) in kernels {

@@ -33,10 +33,11 @@ pub fn sources() -> Vec<(&'static str, String)> {
 /// one entry point `fattn_mma_<d_k>_<d_v>` it is instantiated as.
 pub fn fa_mma_source(d_k: usize, d_v: usize, cfg: MmaConfig) -> String {
     format!(
-        "{COMMON}\n{}\nFA_MMA_ENTRY({d_k}, {d_v}, {}, {})\n",
+        "{COMMON}\n{}\nFA_MMA_ENTRY({d_k}, {d_v}, {}, {}, {})\n",
         include_str!("cuda/fattn_mma.cu"),
         cfg.m_tiles,
-        cfg.col_warps
+        cfg.col_warps,
+        cfg.keys_per_tile
     )
 }
 

@@ -147,17 +147,18 @@ pub fn shared_bytes(d_k: usize, d_v: usize) -> usize {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MmaConfig {
     /// 16-row m-tiles each warp owns: two let every K/V fragment read from shared memory feed
-    /// twice the tensor-core work, where the registers allow it.
+    /// twice the tensor-core work, but leave no registers for Q's fragments; one m-tile with
+    /// 128-key tiles measured fastest for heads up to 128 (docs/benchmarks.md §5).
     pub m_tiles: usize,
     /// Warps that split one row group's keys (of S) and dimensions (of O): wide heads do not
     /// fit one warp's registers otherwise.
     pub col_warps: usize,
+    /// Keys per K/V tile (32, 64 or 128; a multiple of 16 × `col_warps`).
+    pub keys_per_tile: usize,
 }
 
 /// Warps of a tensor-core block.
 pub const MMA_WARPS: usize = 4;
-/// Keys per tile of the tensor-core kernel.
-pub const MMA_KEYS_PER_TILE: usize = 64;
 
 /// The head shapes the tensor-core kernel is built for, with their configuration; every other
 /// shape (and devices before compute capability 8.0) runs the CUDA-core kernel.
@@ -166,16 +167,18 @@ pub const MMA_SHAPES: &[(usize, usize, MmaConfig)] = &[
         64,
         64,
         MmaConfig {
-            m_tiles: 2,
+            m_tiles: 1,
             col_warps: 1,
+            keys_per_tile: 128,
         },
     ),
     (
         80,
         80,
         MmaConfig {
-            m_tiles: 2,
+            m_tiles: 1,
             col_warps: 1,
+            keys_per_tile: 128,
         },
     ),
     (
@@ -184,6 +187,7 @@ pub const MMA_SHAPES: &[(usize, usize, MmaConfig)] = &[
         MmaConfig {
             m_tiles: 1,
             col_warps: 1,
+            keys_per_tile: 128,
         },
     ),
     (
@@ -192,6 +196,7 @@ pub const MMA_SHAPES: &[(usize, usize, MmaConfig)] = &[
         MmaConfig {
             m_tiles: 1,
             col_warps: 1,
+            keys_per_tile: 128,
         },
     ),
     (
@@ -200,6 +205,7 @@ pub const MMA_SHAPES: &[(usize, usize, MmaConfig)] = &[
         MmaConfig {
             m_tiles: 1,
             col_warps: 1,
+            keys_per_tile: 128,
         },
     ),
     (
@@ -208,6 +214,7 @@ pub const MMA_SHAPES: &[(usize, usize, MmaConfig)] = &[
         MmaConfig {
             m_tiles: 1,
             col_warps: 2,
+            keys_per_tile: 64,
         },
     ),
     (
@@ -216,6 +223,7 @@ pub const MMA_SHAPES: &[(usize, usize, MmaConfig)] = &[
         MmaConfig {
             m_tiles: 1,
             col_warps: 4,
+            keys_per_tile: 64,
         },
     ),
 ];
@@ -228,6 +236,29 @@ pub fn mma_config(d_k: usize, d_v: usize) -> Option<MmaConfig> {
         .map(|&(_, _, c)| c)
 }
 
+/// Every configuration the kernel is built and tested in for a head shape: the chosen one first,
+/// then, for shapes one warp's registers hold, the other m-tile and tile-length trade-offs (the
+/// benchmark times them all, so the choice in [`MMA_SHAPES`] stays measured).
+pub fn mma_candidates(d_k: usize, d_v: usize) -> Vec<MmaConfig> {
+    let Some(chosen) = mma_config(d_k, d_v) else {
+        return Vec::new();
+    };
+    let mut out = vec![chosen];
+    if chosen.col_warps == 1 {
+        for (m_tiles, keys_per_tile) in [(1, 128), (1, 64), (2, 64), (2, 32)] {
+            let c = MmaConfig {
+                m_tiles,
+                col_warps: 1,
+                keys_per_tile,
+            };
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
 impl MmaConfig {
     /// Rows (token, head-of-group pairs) one block covers.
     pub fn rows_per_block(&self) -> usize {
@@ -238,13 +269,14 @@ impl MmaConfig {
     /// K tile, P and the row exchange when warps split columns. Rows are padded by 8 halves.
     pub fn shared_bytes(&self, d_k: usize, d_v: usize, v_in_k: bool) -> usize {
         let rows = self.rows_per_block();
-        let mut halves = rows * (d_k + 8) + MMA_KEYS_PER_TILE * (d_k + 8);
+        let keys = self.keys_per_tile;
+        let mut halves = rows * (d_k + 8) + keys * (d_k + 8);
         if !v_in_k {
-            halves += MMA_KEYS_PER_TILE * (d_v + 8);
+            halves += keys * (d_v + 8);
         }
         let mut bytes = halves * 2;
         if self.col_warps > 1 {
-            bytes += rows * (MMA_KEYS_PER_TILE + 8) * 2 + rows * self.col_warps * 4;
+            bytes += rows * (keys + 8) * 2 + rows * self.col_warps * 4;
         }
         bytes
     }

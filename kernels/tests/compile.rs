@@ -1,7 +1,7 @@
 //! Compiles every CUDA source with NVRTC: catches kernel compile errors without a GPU.
 //! CI puts the PyPI NVRTC on the library path; without it the test says so and passes.
 use cupool_kernels::cuda::{compile, compile_fa_mma, fa_mma_entry, nvrtc_available, sources};
-use cupool_kernels::fa::{MmaConfig, MMA_SHAPES};
+use cupool_kernels::fa::{mma_candidates, MMA_SHAPES};
 
 #[test]
 fn every_kernel_source_compiles_for_hopper() {
@@ -38,15 +38,8 @@ fn every_tensor_core_flash_attention_shape_compiles() {
         eprintln!("skipped: libnvrtc not found");
         return;
     }
-    for &(d_k, d_v, cfg) in MMA_SHAPES {
-        let mut cfgs = vec![cfg];
-        if cfg.col_warps == 1 {
-            cfgs.push(MmaConfig {
-                m_tiles: 3 - cfg.m_tiles,
-                ..cfg
-            });
-        }
-        for c in cfgs {
+    for &(d_k, d_v, _) in MMA_SHAPES {
+        for c in mma_candidates(d_k, d_v) {
             for arch in ["compute_80", "compute_90"] {
                 let ptx = compile_fa_mma(arch, d_k, d_v, c).unwrap_or_else(|e| panic!("{e}"));
                 let entry = fa_mma_entry(d_k, d_v);

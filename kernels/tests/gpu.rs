@@ -4,7 +4,7 @@
 use cudarc::driver::{result, CudaContext};
 use cupool_kernels::cpu::{self, FaParams};
 use cupool_kernels::cuda::{FaKernel, Kernels};
-use cupool_kernels::fa::{self, MmaConfig};
+use cupool_kernels::fa;
 use half::f16;
 use std::sync::Arc;
 
@@ -84,19 +84,15 @@ fn close(name: &str, got: &[f32], want: &[f32], tol: f32) {
     eprintln!("{name}: worst relative error {worst:.2e}");
 }
 
-/// The kernels a call is checked on: the CUDA-core kernel, the tensor-core kernel with its
-/// configuration, and (for one-column-group shapes) the other m-tile count the benchmark times.
+/// The kernels a call is checked on: the CUDA-core kernel and the tensor-core kernel in every
+/// configuration the benchmark times.
 fn kernels_for(d_k: usize, d_v: usize) -> Vec<FaKernel> {
     let mut out = vec![FaKernel::CudaCores];
-    if let Some(cfg) = fa::mma_config(d_k, d_v) {
-        out.push(FaKernel::TensorCores(cfg));
-        if cfg.col_warps == 1 {
-            out.push(FaKernel::TensorCores(MmaConfig {
-                m_tiles: 3 - cfg.m_tiles,
-                ..cfg
-            }));
-        }
-    }
+    out.extend(
+        fa::mma_candidates(d_k, d_v)
+            .into_iter()
+            .map(FaKernel::TensorCores),
+    );
     out
 }
 

@@ -7,10 +7,10 @@
 //   Llama-3 fills 4 rows instead of 1.
 // - Q is scaled (by scale * log2 e, so the softmax runs on exp2) and converted to f16 in shared
 //   memory once, as ggml converts Q before its MMA kernel.
-// - K and V come in tiles of 64 keys through cp.async, the next K tile loading while this tile's
+// - K and V come in tiles of BK keys (64 for most shapes) through cp.async, the next K tile loading while this tile's
 //   softmax and P.V run, the next V tile while the next S = Q.K^T runs.
 // - The 4 warps of a block are RW row groups x CW column groups. With CW = 1 a warp owns MT
-//   16-row m-tiles over all 64 keys and all of D_V: P never leaves registers (the accumulator
+//   16-row m-tiles over all BK keys and all of D_V: P never leaves registers (the accumulator
 //   layout of two n-tiles is the A-fragment layout of one k-step). Wide heads (D_V 256, 512)
 //   do not fit a warp's registers that way, so with CW > 1 the warps of a row group split the
 //   keys of S and the dimensions of O, agree on the row max through shared memory, and share P
@@ -19,7 +19,6 @@
 // different 16-byte bank groups, so ldmatrix reads them without conflicts.
 
 #define FA_WARPS 4
-#define FA_BK 64
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
 
@@ -71,7 +70,7 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-template <int DK, int DV, int MT, int CW>
+template <int DK, int DV, int MT, int CW, int BK>
 __device__ __forceinline__ void
 fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k,
                const unsigned short *__restrict__ v, float *__restrict__ dst, float *__restrict__ dst_tmp,
@@ -82,21 +81,24 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
     constexpr int BQ = 16 * MT * RW;      // rows of a block
     constexpr int KS = DK + 8;            // shared row strides, in halves
     constexpr int VS = DV + 8;
-    constexpr int PS = FA_BK + 8;
-    constexpr int KEYS_W = FA_BK / CW;    // keys of S a warp computes
+    constexpr int PS = BK + 8;
+    constexpr int KEYS_W = BK / CW;    // keys of S a warp computes
     constexpr int NTS = KEYS_W / 8;       // ... in n-tiles
     constexpr int DV_W = DV / CW;         // output dimensions a warp owns
     constexpr int NTO = DV_W / 8;         // ... in n-tiles
     static_assert(DK % 16 == 0 && DV % 16 == 0 && NTS % 2 == 0 && NTO % 2 == 0, "tile shapes");
+    // One m-tile of a head up to 128 wide keeps its Q fragments in registers (32 at most):
+    // the K fragments are then the only shared-memory reads of S = Q.K^T.
+    constexpr bool Q_REG = MT == 1 && CW == 1 && DK <= 128;
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     // V is a view of K (MLA as ggml runs it): the K tile already holds V's dimensions.
     const bool v_in_k = v == k && v_row == k_row && v_head == k_head && DV <= DK;
     unsigned short *qs = (unsigned short *)fa_smem;
     unsigned short *ks = qs + BQ * KS;
-    unsigned short *vs = v_in_k ? ks : ks + FA_BK * KS;
+    unsigned short *vs = v_in_k ? ks : ks + BK * KS;
     const int vstride = v_in_k ? KS : VS;
-    unsigned short *ps = ks + FA_BK * KS + (v_in_k ? 0 : FA_BK * VS);  // P, when CW > 1
+    unsigned short *ps = ks + BK * KS + (v_in_k ? 0 : BK * VS);  // P, when CW > 1
     float *red = (float *)(ps + (CW > 1 ? BQ * PS : 0));                // [BQ][CW]
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -119,11 +121,19 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
         *(unsigned *)(qs + row * KS + 2 * c2) = h;
     }
 
+    unsigned qf[Q_REG ? DK / 16 : 1][4];
+    if constexpr (Q_REG) {
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; ++kk)
+            ldsm_x4(smem_addr(qs + (rw * 16 + lane % 16) * KS + kk * 16 + (lane / 16) * 8), qf[kk]);
+    }
+
     // The keys the block's rows can see, and this split's share of the tiles.
     const int t_min = r0 / group;
     const int t_max = (min(r0 + BQ, n_rows) - 1) / group;
     const int last_pos = min(pos0 + t_max, n_kv - 1);
-    const int n_tiles = last_pos / FA_BK + 1;
+    const int n_tiles = last_pos / BK + 1;
     const int per = (n_tiles + parallel_blocks - 1) / parallel_blocks;
     const int tile_begin = split * per, tile_end = min(n_tiles, tile_begin + per);
 
@@ -140,7 +150,7 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
     auto load_rows = [&](unsigned short *to, int stride, const unsigned short *from, long long row,
                          long long head, int dims, int kp0) {
         const int chunks = dims / 8;
-        for (int i = threadIdx.x; i < FA_BK * chunks; i += FA_WARPS * 32) {
+        for (int i = threadIdx.x; i < BK * chunks; i += FA_WARPS * 32) {
             const int r = i / chunks, ch = i % chunks, p = kp0 + r;
             const unsigned short *src = from + (long long)min(p, n_kv - 1) * row + hkv * head + ch * 8;
             cp_async16(smem_addr(to + r * stride + ch * 8), src, p < n_kv ? 16 : 0);
@@ -163,14 +173,14 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
     }
 
     if (tile_begin < tile_end) {
-        load_rows(ks, KS, k, k_row, k_head, DK, tile_begin * FA_BK);
+        load_rows(ks, KS, k, k_row, k_head, DK, tile_begin * BK);
         cp_async_commit();
-        if (!v_in_k) load_rows(vs, VS, v, v_row, v_head, DV, tile_begin * FA_BK);
+        if (!v_in_k) load_rows(vs, VS, v, v_row, v_head, DV, tile_begin * BK);
         cp_async_commit();
     }
 
     for (int tile = tile_begin; tile < tile_end; ++tile) {
-        const int kp0 = tile * FA_BK;
+        const int kp0 = tile * BK;
         // K of this tile (with V in K the previous tile's load is the only one pending).
         if (v_in_k) cp_async_wait<0>();
         else cp_async_wait<1>();
@@ -184,12 +194,18 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
             for (int n = 0; n < NTS; ++n)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.0f;
-#pragma unroll 4
+#pragma unroll(Q_REG ? DK / 16 : 4)
         for (int kk = 0; kk < DK / 16; ++kk) {
             unsigned a[MT][4];
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldsm_x4(smem_addr(qs + ((rw * MT + mt) * 16 + lane % 16) * KS + kk * 16 + (lane / 16) * 8), a[mt]);
+            for (int mt = 0; mt < MT; ++mt) {
+                if constexpr (Q_REG) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[mt][e] = qf[kk][e];
+                } else {
+                    ldsm_x4(smem_addr(qs + ((rw * MT + mt) * 16 + lane % 16) * KS + kk * 16 + (lane / 16) * 8), a[mt]);
+                }
+            }
 #pragma unroll
             for (int np = 0; np < NTS / 2; ++np) {
                 const int key = cw * KEYS_W + np * 16 + (lane / 16) * 8 + lane % 8;
@@ -205,12 +221,12 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
         // The K buffer is free once every warp has its S: start the next K tile.
         if (!v_in_k) {
             __syncthreads();
-            if (tile + 1 < tile_end) load_rows(ks, KS, k, k_row, k_head, DK, kp0 + FA_BK);
+            if (tile + 1 < tile_end) load_rows(ks, KS, k, k_row, k_head, DK, kp0 + BK);
         }
         cp_async_commit();
 
         // Causal and cache-end mask, only on tiles some row cannot fully see.
-        const bool full = kp0 + FA_BK - 1 <= pos0 + t_min && kp0 + FA_BK <= n_kv;
+        const bool full = kp0 + BK - 1 <= pos0 + t_min && kp0 + BK <= n_kv;
         if (!full) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -295,9 +311,9 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
         cp_async_wait<1>();
         __syncthreads();
 
-        // O += P . V over the tile's 64 keys, for this warp's dimensions.
+        // O += P . V over the tile's BK keys, for this warp's dimensions.
 #pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; ++kk) {
+        for (int kk = 0; kk < BK / 16; ++kk) {
             unsigned a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
@@ -326,8 +342,8 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
         __syncthreads();
         // The V buffer (or, with V in K, the K buffer) is free: start the next tile's load.
         if (tile + 1 < tile_end) {
-            if (v_in_k) load_rows(ks, KS, k, k_row, k_head, DK, kp0 + FA_BK);
-            else load_rows(vs, VS, v, v_row, v_head, DV, kp0 + FA_BK);
+            if (v_in_k) load_rows(ks, KS, k, k_row, k_head, DK, kp0 + BK);
+            else load_rows(vs, VS, v, v_row, v_head, DV, kp0 + BK);
         }
         cp_async_commit();
     }
@@ -384,14 +400,15 @@ fattn_mma_body(const float *__restrict__ q, const unsigned short *__restrict__ k
         }
 }
 
-// One entry point per head shape: fattn_mma_<DK>_<DV>. MT and CW as chosen in fa.rs.
-#define FA_MMA_ENTRY(DK, DV, MT, CW)                                                                  \
+// One entry point per head shape: fattn_mma_<DK>_<DV>. MT, CW and BK (keys per tile) as chosen
+// in fa.rs.
+#define FA_MMA_ENTRY(DK, DV, MT, CW, BK)                                                                  \
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                                        \
         fattn_mma_##DK##_##DV(const float *q, const unsigned short *k, const unsigned short *v,       \
                               float *dst, float *dst_tmp, float *dst_meta, int n_tokens, int n_head,  \
                               int n_head_kv, int n_kv, int pos0, long long k_row, long long k_head,   \
                               long long v_row, long long v_head, float scale, int parallel_blocks) {  \
-        fattn_mma_body<DK, DV, MT, CW>(q, k, v, dst, dst_tmp, dst_meta, n_tokens, n_head, n_head_kv,  \
+        fattn_mma_body<DK, DV, MT, CW, BK>(q, k, v, dst, dst_tmp, dst_meta, n_tokens, n_head, n_head_kv,  \
                                        n_kv, pos0, k_row, k_head, v_row, v_head, scale,              \
                                        parallel_blocks);                                              \
     }
