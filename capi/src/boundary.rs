@@ -21,7 +21,7 @@
 
 use crate::state::{self, StreamPool};
 use crate::status::Failure;
-use cupool_pool::{synchronize, Purge, PurgePolicy};
+use cupool_pool::{synchronize, AutoHeadroom as Headroom, Purge, PurgePolicy};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,42 +32,6 @@ const MAX_SIZES: usize = 4096;
 
 /// Boundaries so far, process-wide: they number the phases of a recording.
 static UBATCHES: AtomicU64 = AtomicU64::new(0);
-
-/// When `auto` returns memory at a boundary: while the device's free memory is below this.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Headroom {
-    /// Twice the bytes the pools of the device held at once in the ubatch just ended.
-    Ubatch,
-    /// A fixed number of bytes (0: never at a boundary, only before an out-of-memory retry).
-    Bytes(usize),
-    /// At every boundary with something to return.
-    Infinite,
-}
-
-impl Headroom {
-    /// `ubatch`, `inf`, or a number of MiB.
-    pub fn parse(v: &str) -> Option<Self> {
-        match v.trim().to_ascii_lowercase().as_str() {
-            "ubatch" => Some(Self::Ubatch),
-            "inf" => Some(Self::Infinite),
-            n => n
-                .parse::<f64>()
-                .ok()
-                .filter(|m| m.is_finite() && *m >= 0.0 && *m <= (1u64 << 40) as f64)
-                .map(|m| Self::Bytes((m * (1u64 << 20) as f64) as usize)),
-        }
-    }
-
-    /// Whether a device with `free` bytes, whose pools held `peak_live` bytes at once in the
-    /// ubatch just ended, is short.
-    fn short(self, free: usize, peak_live: usize) -> bool {
-        match self {
-            Self::Ubatch => free < peak_live.saturating_mul(2),
-            Self::Bytes(b) => free < b,
-            Self::Infinite => true,
-        }
-    }
-}
 
 /// For each request size: (blocks live now, most live at once since the last boundary).
 #[derive(Debug, Default)]
@@ -231,28 +195,6 @@ mod tests {
         u.free(50);
         assert_eq!(u.take_keep(), vec![50]);
         assert!(u.take_keep().is_empty());
-    }
-
-    #[test]
-    fn headroom_parses_and_decides_shortness() {
-        const MIB: usize = 1 << 20;
-        assert_eq!(Headroom::parse("ubatch"), Some(Headroom::Ubatch));
-        assert_eq!(Headroom::parse(" INF "), Some(Headroom::Infinite));
-        assert_eq!(Headroom::parse("0"), Some(Headroom::Bytes(0)));
-        assert_eq!(Headroom::parse("1.5"), Some(Headroom::Bytes(3 * MIB / 2)));
-        for bad in ["", "-1", "NaN", "inf MiB", "1e300", "lots"] {
-            assert_eq!(Headroom::parse(bad), None, "{bad:?}");
-        }
-        // Twice the ubatch's working set: 300 MiB held at once wants 600 MiB free.
-        assert!(Headroom::Ubatch.short(599 * MIB, 300 * MIB));
-        assert!(!Headroom::Ubatch.short(600 * MIB, 300 * MIB));
-        assert!(
-            !Headroom::Ubatch.short(0, 0),
-            "an idle ubatch is never short"
-        );
-        assert!(Headroom::Bytes(64 * MIB).short(63 * MIB, 0));
-        assert!(!Headroom::Bytes(0).short(0, 1 << 40), "0: never short");
-        assert!(Headroom::Infinite.short(usize::MAX, 0));
     }
 
     #[test]

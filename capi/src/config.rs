@@ -14,8 +14,8 @@
 //! | `CUPOOL_AUTO_HEADROOM` | when `auto` returns memory at a boundary: while the device has less free than this. `ubatch` (the default: twice what the ubatch just ended held at once), a number of MiB (0: never at boundaries, only before an out-of-memory retry), or `inf` (at every boundary with something to return) |
 //! | `CUPOOL_VMM_ROUND_LARGE` | the VMM pool rounds requests above 1 MiB up to this power of two (here 2 MiB by default, for PyTorch's traffic) |
 
-use crate::boundary::Headroom;
 use crate::status::{CupoolStatus, Failure};
+use cupool_pool::AutoHeadroom as Headroom;
 use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
 use std::collections::HashMap;
 

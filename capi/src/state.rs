@@ -34,7 +34,7 @@ pub(crate) struct Lib {
     /// `CUPOOL_PURGE`: what ubatch boundaries and out-of-memory retries may return.
     pub purge: PurgePolicy,
     /// `CUPOOL_AUTO_HEADROOM`: the free memory below which `auto` purges at a boundary.
-    pub headroom: crate::boundary::Headroom,
+    pub headroom: cupool_pool::AutoHeadroom,
     pub devices: usize,
     streams: RwLock<HashMap<(usize, u64), Arc<StreamPool>>>,
 }

@@ -235,6 +235,11 @@ pub struct RunArgs {
     /// Purge policy at prefill ubatch boundaries.
     #[arg(long, value_enum, default_value = "never")]
     pub purge: PurgeArg,
+    /// With --purge auto: return memory only while the device's free memory is below this:
+    /// `ubatch` (twice what the ubatch just ended held at once), a number of MiB, or `inf`
+    /// (at every boundary with something to return). As libcupool's CUPOOL_AUTO_HEADROOM.
+    #[arg(long, default_value = "ubatch")]
+    pub auto_headroom: String,
     /// Budget mode.
     #[arg(long, value_enum, default_value = "ggml")]
     pub budget: BudgetArg,

@@ -221,6 +221,13 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
         None => m.weights_bytes,
     };
     c.purge = purge_policy(a.purge);
+    c.auto_headroom = cupool::pool::AutoHeadroom::parse(&a.auto_headroom).ok_or_else(|| {
+        format!(
+            "--auto-headroom {:?}: accepted are {}",
+            a.auto_headroom,
+            cupool::pool::AutoHeadroom::FORMS
+        )
+    })?;
     c.budget = budget_mode(a.budget);
     let weights = cupool::runtime::profile::Weights::parse(&a.weight_type)
         .ok_or_else(|| format!("--weight-type {:?}: accepted are f16, q8_0", a.weight_type))?;

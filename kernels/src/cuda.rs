@@ -13,7 +13,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 const COMMON: &str = include_str!("cuda/common.cuh");
 
@@ -56,14 +56,27 @@ pub fn compile_fa_mma(
     compile_one(&fa_mma_entry(d_k, d_v), fa_mma_source(d_k, d_v, cfg), arch)
 }
 
+/// Compiled sources, by (architecture, source): NVRTC takes about a second for all of them,
+/// and a process that builds several runtimes (a comparison, a benchmark) needs it once.
+static PTX_CACHE: OnceLock<Mutex<HashMap<(&'static str, String), Ptx>>> = OnceLock::new();
+
 fn compile_one(name: &str, src: String, arch: &'static str) -> Result<Ptx, KernelError> {
+    let cache = PTX_CACHE.get_or_init(Default::default);
+    let key = (arch, src);
+    if let Some(p) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(p);
+    }
     let opts = CompileOptions {
         arch: Some(arch),
         options: vec!["--std=c++17".into()],
         ..Default::default()
     };
-    compile_ptx_with_opts(src, opts)
-        .map_err(|e: CompileError| KernelError::Compile(format!("{name}: {e:?}")))
+    let ptx = compile_ptx_with_opts(key.1.clone(), opts)
+        .map_err(|e: CompileError| KernelError::Compile(format!("{name}: {e:?}")))?;
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, ptx.clone());
+    }
+    Ok(ptx)
 }
 
 /// Which flash-attention kernel runs a call.

@@ -40,3 +40,73 @@ impl PurgePolicy {
         }
     }
 }
+
+/// When `auto` returns memory at a prefill boundary: only while the device's free memory is
+/// below this. Returning outgrown buffers costs a driver free each (about 100 µs for a buffer of
+/// tens of MiB on an H100), which is worth paying only when the memory is wanted; the default
+/// waits until the device is short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum AutoHeadroom {
+    /// Twice the bytes the pool held at once in the ubatch just ended.
+    #[default]
+    Ubatch,
+    /// A fixed number of bytes (0: never at a boundary).
+    Bytes(usize),
+    /// At every boundary with something to return (no laziness).
+    Infinite,
+}
+
+impl AutoHeadroom {
+    /// The forms [`AutoHeadroom::parse`] accepts.
+    pub const FORMS: &'static str = "ubatch, inf, or a number of MiB";
+
+    /// `ubatch`, `inf`, or a number of MiB.
+    pub fn parse(v: &str) -> Option<Self> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "ubatch" => Some(Self::Ubatch),
+            "inf" => Some(Self::Infinite),
+            n => n
+                .parse::<f64>()
+                .ok()
+                .filter(|m| m.is_finite() && *m >= 0.0 && *m <= (1u64 << 40) as f64)
+                .map(|m| Self::Bytes((m * (1u64 << 20) as f64) as usize)),
+        }
+    }
+
+    /// Whether a device with `free` bytes, whose pools held `peak_live` bytes at once in the
+    /// ubatch just ended, is short.
+    pub fn short(self, free: usize, peak_live: usize) -> bool {
+        match self {
+            Self::Ubatch => free < peak_live.saturating_mul(2),
+            Self::Bytes(b) => free < b,
+            Self::Infinite => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AutoHeadroom as Headroom;
+
+    #[test]
+    fn headroom_parses_and_decides_shortness() {
+        const MIB: usize = 1 << 20;
+        assert_eq!(Headroom::parse("ubatch"), Some(Headroom::Ubatch));
+        assert_eq!(Headroom::parse(" INF "), Some(Headroom::Infinite));
+        assert_eq!(Headroom::parse("0"), Some(Headroom::Bytes(0)));
+        assert_eq!(Headroom::parse("1.5"), Some(Headroom::Bytes(3 * MIB / 2)));
+        for bad in ["", "-1", "NaN", "inf MiB", "1e300", "lots"] {
+            assert_eq!(Headroom::parse(bad), None, "{bad:?}");
+        }
+        // Twice the ubatch's working set: 300 MiB held at once wants 600 MiB free.
+        assert!(Headroom::Ubatch.short(599 * MIB, 300 * MIB));
+        assert!(!Headroom::Ubatch.short(600 * MIB, 300 * MIB));
+        assert!(
+            !Headroom::Ubatch.short(0, 0),
+            "an idle ubatch is never short"
+        );
+        assert!(Headroom::Bytes(64 * MIB).short(63 * MIB, 0));
+        assert!(!Headroom::Bytes(0).short(0, 1 << 40), "0: never short");
+        assert!(Headroom::Infinite.short(usize::MAX, 0));
+    }
+}

@@ -5,7 +5,7 @@ use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
 use crate::profile::{EngineKind, EngineModel, Weights};
 use cupool_kernels::{KvType, QK8_0};
-use cupool_pool::PoolConfig;
+use cupool_pool::{AutoHeadroom, PoolConfig};
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
 /// it bounds the planner's search and every buffer the runtime sizes from the context.
@@ -34,6 +34,9 @@ pub struct RunConfig {
     pub pool: PoolConfig,
     /// Purge policy at prefill ubatch boundaries.
     pub purge: PurgePolicy,
+    /// With `auto`: return memory only while the device's free memory is below this (as
+    /// libcupool's `CUPOOL_AUTO_HEADROOM`); `Infinite` returns at every boundary.
+    pub auto_headroom: AutoHeadroom,
     /// Budget mode.
     pub budget: BudgetMode,
     /// Extra bytes reserved on top of the compute buffer in `ggml` mode (ik's `--fit-margin`).
@@ -66,6 +69,7 @@ impl RunConfig {
             seed: 42,
             pool: PoolConfig::default(),
             purge: PurgePolicy::Never,
+            auto_headroom: AutoHeadroom::Ubatch,
             budget: BudgetMode::Ggml,
             margin_bytes: 0,
             record_trace: false,

@@ -248,6 +248,11 @@ impl Engine {
         }
         let result = self.layers(&ub);
         let phase = self.phases.end_phase().unwrap_or_default();
+        // Decided before the phase closes in a recording: its keep list belongs to the phase.
+        let purge = match (&result, prefill) {
+            (Ok(()), true) => self.boundary_purge(next, phase.live_peak_bytes)?,
+            _ => None,
+        };
         if let Some(r) = &self.recorder {
             r.record_phase_end(prefill);
         }
@@ -269,10 +274,9 @@ impl Engine {
             }
         }
         self.pos = pos0 + n_tokens;
-        let purged_bytes = if prefill {
-            self.purge_boundary(next)?
-        } else {
-            0
+        let purged_bytes = match purge {
+            Some(what) => self.purge(what)?,
+            None => 0,
         };
         let seconds = t0.elapsed().as_secs_f64();
         let stats = self.pool.stats();
@@ -414,15 +418,25 @@ impl Engine {
         Ok(())
     }
 
-    /// Applies the purge policy after a prefill ubatch; returns the bytes released.
-    fn purge_boundary(
+    /// What the purge policy returns after a prefill ubatch whose pool held `live_peak` bytes
+    /// at once (`None`: nothing), recording an `auto` decision.
+    fn boundary_purge(
         &mut self,
         (next_pos, next_tokens): (usize, usize),
-    ) -> Result<usize, RuntimeError> {
-        let what = match self.cfg.purge {
-            PurgePolicy::Never => return Ok(0),
-            PurgePolicy::Always => Purge::All,
+        live_peak: usize,
+    ) -> Result<Option<Purge>, RuntimeError> {
+        match self.cfg.purge {
+            PurgePolicy::Never => Ok(None),
+            PurgePolicy::Always => Ok(Some(Purge::All)),
             PurgePolicy::Auto => {
+                // Each buffer returned is a driver free: only worth it when memory is short.
+                let free = self.driver.mem_info()?.free;
+                if !self.cfg.auto_headroom.short(free, live_peak) {
+                    if let Some(r) = &self.recorder {
+                        r.record_keep(None);
+                    }
+                    return Ok(None);
+                }
                 let n_kv = fa::n_kv(next_pos + next_tokens, self.cfg.n_ctx);
                 let keep = match self.profile()? {
                     Some(p) => {
@@ -447,13 +461,17 @@ impl Engine {
                         keep
                     }
                 };
-                let what = Purge::KeepFor(keep);
-                if self.pool.releasable(&what) == 0 {
-                    return Ok(0);
+                if let Some(r) = &self.recorder {
+                    r.record_keep(Some(keep.clone()));
                 }
-                what
+                let what = Purge::KeepFor(keep);
+                Ok((self.pool.releasable(&what) > 0).then_some(what))
             }
-        };
+        }
+    }
+
+    /// Synchronizes and returns `what`; the bytes released.
+    fn purge(&mut self, what: Purge) -> Result<usize, RuntimeError> {
         let token = synchronize(self.driver.as_ref())?;
         if let Some(r) = &self.recorder {
             r.record_sync();

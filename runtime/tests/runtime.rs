@@ -4,7 +4,7 @@ use cupool_kernels::KvType;
 use cupool_pool::adaptors::TraceEvent;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
-use cupool_pool::{PoolConfig, PoolKind};
+use cupool_pool::{AutoHeadroom, PoolConfig, PoolKind};
 use cupool_runtime::executor::cpu::CpuExecutor;
 use cupool_runtime::executor::dry_run::DryRun;
 use cupool_runtime::planner::{plan, PlanTarget};
@@ -36,7 +36,18 @@ fn cpu() -> (Arc<dyn Driver>, Box<dyn executor::Executor>) {
 }
 
 fn seed001(kind: PoolKind, purge: PurgePolicy, budget: BudgetMode, card_gib: f64) -> RunReport {
+    seed001_with(kind, purge, budget, card_gib, AutoHeadroom::Ubatch)
+}
+
+fn seed001_with(
+    kind: PoolKind,
+    purge: PurgePolicy,
+    budget: BudgetMode,
+    card_gib: f64,
+    headroom: AutoHeadroom,
+) -> RunReport {
     let mut cfg = RunConfig::new(ModelShape::preset("phi3-mini").unwrap(), 20480);
+    cfg.auto_headroom = headroom;
     cfg.weights_bytes = 7_640_000_000; // Phi-3-mini in f16
     cfg.pool = PoolConfig::default().kind(kind);
     cfg.purge = purge;
@@ -200,6 +211,14 @@ fn seed_001_legacy_dies_and_every_fix_completes() {
         12.0,
     );
     let auto = seed001(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml, 12.0);
+    // Returning at every boundary, not only when the card is short: the least auto holds.
+    let eager = seed001_with(
+        PoolKind::Legacy,
+        PurgePolicy::Auto,
+        BudgetMode::Ggml,
+        12.0,
+        AutoHeadroom::Infinite,
+    );
     let vmm = seed001(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Ggml, 12.0);
     let managed = seed001(
         PoolKind::Managed,
@@ -211,6 +230,7 @@ fn seed_001_legacy_dies_and_every_fix_completes() {
     for (name, r) in [
         ("always", &always),
         ("auto", &auto),
+        ("eager auto", &eager),
         ("vmm", &vmm),
         ("managed", &managed),
         ("planned", &planned),
@@ -227,11 +247,26 @@ fn seed_001_legacy_dies_and_every_fix_completes() {
     );
 
     // Footprint: purging keeps the reserve near the live peak.
-    for (name, r) in [("always", &always), ("auto", &auto), ("vmm", &vmm)] {
+    for (name, r) in [("always", &always), ("eager auto", &eager), ("vmm", &vmm)] {
         let ratio = r.peak_reserved_bytes as f64 / r.peak_live_bytes as f64;
         assert!(ratio <= 1.07, "{name}: reserved/live {ratio}");
     }
-    assert!(auto.peak_reserved_bytes <= always.peak_reserved_bytes);
+    assert!(eager.peak_reserved_bytes <= always.peak_reserved_bytes);
+    // The default auto returns only once the card is short: later than returning at every
+    // boundary (it holds more meanwhile), and on a card with room to spare, never.
+    assert!(auto.driver_frees <= eager.driver_frees);
+    assert!(auto.peak_reserved_bytes > eager.peak_reserved_bytes);
+    let roomy = seed001(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml, 24.0);
+    let roomy_eager = seed001_with(
+        PoolKind::Legacy,
+        PurgePolicy::Auto,
+        BudgetMode::Ggml,
+        24.0,
+        AutoHeadroom::Infinite,
+    );
+    assert!(roomy.completed && roomy_eager.completed);
+    assert_eq!(roomy.driver_frees, 0, "24 GiB is never short");
+    assert!(roomy_eager.driver_frees > 0);
     // Driver calls: auto stays near never (measured on a card where never completes).
     let never_big = seed001(PoolKind::Legacy, PurgePolicy::Never, BudgetMode::Ggml, 24.0);
     assert!(never_big.completed);
@@ -239,13 +274,15 @@ fn seed_001_legacy_dies_and_every_fix_completes() {
         never_big.peak_reserved_bytes > 10 * never_big.peak_live_bytes,
         "the legacy pool strands its outgrown buffers"
     );
-    assert!(
-        auto.driver_mallocs as f64 <= never_big.driver_mallocs as f64 * 1.10,
-        "auto {} vs never {}",
-        auto.driver_mallocs,
-        never_big.driver_mallocs
-    );
-    assert!(always.driver_mallocs > auto.driver_mallocs);
+    for r in [&auto, &eager] {
+        assert!(
+            r.driver_mallocs as f64 <= never_big.driver_mallocs as f64 * 1.10,
+            "auto {} vs never {}",
+            r.driver_mallocs,
+            never_big.driver_mallocs
+        );
+        assert!(always.driver_mallocs > r.driver_mallocs);
+    }
 }
 
 #[test]

@@ -162,6 +162,16 @@ impl Recorder {
         self.log.lock().events.push(TraceEvent::Sync);
     }
 
+    /// Records what an `auto` purge at the end of the open phase keeps cached buffers for
+    /// (`None`: everything stays), so a replay purges as the run did.
+    pub fn record_keep(&self, sizes: Option<Vec<usize>>) {
+        let stream = self.stream;
+        self.log
+            .lock()
+            .events
+            .push(TraceEvent::Keep { stream, sizes });
+    }
+
     /// Records that a phase named `name` opened.
     pub fn record_phase_begin(&self, name: &str) {
         let mut log = self.log.lock();
