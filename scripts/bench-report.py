@@ -199,9 +199,8 @@ w("A Phi-3-mini-shaped model (32 layers, 3072 wide, 32 heads of 96, FFN 8192), a
   "of 512, f16 KV cache. cupool: `repro-prefill --device cuda --pool vmm --kv-type f16 --weight-type W --prompt 20000 "
   "--ctx 20480` (3 runs each, the runtime's own prefill time). HF: `scripts/hf_prefill.py` (transformers with SDPA "
   "and a StaticCache, f16 weights, chunks of 512, logits of each chunk's last token only; 3 timed runs after a "
-  "warm-up). Both models are random; the runtime's layer has no RoPE and an ungated FFN (one 3072×8192 up "
-  "matrix where Phi-3 has a gate and up pair), so it does 78% of Phi-3's GEMM work per token; attention work is "
-  "the same. Goal: ≥ 0.7× HF's tokens/s.\n")
+  "warm-up). Both models are random, with the same matrices per layer (Q, K, V, output; SwiGLU gate, up, "
+  "down) and the same attention work; the runtime's layer has no RoPE. Goal: ≥ 0.7× HF's tokens/s.\n")
 w("| implementation | weights | runs (s) | median tokens/s | vs HF |")
 w("|---|---|---|---|---|")
 hf_tps = hf["tokens_per_s"] if hf else None

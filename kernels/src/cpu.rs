@@ -224,10 +224,10 @@ pub fn matmul(x: &[f32], w: &[f16], y: &mut [f32], m: usize, n: usize, k: usize,
     }
 }
 
-/// x = silu(x).
-pub fn silu(x: &mut [f32]) {
-    for v in x {
-        *v /= 1.0 + (-*v).exp();
+/// SwiGLU in place: up = silu(gate) · up.
+pub fn swiglu(up: &mut [f32], gate: &[f32]) {
+    for (u, &g) in up.iter_mut().zip(gate) {
+        *u *= g / (1.0 + (-g).exp());
     }
 }
 

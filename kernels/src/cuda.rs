@@ -159,7 +159,7 @@ pub struct Kernels {
     embed: CudaFunction,
     rms_norm: CudaFunction,
     matmul: CudaFunction,
-    silu: CudaFunction,
+    swiglu: CudaFunction,
     init_weights: CudaFunction,
     init_weights_q8_0: CudaFunction,
 }
@@ -215,7 +215,7 @@ impl Kernels {
             embed: f("layer", "embed")?,
             rms_norm: f("layer", "rms_norm")?,
             matmul: f("layer", "matmul")?,
-            silu: f("layer", "silu")?,
+            swiglu: f("layer", "swiglu")?,
             init_weights: f("layer", "init_weights")?,
             init_weights_q8_0: f("layer", "init_weights_q8_0")?,
             stream,
@@ -583,12 +583,12 @@ impl Kernels {
         Ok(())
     }
 
-    /// x = silu(x) over `n` floats.
-    pub fn silu(&self, x: u64, n: usize) -> Result<(), KernelError> {
+    /// up = silu(gate) · up over `n` floats.
+    pub fn swiglu(&self, up: u64, gate: u64, n: usize) -> Result<(), KernelError> {
         let nn = n as i64;
-        let mut b = self.stream.launch_builder(&self.silu);
-        b.arg(&x).arg(&nn);
-        // SAFETY: x holds n floats.
+        let mut b = self.stream.launch_builder(&self.swiglu);
+        b.arg(&up).arg(&gate).arg(&nn);
+        // SAFETY: up and gate hold n floats each.
         unsafe { b.launch(grid(n, 256)) }?;
         Ok(())
     }

@@ -21,7 +21,7 @@ fn every_kernel_source_compiles_for_hopper() {
         "embed",
         "rms_norm",
         "matmul",
-        "silu",
+        "swiglu",
         "init_weights",
         "init_weights_q8_0",
     ] {

@@ -268,7 +268,7 @@ fn quantization_and_layer_kernels_match_the_cpu_reference() {
         }
     }
 
-    // rms_norm, silu, embed, init_weights.
+    // rms_norm, swiglu, embed, init_weights.
     let (r, n) = (9, 3072);
     let x = rand(5, r * n);
     let w: Vec<f16> = rand(6, n).into_iter().map(f16::from_f32).collect();
@@ -278,10 +278,12 @@ fn quantization_and_layer_kernels_match_the_cpu_reference() {
     g.k.rms_norm(xd, wd, yd, r, n, 1e-6).unwrap();
     close("rms_norm", &g.download(yd, r * n), &want, 1e-5);
 
+    let gate = rand(8, r * n);
     let mut want = x.clone();
-    cpu::silu(&mut want);
-    g.k.silu(xd, r * n).unwrap();
-    close("silu", &g.download(xd, r * n), &want, 1e-5);
+    cpu::swiglu(&mut want, &gate);
+    let gd = g.upload(&gate);
+    g.k.swiglu(xd, gd, r * n).unwrap();
+    close("swiglu", &g.download(xd, r * n), &want, 1e-5);
 
     let tokens: Vec<i32> = vec![0, 1, 31999, 12345];
     let mut want = vec![0f32; tokens.len() * 64];

@@ -1,6 +1,6 @@
 //! The model, written once over the executor's kernels: weight initialisation, the embedding,
 //! and each layer's attention block (norm, Q/K/V, cache write, flash attention over the pool's
-//! scratch) and feed-forward block (output projection, norm, SiLU MLP, residuals).
+//! scratch) and feed-forward block (output projection, norm, SwiGLU MLP, residuals).
 
 use crate::error::RuntimeError;
 use crate::executor::{DeviceBuffers, Executor, FaBuffers};
@@ -99,6 +99,7 @@ impl Model<'_> {
         }
         init(wl.wo, m.out_dim() * e, 14, m.out_dim())?;
         init(wl.w1, e * m.n_ff, 15, e)?;
+        init(wl.w3, e * m.n_ff, 17, e)?;
         init(wl.w2, m.n_ff * e, 16, m.n_ff)?;
         x.zero(self.b.kv, self.b.kvl.bytes)
     }
@@ -223,7 +224,17 @@ impl Model<'_> {
             m.n_embd,
             false,
         )?;
-        x.silu(self.c(cl.ff), u * m.n_ff)?;
+        self.mm(
+            x,
+            self.c(cl.xn),
+            wl.w3,
+            self.c(cl.gate),
+            u,
+            m.n_ff,
+            m.n_embd,
+            false,
+        )?;
+        x.swiglu(self.c(cl.ff), self.c(cl.gate), u * m.n_ff)?;
         self.mm(
             x,
             self.c(cl.ff),
@@ -253,7 +264,7 @@ pub(crate) fn src0_requests(m: &ModelShape, wt: Weights) -> Vec<usize> {
     if !m.v_is_k {
         kn.push(e * m.kv_dim_v());
     }
-    kn.extend([m.out_dim() * e, e * m.n_ff, m.n_ff * e]);
+    kn.extend([m.out_dim() * e, e * m.n_ff, e * m.n_ff, m.n_ff * e]);
     kn.into_iter()
         .map(|n| n * std::mem::size_of::<KvHalf>())
         .collect()

@@ -24,8 +24,10 @@ pub struct ComputeLayout {
     pub v_new: usize,
     /// Attention output [u][n_head][D_V] f32.
     pub attn: usize,
-    /// FFN activations [u][n_ff] f32.
+    /// FFN activations (up, then SwiGLU's product) [u][n_ff] f32.
     pub ff: usize,
+    /// FFN gate activations [u][n_ff] f32.
+    pub gate: usize,
     /// A GEMM's input converted to f16 for cuBLAS [u][widest input] (ggml's `src1` in f16).
     pub x_f16: usize,
     /// Total bytes.
@@ -50,6 +52,7 @@ impl ComputeLayout {
         let v_new = region(u * m.kv_dim_v());
         let attn = region(u * m.out_dim());
         let ff = region(u * m.n_ff);
+        let gate = region(u * m.n_ff);
         // Halves: the floats of half the count.
         let x_f16 = region((u * m.n_embd.max(m.out_dim()).max(m.n_ff)).div_ceil(2));
         Self {
@@ -61,6 +64,7 @@ impl ComputeLayout {
             v_new,
             attn,
             ff,
+            gate,
             x_f16,
             bytes: at,
         }
@@ -88,6 +92,8 @@ pub struct WeightLayout {
     pub w1: usize,
     /// FFN down [n_ff][n_embd].
     pub w2: usize,
+    /// FFN gate [n_embd][n_ff] (SwiGLU: down(silu(x·gate) · x·up)).
+    pub w3: usize,
     /// The matrices' type.
     pub weight_type: Weights,
     /// Total bytes.
@@ -114,6 +120,7 @@ impl WeightLayout {
         let norm2 = region(e * 2);
         let w1 = region(matrix(e, m.n_ff));
         let w2 = region(matrix(m.n_ff, e));
+        let w3 = region(matrix(e, m.n_ff));
         Self {
             norm1,
             wq,
@@ -123,6 +130,7 @@ impl WeightLayout {
             norm2,
             w1,
             w2,
+            w3,
             weight_type: wt,
             bytes: at,
         }

@@ -85,11 +85,11 @@ fn dry_run_and_cpu_allocate_identically() {
             assert_eq!(traces[0], traces[1], "{kind:?} {kv:?} {wt:?}");
             // Each allocation carries ggml's name for the buffer (PyTorch's for the cuBLAS
             // workspace); per ubatch: the workspace, then per layer one src0_f16 per GEMM
-            // (q8_0 weights: 6 in this model, the k x n halves of each weight matrix) and the
+            // (q8_0 weights: 7 in this model, the k x n halves of each weight matrix) and the
             // flash-attention scratch.
             let m = common::small_model();
             let (e, ff) = (m.n_embd, m.n_ff);
-            let src0 = [e * 128, e * 64, e * 64, 128 * e, e * ff, ff * e].map(|h| h * 2);
+            let src0 = [e * 128, e * 64, e * 64, 128 * e, e * ff, e * ff, ff * e].map(|h| h * 2);
             let mut per_ubatch: Vec<Vec<(String, usize)>> = Vec::new();
             for ev in &traces[0] {
                 match ev {

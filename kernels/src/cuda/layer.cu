@@ -74,10 +74,10 @@ matmul(const float *x, const unsigned short *w, float *y, int M, int N, int K, i
     }
 }
 
-// In place: x = silu(x).
-extern "C" __global__ void silu(float *x, long long n) {
+// SwiGLU in place: up = silu(gate) * up.
+extern "C" __global__ void swiglu(float *up, const float *gate, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = x[i] / (1.0f + __expf(-x[i]));
+    if (i < n) up[i] *= gate[i] / (1.0f + __expf(-gate[i]));
 }
 
 // Fills f16 weights with a deterministic pseudo-random pattern of standard deviation `scale`.

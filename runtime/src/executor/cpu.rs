@@ -183,8 +183,10 @@ impl Executor for CpuExecutor {
         Ok(())
     }
 
-    fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError> {
-        cpu::silu(Call::new(&self.device).output::<f32>(x, n)?);
+    fn swiglu(&mut self, up: u64, gate: u64, n: usize) -> Result<(), RuntimeError> {
+        let mut c = Call::new(&self.device);
+        let gate = c.input::<f32>(gate, n)?;
+        cpu::swiglu(c.output::<f32>(up, n)?, gate);
         Ok(())
     }
 

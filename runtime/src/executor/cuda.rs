@@ -139,8 +139,8 @@ impl Executor for CudaExecutor {
         }
     }
 
-    fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError> {
-        Ok(self.k.silu(x, n)?)
+    fn swiglu(&mut self, up: u64, gate: u64, n: usize) -> Result<(), RuntimeError> {
+        Ok(self.k.swiglu(up, gate, n)?)
     }
 
     fn store_kv(

@@ -63,7 +63,7 @@ impl Executor for DryRun {
     ) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn silu(&mut self, _: u64, _: usize) -> Result<(), RuntimeError> {
+    fn swiglu(&mut self, _: u64, _: u64, _: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
     fn store_kv(

@@ -142,8 +142,8 @@ pub trait Executor: Send {
     fn set_gemm_workspace(&mut self, _at: u64, _bytes: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
-    /// SiLU in place over `n` floats.
-    fn silu(&mut self, x: u64, n: usize) -> Result<(), RuntimeError>;
+    /// SwiGLU in place over `n` floats: `up = silu(gate) · up`.
+    fn swiglu(&mut self, up: u64, gate: u64, n: usize) -> Result<(), RuntimeError>;
     /// Writes `rows` f32 rows of `row_len` at `src` into the `kv`-typed cache at `cache`,
     /// starting at row `pos0`.
     #[allow(clippy::too_many_arguments)]
