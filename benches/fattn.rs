@@ -5,19 +5,17 @@
 //! the tensor-core kernel as `flash_attn` picks it (`cupool`), its other configurations
 //! (`cupool-mma-mt<M>-bk<K>`: m-tiles per warp, keys per tile; to keep the choice in
 //! `fa::MMA_SHAPES` measured) and the CUDA-core kernel (`cupool-simt`).
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::result;
 use cupool::kernels::cpu::FaParams;
 use cupool::kernels::cuda::{FaKernel, Kernels};
 use cupool::kernels::fa::mma_candidates;
 use half::f16;
 
+#[path = "common/gpu_timing.rs"]
+mod gpu_timing;
+
 fn main() {
-    if !cupool::pool::driver::cuda::is_available() {
-        println!("fattn bench skipped: it needs a CUDA GPU");
-        return;
-    }
-    let Ok(ctx) = CudaContext::new(0) else {
-        println!("fattn bench skipped: no CUDA device");
+    let Some(ctx) = gpu_timing::device("fattn") else {
         return;
     };
     let k = Kernels::load(&ctx, ctx.default_stream()).unwrap();
@@ -78,25 +76,7 @@ fn main() {
             }
             for (label, kernel) in kernels {
                 let run = || k.flash_attn_with(kernel, &p, qd, kd, vd, od, 0, 0).unwrap();
-                for _ in 0..3 {
-                    run();
-                }
-                let mut ms = Vec::new();
-                for _ in 0..20 {
-                    let start = ctx
-                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                        .unwrap();
-                    let end = ctx
-                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                        .unwrap();
-                    start.record(&stream).unwrap();
-                    run();
-                    end.record(&stream).unwrap();
-                    end.synchronize().unwrap();
-                    ms.push(start.elapsed_ms(&end).unwrap() as f64);
-                }
-                ms.sort_by(|a, b| a.total_cmp(b));
-                let med = ms[ms.len() / 2];
+                let med = gpu_timing::median_ms(&ctx, &stream, &run);
                 // Causal: query t sees pos0 + t + 1 keys; QK and PV are 2 flops per multiply-add each.
                 let pairs: f64 =
                     (0..n_tokens).map(|t| (p.pos0 + t + 1) as f64).sum::<f64>() * n_head as f64;

@@ -7,20 +7,18 @@
 //!
 //! `scripts/gemm_bench.py` times PyTorch's f16 `matmul` on the same shapes. One JSON line per
 //! shape and implementation.
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::result;
 use cupool::kernels::blas::{Gemm, WORKSPACE_BYTES};
 use cupool::kernels::cuda::Kernels;
 
 /// One timed call.
 type Call<'a> = Box<dyn Fn() + 'a>;
 
+#[path = "common/gpu_timing.rs"]
+mod gpu_timing;
+
 fn main() {
-    if !cupool::pool::driver::cuda::is_available() {
-        println!("gemm bench skipped: it needs a CUDA GPU");
-        return;
-    }
-    let Ok(ctx) = CudaContext::new(0) else {
-        println!("gemm bench skipped: no CUDA device");
+    let Some(ctx) = gpu_timing::device("gemm") else {
         return;
     };
     let k = Kernels::load(&ctx, ctx.default_stream()).unwrap();
@@ -57,27 +55,6 @@ fn main() {
         let y = alloc(m * n * 4);
         k.init_weights(w, kk * n, 1, 0.02).unwrap();
         k.init_weights_q8_0(wq, kk * n, 1, 0.02).unwrap();
-        let time = |f: &dyn Fn()| {
-            for _ in 0..3 {
-                f();
-            }
-            let mut ms = Vec::new();
-            for _ in 0..20 {
-                let s = ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                let e = ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .unwrap();
-                s.record(&stream).unwrap();
-                f();
-                e.record(&stream).unwrap();
-                e.synchronize().unwrap();
-                ms.push(s.elapsed_ms(&e).unwrap() as f64);
-            }
-            ms.sort_by(|a, b| a.total_cmp(b));
-            ms[ms.len() / 2]
-        };
         let runs: [(&str, Call); 3] = [
             (
                 "cupool",
@@ -100,7 +77,7 @@ fn main() {
             ),
         ];
         for (label, f) in runs.iter() {
-            let ms = time(f.as_ref());
+            let ms = gpu_timing::median_ms(&ctx, &stream, f.as_ref());
             let tflops = 2.0 * (m * n * kk) as f64 / (ms * 1e-3) / 1e12;
             println!("{{\"suite\":\"gemm\",\"impl\":\"{label}\",\"model\":\"{model}\",\"matrix\":\"{name}\",\"m\":{m},\"n\":{n},\"k\":{kk},\"ms\":{ms:.4},\"tflops\":{tflops:.1}}}");
         }

@@ -5,6 +5,8 @@ runtime's path does (f32 in, f32 out)."""
 import json
 import torch
 
+from cuda_timing import median_ms
+
 m = 512
 for model, name, n, k in [("phi3-mini", "q/k/v/o", 3072, 3072), ("phi3-mini", "up", 8192, 3072),
                           ("phi3-mini", "down", 3072, 8192), ("llama3-8b", "q/o", 4096, 4096),
@@ -14,18 +16,7 @@ for model, name, n, k in [("phi3-mini", "q/k/v/o", 3072, 3072), ("phi3-mini", "u
     x16 = x.half()
     w = (torch.randn(k, n, device="cuda") * 0.02).half()
     for label, run in [("torch-f16", lambda: x16 @ w), ("torch-f32-in-out", lambda: (x.half() @ w).float())]:
-        for _ in range(3):
-            run()
-        times = []
-        for _ in range(20):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            run()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        times.sort()
-        ms = times[len(times) // 2]
+        ms = median_ms(run)
         print(json.dumps({"suite": "gemm", "impl": label, "torch": torch.__version__, "model": model,
                           "matrix": name, "m": m, "n": n, "k": k, "ms": round(ms, 4),
                           "tflops": round(2 * m * n * k / (ms * 1e-3) / 1e12, 1)}))

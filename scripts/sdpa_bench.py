@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from cuda_timing import median_ms
+
 for name, n_head, n_head_kv, d in [("phi3-mini", 32, 32, 96), ("llama3-8b", 32, 8, 128)]:
     for n_kv in [4096, 16384]:
         n_tokens = 512
@@ -14,18 +16,7 @@ for name, n_head, n_head_kv, d in [("phi3-mini", 32, 32, 96), ("llama3-8b", 32, 
         mask = causal_lower_right(n_tokens, n_kv)
         gqa = n_head != n_head_kv
         run = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        for _ in range(3):
-            run()
-        times = []
-        for _ in range(20):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            run()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        times.sort()
-        ms = times[len(times) // 2]
+        ms = median_ms(run)
         pos0 = n_kv - n_tokens
         pairs = sum(pos0 + t + 1 for t in range(n_tokens)) * n_head
         tflops = pairs * 2 * (2 * d) / (ms * 1e-3) / 1e12

@@ -403,23 +403,36 @@ impl Kernels {
             p.pos0,
         ]
         .map(|v| v as i32);
+        let ptrs = [q, k, v, dst, dst_tmp, dst_meta];
+        self.launch_fa(&self.fattn, cfg, &ptrs, &ints, p)
+    }
+
+    /// Launches a flash-attention entry point with its arguments in the order both kernels take
+    /// them: the six buffers, the kernel's integer shape arguments, the K/V strides, the scale
+    /// and the split count.
+    fn launch_fa(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        ptrs: &[u64; 6],
+        ints: &[i32],
+        p: &FaParams,
+    ) -> Result<(), KernelError> {
         let strides = [p.k_row, p.k_head, p.v_row, p.v_head].map(|v| v as i64);
         let pb = p.parallel_blocks as i32;
-        let mut b = self.stream.launch_builder(&self.fattn);
-        b.arg(&q)
-            .arg(&k)
-            .arg(&v)
-            .arg(&dst)
-            .arg(&dst_tmp)
-            .arg(&dst_meta);
-        for i in &ints {
+        let mut b = self.stream.launch_builder(f);
+        for ptr in ptrs {
+            b.arg(ptr);
+        }
+        for i in ints {
             b.arg(i);
         }
         for s in &strides {
             b.arg(s);
         }
         b.arg(&p.scale).arg(&pb);
-        // SAFETY: buffers sized by `fa::scratch` and the caller's q/dst for these parameters.
+        // SAFETY: q, k, v, dst and the split buffers are sized for these parameters by the caller
+        // and `fa::scratch`; the tensor-core kernel's alignment is checked by `fa_kernel`.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -491,26 +504,7 @@ impl Kernels {
             shared_mem_bytes: shared as u32,
         };
         let ints = [p.n_tokens, p.n_head, p.n_head_kv, p.n_kv, p.pos0].map(|v| v as i32);
-        let strides = [p.k_row, p.k_head, p.v_row, p.v_head].map(|v| v as i64);
-        let pb = p.parallel_blocks as i32;
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&q)
-            .arg(&k)
-            .arg(&v)
-            .arg(&dst)
-            .arg(&dst_tmp)
-            .arg(&dst_meta);
-        for i in &ints {
-            b.arg(i);
-        }
-        for s in &strides {
-            b.arg(s);
-        }
-        b.arg(&p.scale).arg(&pb);
-        // SAFETY: as for the CUDA-core kernel: q, k, v, dst and the split buffers are sized for
-        // these parameters by the caller and `fa::scratch`; alignment checked by `fa_kernel`.
-        unsafe { b.launch(launch) }?;
-        Ok(())
+        self.launch_fa(&f, launch, &[q, k, v, dst, dst_tmp, dst_meta], &ints, p)
     }
 
     /// Token embeddings into `x`.
