@@ -7,7 +7,7 @@
 //! `fa::MMA_SHAPES` measured) and the CUDA-core kernel (`cupool-simt`).
 use cudarc::driver::result;
 use cupool::kernels::cpu::FaParams;
-use cupool::kernels::cuda::{FaKernel, Kernels};
+use cupool::kernels::cuda::{FaKernel, FaPtrs, Kernels};
 use cupool::kernels::fa::mma_candidates;
 use half::f16;
 
@@ -63,7 +63,15 @@ fn main() {
                     result::malloc_sync(n_tokens * n_head * d * 4).unwrap(),
                 )
             };
-            let picked = k.fa_kernel(&p, qd, kd, vd, od);
+            let ptrs = FaPtrs {
+                q: qd,
+                k: kd,
+                v: vd,
+                dst: od,
+                dst_tmp: 0,
+                dst_meta: 0,
+            };
+            let picked = k.fa_kernel(&p, &ptrs);
             let mut kernels = vec![("cupool".to_string(), picked)];
             if let FaKernel::TensorCores(cfg) = picked {
                 for c in mma_candidates(d, d).into_iter().filter(|&c| c != cfg) {
@@ -75,7 +83,7 @@ fn main() {
                 kernels.push(("cupool-simt".to_string(), FaKernel::CudaCores));
             }
             for (label, kernel) in kernels {
-                let run = || k.flash_attn_with(kernel, &p, qd, kd, vd, od, 0, 0).unwrap();
+                let run = || k.flash_attn_with(kernel, &p, &ptrs).unwrap();
                 let med = gpu_timing::median_ms(&ctx, &stream, &run);
                 // Causal: query t sees pos0 + t + 1 keys; QK and PV are 2 flops per multiply-add each.
                 let pairs: f64 =

@@ -79,6 +79,23 @@ fn compile_one(name: &str, src: String, arch: &'static str) -> Result<Ptx, Kerne
     Ok(ptx)
 }
 
+/// The device buffers of one flash-attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaPtrs {
+    /// Q, f32 `[n_tokens][n_head][D_K]`.
+    pub q: u64,
+    /// K rows, f16.
+    pub k: u64,
+    /// V rows, f16 (K's address when V is a view of K).
+    pub v: u64,
+    /// The output, f32 `[n_tokens][n_head][D_V]`.
+    pub dst: u64,
+    /// `dst_tmp`: the splits' partial outputs (0 without splits).
+    pub dst_tmp: u64,
+    /// `dst_tmp_meta`: the splits' (max, sum) pairs (0 without splits).
+    pub dst_meta: u64,
+}
+
 /// Which flash-attention kernel runs a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaKernel {
@@ -280,7 +297,8 @@ impl Kernels {
 
     /// The kernel [`Kernels::flash_attn`] picks for a call: tensor cores where the device, the
     /// head shape, the strides and the addresses allow, the CUDA-core kernel otherwise.
-    pub fn fa_kernel(&self, p: &FaParams, q: u64, k: u64, v: u64, dst: u64) -> FaKernel {
+    pub fn fa_kernel(&self, p: &FaParams, b: &FaPtrs) -> FaKernel {
+        let FaPtrs { q, k, v, dst, .. } = *b;
         let Some(cfg) = fa::mma_config(p.d_k, p.d_v) else {
             return FaKernel::CudaCores;
         };
@@ -305,34 +323,17 @@ impl Kernels {
     }
 
     /// Flash attention (and the combine when split), on the kernel [`Kernels::fa_kernel`] picks.
-    #[allow(clippy::too_many_arguments)]
-    pub fn flash_attn(
-        &self,
-        p: &FaParams,
-        q: u64,
-        k: u64,
-        v: u64,
-        dst: u64,
-        dst_tmp: u64,
-        dst_meta: u64,
-    ) -> Result<(), KernelError> {
-        let kernel = self.fa_kernel(p, q, k, v, dst);
-        self.flash_attn_with(kernel, p, q, k, v, dst, dst_tmp, dst_meta)
+    pub fn flash_attn(&self, p: &FaParams, b: &FaPtrs) -> Result<(), KernelError> {
+        self.flash_attn_with(self.fa_kernel(p, b), p, b)
     }
 
     /// Flash attention on a chosen kernel (tests and benchmarks compare them); the error says
     /// when the kernel cannot run this call.
-    #[allow(clippy::too_many_arguments)]
     pub fn flash_attn_with(
         &self,
         kernel: FaKernel,
         p: &FaParams,
-        q: u64,
-        k: u64,
-        v: u64,
-        dst: u64,
-        dst_tmp: u64,
-        dst_meta: u64,
+        b: &FaPtrs,
     ) -> Result<(), KernelError> {
         if p.d_k > crate::fa::MAX_D_K
             || p.d_v > crate::fa::MAX_D_V
@@ -346,10 +347,8 @@ impl Kernels {
             )));
         }
         match kernel {
-            FaKernel::CudaCores => self.fattn_simt(p, q, k, v, dst, dst_tmp, dst_meta)?,
-            FaKernel::TensorCores(cfg) => {
-                self.fattn_mma(cfg, p, q, k, v, dst, dst_tmp, dst_meta)?
-            }
+            FaKernel::CudaCores => self.fattn_simt(p, b)?,
+            FaKernel::TensorCores(cfg) => self.fattn_mma(cfg, p, b)?,
         }
         if p.parallel_blocks > 1 {
             let rows = (p.n_tokens * p.n_head) as i32;
@@ -360,30 +359,20 @@ impl Kernels {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut b = self.stream.launch_builder(&self.fattn_combine);
-            b.arg(&dst_tmp)
-                .arg(&dst_meta)
-                .arg(&dst)
+            let mut l = self.stream.launch_builder(&self.fattn_combine);
+            l.arg(&b.dst_tmp)
+                .arg(&b.dst_meta)
+                .arg(&b.dst)
                 .arg(&rows)
                 .arg(&dv)
                 .arg(&pb);
             // SAFETY: partials written above; dst holds rows*d_v floats.
-            unsafe { b.launch(cfg) }?;
+            unsafe { l.launch(cfg) }?;
         }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn fattn_simt(
-        &self,
-        p: &FaParams,
-        q: u64,
-        k: u64,
-        v: u64,
-        dst: u64,
-        dst_tmp: u64,
-        dst_meta: u64,
-    ) -> Result<(), KernelError> {
+    fn fattn_simt(&self, p: &FaParams, b: &FaPtrs) -> Result<(), KernelError> {
         let cfg = LaunchConfig {
             grid_dim: (
                 p.n_tokens.div_ceil(crate::fa::QUERIES_PER_BLOCK) as u32,
@@ -403,8 +392,7 @@ impl Kernels {
             p.pos0,
         ]
         .map(|v| v as i32);
-        let ptrs = [q, k, v, dst, dst_tmp, dst_meta];
-        self.launch_fa(&self.fattn, cfg, &ptrs, &ints, p)
+        self.launch_fa(&self.fattn, cfg, b, &ints, p)
     }
 
     /// Launches a flash-attention entry point with its arguments in the order both kernels take
@@ -414,14 +402,21 @@ impl Kernels {
         &self,
         f: &CudaFunction,
         cfg: LaunchConfig,
-        ptrs: &[u64; 6],
+        ptrs: &FaPtrs,
         ints: &[i32],
         p: &FaParams,
     ) -> Result<(), KernelError> {
         let strides = [p.k_row, p.k_head, p.v_row, p.v_head].map(|v| v as i64);
         let pb = p.parallel_blocks as i32;
         let mut b = self.stream.launch_builder(f);
-        for ptr in ptrs {
+        for ptr in [
+            &ptrs.q,
+            &ptrs.k,
+            &ptrs.v,
+            &ptrs.dst,
+            &ptrs.dst_tmp,
+            &ptrs.dst_meta,
+        ] {
             b.arg(ptr);
         }
         for i in ints {
@@ -464,18 +459,7 @@ impl Kernels {
         Ok(f)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn fattn_mma(
-        &self,
-        cfg: MmaConfig,
-        p: &FaParams,
-        q: u64,
-        k: u64,
-        v: u64,
-        dst: u64,
-        dst_tmp: u64,
-        dst_meta: u64,
-    ) -> Result<(), KernelError> {
+    fn fattn_mma(&self, cfg: MmaConfig, p: &FaParams, b: &FaPtrs) -> Result<(), KernelError> {
         if self.cc_major < 8 || fa::mma_config(p.d_k, p.d_v).is_none() {
             return Err(KernelError::Unsupported(format!(
                 "tensor-core flash attention for D_K {} D_V {} on compute capability {}.x: it needs 8.0 or later and one of the head shapes {:?}",
@@ -485,7 +469,7 @@ impl Kernels {
                 fa::MMA_SHAPES.iter().map(|&(k, v, _)| (k, v)).collect::<Vec<_>>()
             )));
         }
-        let shared = cfg.shared_bytes(p.d_k, p.d_v, Self::v_in_k(p, k, v));
+        let shared = cfg.shared_bytes(p.d_k, p.d_v, Self::v_in_k(p, b.k, b.v));
         if shared > self.max_shared {
             return Err(KernelError::Unsupported(format!(
                 "tensor-core flash attention for D_K {} D_V {} needs {shared} bytes of shared memory; the device allows {}",
@@ -504,7 +488,7 @@ impl Kernels {
             shared_mem_bytes: shared as u32,
         };
         let ints = [p.n_tokens, p.n_head, p.n_head_kv, p.n_kv, p.pos0].map(|v| v as i32);
-        self.launch_fa(&f, launch, &[q, k, v, dst, dst_tmp, dst_meta], &ints, p)
+        self.launch_fa(&f, launch, b, &ints, p)
     }
 
     /// Token embeddings into `x`.

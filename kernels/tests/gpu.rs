@@ -3,7 +3,7 @@
 //! `cargo test -p cupool-kernels --test gpu -- --ignored`.
 use cudarc::driver::{result, CudaContext};
 use cupool_kernels::cpu::{self, FaParams};
-use cupool_kernels::cuda::{FaKernel, Kernels};
+use cupool_kernels::cuda::{FaKernel, FaPtrs, Kernels};
 use cupool_kernels::fa;
 use half::f16;
 use std::sync::Arc;
@@ -182,7 +182,15 @@ fn flash_attention_matches_the_cpu_reference() {
         let dst = g.upload(&vec![f32::NAN; rows * d_v]);
         let dtmp = g.upload(&vec![f32::NAN; pb * rows * d_v]);
         let dmeta = g.upload(&vec![f32::NAN; pb * rows * 2]);
-        let picked = g.k.fa_kernel(&p, qd, kd, vd, dst);
+        let ptrs = FaPtrs {
+            q: qd,
+            k: kd,
+            v: vd,
+            dst,
+            dst_tmp: dtmp,
+            dst_meta: dmeta,
+        };
+        let picked = g.k.fa_kernel(&p, &ptrs);
         if major >= 8 && fa::mma_config(d_k, d_v).is_some() {
             assert!(
                 matches!(picked, FaKernel::TensorCores(_)),
@@ -198,8 +206,7 @@ fn flash_attention_matches_the_cpu_reference() {
             g.ctx.bind_to_thread().unwrap();
             // SAFETY: dst holds rows*d_v floats; synchronous copy from a live vector.
             unsafe { result::memcpy_htod_sync(dst, &nan).unwrap() };
-            g.k.flash_attn_with(kernel, &p, qd, kd, vd, dst, dtmp, dmeta)
-                .unwrap();
+            g.k.flash_attn_with(kernel, &p, &ptrs).unwrap();
             let got: Vec<f32> = g.download(dst, rows * d_v);
             close(
                 &format!("fattn case {i} {kernel:?} {p:?}"),

@@ -9,7 +9,7 @@ use crate::profile::Weights;
 use cudarc::driver::{result, CudaContext};
 use cupool_kernels::blas::Gemm;
 use cupool_kernels::cpu::FaParams;
-use cupool_kernels::cuda::{KernelError, Kernels};
+use cupool_kernels::cuda::{FaPtrs, KernelError, Kernels};
 use cupool_kernels::KvType;
 use half::f16;
 use std::sync::Arc;
@@ -170,9 +170,17 @@ impl Executor for CudaExecutor {
     }
 
     fn flash_attn(&mut self, p: &FaParams, b: &FaBuffers) -> Result<(), RuntimeError> {
-        Ok(self
-            .k
-            .flash_attn(p, b.q, b.k, b.v, b.dst, b.tmp.ptr, b.meta.ptr)?)
+        Ok(self.k.flash_attn(
+            p,
+            &FaPtrs {
+                q: b.q,
+                k: b.k,
+                v: b.v,
+                dst: b.dst,
+                dst_tmp: b.tmp.ptr,
+                dst_meta: b.meta.ptr,
+            },
+        )?)
     }
 
     fn read_f32(&mut self, at: u64, n: usize) -> Result<Vec<f32>, RuntimeError> {
