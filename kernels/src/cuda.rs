@@ -335,6 +335,12 @@ impl Kernels {
         p: &FaParams,
         b: &FaPtrs,
     ) -> Result<(), KernelError> {
+        if p.parallel_blocks > 1 && (b.dst_tmp == 0 || b.dst_meta == 0) {
+            return Err(KernelError::Unsupported(format!(
+                "{} splits without dst_tmp or dst_tmp_meta: split-KV needs both buffers (fa::scratch sizes them)",
+                p.parallel_blocks
+            )));
+        }
         if p.d_k > crate::fa::MAX_D_K
             || p.d_v > crate::fa::MAX_D_V
             || p.n_head_kv == 0

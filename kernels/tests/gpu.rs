@@ -308,6 +308,15 @@ fn quantization_and_layer_kernels_match_the_cpu_reference() {
     g.k.init_weights(wd, 10_000, 7, 0.02).unwrap();
     let got: Vec<f16> = g.download(wd, 10_000);
     assert_eq!(got, want);
+
+    // The same weights as q8_0 blocks, byte for byte.
+    let n = 32 * 313;
+    let mut want = vec![0u8; n / 32 * 34];
+    cpu::init_weights_q8_0(&mut want, 7, 0.02);
+    let wq = g.upload(&vec![0xA5u8; want.len()]);
+    g.k.init_weights_q8_0(wq, n, 7, 0.02).unwrap();
+    let got: Vec<u8> = g.download(wq, want.len());
+    assert_eq!(got, want, "q8_0 weights differ");
 }
 
 /// cuBLAS's f16 GEMM with f32 output against the CPU reference on the same f16-rounded input:
