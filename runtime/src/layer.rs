@@ -49,7 +49,20 @@ impl Model<'_> {
         self.b.weights + off as u64
     }
 
-    /// `y (+)= input · w` for the `k×n` weight matrix at offset `w`: f16 weights directly;
+    /// Makes the `rows×k` activations at `input` the input of the GEMMs that follow: converted
+    /// to f16 once for all of them (Q, K and V share one; so do the FFN's gate and up).
+    fn gemm_input(
+        &self,
+        x: &mut dyn Executor,
+        input: u64,
+        rows: usize,
+        k: usize,
+    ) -> Result<(), RuntimeError> {
+        x.gemm_input(input, self.c(self.b.cl.x_f16), rows, k)
+    }
+
+    /// `y (+)= input · w` for the `k×n` weight matrix at offset `w`, `input` made the GEMM
+    /// input by [`Model::gemm_input`] since it last changed: f16 weights directly;
     /// q8_0 weights converted to f16 first, into `src0_f16` taken from the pool for the GEMM
     /// (ggml's cuBLAS path for a quantized `src0`).
     #[allow(clippy::too_many_arguments)]
@@ -127,6 +140,7 @@ impl Model<'_> {
             m.n_embd,
             EPS,
         )?;
+        self.gemm_input(x, self.c(cl.xn), u, m.n_embd)?;
         self.mm(
             x,
             self.c(cl.xn),
@@ -193,9 +207,10 @@ impl Model<'_> {
         x.flash_attn(&fa_params(m, ub, s.fa.parallel_blocks), &bufs)
     }
 
-    /// Output projection and residual, norm, SiLU MLP and residual.
+    /// Output projection and residual, norm, SwiGLU MLP and residual.
     pub fn feed_forward(&self, x: &mut dyn Executor, ub: &Ubatch) -> Result<(), RuntimeError> {
         let (m, cl, wl, u) = (self.m, &self.b.cl, &self.b.wl, ub.n_tokens);
+        self.gemm_input(x, self.c(cl.attn), u, m.out_dim())?;
         self.mm(
             x,
             self.c(cl.attn),
@@ -214,6 +229,7 @@ impl Model<'_> {
             m.n_embd,
             EPS,
         )?;
+        self.gemm_input(x, self.c(cl.xn), u, m.n_embd)?;
         self.mm(
             x,
             self.c(cl.xn),
@@ -235,6 +251,7 @@ impl Model<'_> {
             false,
         )?;
         x.swiglu(self.c(cl.ff), self.c(cl.gate), u * m.n_ff)?;
+        self.gemm_input(x, self.c(cl.ff), u, m.n_ff)?;
         self.mm(
             x,
             self.c(cl.ff),

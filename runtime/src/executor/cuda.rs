@@ -125,9 +125,21 @@ impl Executor for CudaExecutor {
         let Some(g) = &self.gemm else {
             return Ok(self.k.matmul(x, w, y, m, n, k, accumulate)?);
         };
-        self.k.store_f16(x, x_f16, m, k, 0)?;
         g.f16_f32(x_f16, w, y, m, n, k, accumulate)
             .map_err(|e| RuntimeError::Invalid(e.to_string()))
+    }
+
+    fn gemm_input(
+        &mut self,
+        x: u64,
+        x_f16: u64,
+        rows: usize,
+        k: usize,
+    ) -> Result<(), RuntimeError> {
+        if self.gemm.is_some() {
+            self.k.store_f16(x, x_f16, rows, k, 0)?;
+        }
+        Ok(())
     }
 
     fn set_gemm_workspace(&mut self, at: u64, bytes: usize) -> Result<(), RuntimeError> {

@@ -123,8 +123,20 @@ pub trait Executor: Send {
         n: usize,
         eps: f32,
     ) -> Result<(), RuntimeError>;
-    /// `y (+)= x · w`: `x` is `m×k` f32, `w` is `k×n` f16, `y` is `m×n` f32. `x_f16` has room
-    /// for `m×k` halves, where an executor whose GEMM takes f16 inputs converts `x`.
+    /// Makes the `rows×k` f32 matrix at `x` the input of the GEMMs that follow: an executor
+    /// whose GEMM takes f16 inputs converts it into `x_f16` once, for every [`Executor::matmul`]
+    /// on `x` until `x` changes.
+    fn gemm_input(
+        &mut self,
+        _x: u64,
+        _x_f16: u64,
+        _rows: usize,
+        _k: usize,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+    /// `y (+)= x · w`: `x` is `m×k` f32, `w` is `k×n` f16, `y` is `m×n` f32. `x_f16` holds `x`
+    /// as the last [`Executor::gemm_input`] on `x` left it.
     #[allow(clippy::too_many_arguments)]
     fn matmul(
         &mut self,
