@@ -6,7 +6,9 @@
 use crate::trace::{replay, Op, ReplayReport, TraceError};
 use cupool_kernels::KvType;
 use cupool_pool::{PoolConfig, PurgePolicy};
-use cupool_runtime::profile::{ik_llama, sweep_step, trace_events, Device, EngineModel, Weights};
+use cupool_runtime::profile::{
+    sweep_step, trace_events, Device, EngineModel, Profile, UbatchShape, Weights,
+};
 use cupool_runtime::RuntimeError;
 
 /// The KV padding of llama.cpp with flash attention.
@@ -38,6 +40,8 @@ pub enum Schedule {
 /// A prefill of a real engine: what runs, on what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineRun {
+    /// The engine.
+    pub profile: Profile,
     /// The model.
     pub model: EngineModel,
     /// Its weight type.
@@ -54,6 +58,8 @@ pub struct EngineRun {
 /// the first prompt token of its prefill.
 #[derive(Clone, Debug)]
 pub struct EngineTrace {
+    /// Whose requests.
+    pub profile: Profile,
     /// Trace events.
     pub ops: Vec<Op>,
     /// (first event, first token) of each phase.
@@ -64,6 +70,7 @@ pub struct EngineTrace {
 /// their step's phase), each ending at the engine's ubatch boundary.
 pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
     let EngineRun {
+        profile,
         model,
         weights,
         kv,
@@ -105,36 +112,32 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
             Schedule::Prompt { tokens, batch, .. } => {
                 let end = tokens.min((j + 1) * ubatch);
                 let last = end == tokens || end % batch == 0;
-                calls.push(ik_llama::ubatch(
+                calls.push(profile.ubatch(
                     model,
                     weights,
                     kv,
-                    end - j * ubatch,
-                    pad(end),
-                    usize::from(last),
+                    UbatchShape {
+                        n_tokens: end - j * ubatch,
+                        n_kv: pad(end),
+                        n_outputs: usize::from(last),
+                    },
                     dev,
                 )?);
             }
             Schedule::Sweep { .. } => {
                 let s = sweep_step(j, ubatch);
-                calls.push(ik_llama::ubatch(
-                    model,
-                    weights,
-                    kv,
-                    1,
-                    s.decode_n_kv,
-                    1,
-                    dev,
-                )?);
-                calls.push(ik_llama::ubatch(
-                    model,
-                    weights,
-                    kv,
-                    s.prefill_tokens,
-                    s.prefill_n_kv,
-                    1,
-                    dev,
-                )?);
+                let decode = UbatchShape {
+                    n_tokens: 1,
+                    n_kv: s.decode_n_kv,
+                    n_outputs: 1,
+                };
+                let prefill = UbatchShape {
+                    n_tokens: s.prefill_tokens,
+                    n_kv: s.prefill_n_kv,
+                    n_outputs: 1,
+                };
+                calls.push(profile.ubatch(model, weights, kv, decode, dev)?);
+                calls.push(profile.ubatch(model, weights, kv, prefill, dev)?);
             }
         }
         for c in &calls {
@@ -145,7 +148,11 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
             prefill: true,
         });
     }
-    Ok(EngineTrace { ops, phases })
+    Ok(EngineTrace {
+        profile,
+        ops,
+        phases,
+    })
 }
 
 /// A prediction: the replay's report, and where the first allocation failed.
@@ -173,14 +180,16 @@ pub fn predict(
 
 impl EngineTrace {
     /// Replays the trace through `pool` under `purge` on a card with `vram` bytes for the pool
-    /// (unlimited when `None`).
+    /// (unlimited when `None`). A legacy pool flushes and retries on OOM as the engine's does.
     pub fn replay(
         &self,
         pool: &PoolConfig,
         purge: PurgePolicy,
         vram: Option<usize>,
     ) -> Result<Prediction, TraceError> {
-        let report = replay(&self.ops, pool, purge, vram)?;
+        let mut pool = pool.clone();
+        pool.legacy.flush_and_retry = self.profile.legacy_flush_and_retry();
+        let report = replay(&self.ops, &pool, purge, vram)?;
         let oom_at_token = report.first_oom_event.map(|e| {
             let at = self.phases.partition_point(|&(start, _)| start < e) - 1;
             self.phases[at].1
@@ -236,6 +245,7 @@ mod tests {
 
     fn run(model: &str, weights: Weights, tokens: usize) -> EngineRun {
         EngineRun {
+            profile: Profile::IkLlama,
             model: EngineModel::preset(model).unwrap(),
             weights,
             kv: KvType::Q8_0,
@@ -288,5 +298,31 @@ mod tests {
             None
         )
         .is_err());
+    }
+
+    #[test]
+    fn mainline_s_pool_no_longer_grows_with_the_context() {
+        // The seed scenario's shape (Phi-3-mini, q8_0 cache, 20k prompt): before PR #23907 the
+        // K/V copies come from the pool and its legacy reserve grows ubatch by ubatch; after it
+        // the pool holds only what the matrix multiplies and stream-k take.
+        let peak = |profile: Profile, tokens: usize| {
+            let mut r = run("phi3-mini", Weights::Q8_0, tokens);
+            r.profile = profile;
+            predict(&r, &legacy(), PurgePolicy::Never, None)
+                .unwrap()
+                .replay
+                .peak_reserved_bytes
+        };
+        let (old_short, old_long) = (
+            peak(Profile::LlamaB8833, 4096),
+            peak(Profile::LlamaB8833, 20_000),
+        );
+        let (new_short, new_long) = (peak(Profile::Llama, 4096), peak(Profile::Llama, 20_000));
+        assert!(old_long > 3 * old_short, "{old_short} → {old_long}");
+        assert_eq!(new_short, new_long);
+        assert!(new_long * 20 < old_long, "{new_long} vs {old_long}");
+        // b8833 and ik_llama.cpp take the same K/V copies: the same order of magnitude.
+        let ik = peak(Profile::IkLlama, 20_000);
+        assert!(ik / 2 < old_long && old_long < 2 * ik, "{ik} vs {old_long}");
     }
 }

@@ -221,10 +221,15 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
     use cupool::pool::driver::sim::{SimConfig, SimDevice};
     use cupool::predict::{predict, EngineRun, Schedule};
     use cupool::runtime::executor::dry_run::DryRun;
-    use cupool::runtime::profile::EngineKind;
+    use cupool::runtime::profile::{EngineKind, Profile};
     use cupool::runtime::{ModelShape, RunConfig, Runtime};
     use std::sync::Arc;
-    for (model, weights) in [("phi3-mini", Weights::F16), ("llama3-8b", Weights::Q8_0)] {
+    for (profile, model, weights) in [
+        (Profile::IkLlama, "phi3-mini", Weights::F16),
+        (Profile::IkLlama, "llama3-8b", Weights::Q8_0),
+        (Profile::LlamaB8833, "phi3-mini", Weights::Q8_0),
+        (Profile::Llama, "llama3-8b", Weights::F16),
+    ] {
         for (kind, purge) in [
             (PoolKind::Legacy, PurgePolicy::Never),
             (PoolKind::Legacy, PurgePolicy::Always),
@@ -232,7 +237,7 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
         ] {
             for (prompt, ubatch) in [(20_000, 512), (3_000, 256), (700, 512)] {
                 let mut cfg = RunConfig::new(ModelShape::preset(model).unwrap(), 20480);
-                cfg.engine = EngineKind::IkLlama { cc: 900 };
+                cfg.engine = EngineKind::Profile { profile, cc: 900 };
                 cfg.weight_type = weights;
                 cfg.pool = PoolConfig::default().kind(kind);
                 cfg.purge = purge;
@@ -242,6 +247,7 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                 let mut rt = Runtime::new(driver, cfg.clone(), Box::new(DryRun)).unwrap();
                 let ran = rt.prefill(prompt).unwrap();
                 let run = EngineRun {
+                    profile,
                     model: EngineModel::preset(model).unwrap(),
                     weights,
                     kv: KvType::Q8_0,
@@ -253,7 +259,10 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                     dev: Device::H100_SXM,
                 };
                 let p = predict(&run, &cfg.pool, purge, None).unwrap();
-                let what = format!("{model} {kind:?} {purge:?} {prompt}/{ubatch}");
+                let what = format!(
+                    "{} {model} {kind:?} {purge:?} {prompt}/{ubatch}",
+                    profile.name()
+                );
                 assert!(ran.completed, "{what}");
                 assert_eq!(
                     ran.peak_reserved_bytes, p.replay.peak_reserved_bytes,

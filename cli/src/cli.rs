@@ -90,6 +90,10 @@ pub struct PredictArgs {
     /// The GPU's compute capability.
     #[arg(long, default_value = "9.0")]
     pub cc: String,
+    /// Blocks per SM of mainline's flash-attention kernel, as the engine's binary reports it
+    /// (default: the kernel's launch bound).
+    #[arg(long)]
+    pub fa_occupancy: Option<usize>,
     /// Pool.
     #[arg(long, value_parser = pool_kind(), ignore_case = true, default_value = "legacy")]
     pub pool: PoolKind,
@@ -117,6 +121,24 @@ pub enum EngineArg {
     /// ik_llama.cpp 8337e4cd: every op's requests (dense presets).
     #[value(name = "ik-llama", alias = "ik_llama")]
     IkLlama,
+    /// llama.cpp before PR #23907 (b8833): K/V f16 copies from the pool.
+    #[value(name = "llama-b8833", alias = "llama_b8833")]
+    LlamaB8833,
+    /// llama.cpp after PR #23907 (ggml d99724f2): K/V f16 copies in the compute buffer.
+    Llama,
+}
+
+impl EngineArg {
+    /// The engine profile, if it is one.
+    pub fn profile(self) -> Option<cupool::runtime::profile::Profile> {
+        use cupool::runtime::profile::Profile;
+        match self {
+            Self::Cupool => None,
+            Self::IkLlama => Some(Profile::IkLlama),
+            Self::LlamaB8833 => Some(Profile::LlamaB8833),
+            Self::Llama => Some(Profile::Llama),
+        }
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -200,11 +222,16 @@ pub struct RunArgs {
     /// KV cache type.
     #[arg(long, value_enum, default_value = "q8_0")]
     pub kv_type: KvArg,
-    /// Whose pool traffic: cupool (the runtime's flash-attention scratch and GEMM buffers) or ik-llama
-    /// (ik_llama.cpp 8337e4cd's requests op by op, as `predict` models them; dense presets; in
-    /// plan, and in runs on the simulated device that compute nothing).
+    /// Whose pool traffic: cupool (the runtime's flash-attention scratch and GEMM buffers), or
+    /// an engine profile: ik-llama (ik_llama.cpp 8337e4cd), llama-b8833 or llama (llama.cpp
+    /// before and after PR #23907), their requests op by op as `predict` models them (dense
+    /// presets; in plan, and in runs on the simulated device that compute nothing).
     #[arg(long, value_enum, default_value = "cupool")]
     pub engine: EngineArg,
+    /// Blocks per SM of mainline's flash-attention kernel (llama profiles; default: the
+    /// kernel's launch bound).
+    #[arg(long)]
+    pub fa_occupancy: Option<usize>,
     /// The weights' type: f16 or q8_0 (cupool's runtime converts q8_0 to f16 for each GEMM, in
     /// a pool buffer; an engine profile takes its engine's path).
     #[arg(long, default_value = "f16")]

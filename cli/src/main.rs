@@ -12,7 +12,7 @@ mod scenario;
 use cupool::trace as replay;
 
 use clap::Parser;
-use cli::{Cli, Command, EngineArg, FormatArg, PredictArgs, ReplayArgs, RunArgs};
+use cli::{Cli, Command, FormatArg, PredictArgs, ReplayArgs, RunArgs};
 use cupool::pool::PoolConfig;
 use cupool::runtime::planner::{plan, PlanTarget};
 use scenario::{Device, Outcome};
@@ -387,19 +387,23 @@ fn replay_cmd(a: ReplayArgs) -> ExitCode {
 
 fn predict_cmd(a: PredictArgs) -> ExitCode {
     use cupool::predict::{engine_trace, EngineRun, Schedule};
-    use cupool::runtime::profile::{ik_llama, EngineModel, Weights};
+    use cupool::runtime::profile::{EngineModel, Weights};
     init_logging(a.quiet, false);
-    if a.engine == EngineArg::Cupool {
+    let Some(profile) = a.engine.profile() else {
         return usage(
-            "--engine cupool: predict needs an engine profile: accepted is ik-llama (repro-prefill run models cupool's own traffic)",
+            "--engine cupool: predict needs an engine profile: accepted are ik-llama, llama-b8833, llama (repro-prefill run models cupool's own traffic)",
         );
-    }
+    };
     let Some(model) = EngineModel::preset(&a.model) else {
         return usage(format!(
-            "--model {:?}: the ik_llama profile models the dense presets phi3-mini and llama3-8b",
-            a.model
+            "--model {:?}: the {} profile models the dense presets phi3-mini and llama3-8b",
+            a.model,
+            profile.name()
         ));
     };
+    if a.fa_occupancy == Some(0) {
+        return usage("--fa-occupancy 0: accepted is 1 or more blocks per SM");
+    }
     let Some(weights) = Weights::parse(&a.weight_type) else {
         return usage(format!(
             "--weight-type {:?}: accepted are f16, q8_0",
@@ -434,11 +438,16 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
             ubatch: a.ubatch,
         },
     };
-    let dev = cupool::runtime::profile::Device { cc, nsm: a.sm };
+    let dev = cupool::runtime::profile::Device {
+        cc,
+        nsm: a.sm,
+        occupancy: a.fa_occupancy,
+    };
     let kv = scenario::kv_type(a.kv_type);
     let config = PoolConfig::default().kind(a.pool);
     let purge = scenario::purge_policy(a.purge);
     let run = EngineRun {
+        profile,
         model,
         weights,
         kv,
@@ -478,8 +487,9 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
                 }
             };
             outln!(
-                "ik_llama.cpp {}: {}, {} weights, {:?} KV, {what}, {} SMs, cc {}",
-                ik_llama::COMMIT,
+                "{} ({}): {}, {} weights, {:?} KV, {what}, {} SMs, cc {}",
+                profile.name(),
+                profile.commit(),
                 a.model,
                 a.weight_type,
                 kv,

@@ -8,7 +8,7 @@ use cupool::pool::driver::sim::{SimConfig, SimDevice};
 use cupool::pool::driver::Driver;
 use cupool::pool::{PoolConfig, PoolError, PoolKind};
 use cupool::runtime::executor::{cpu::CpuExecutor, cuda::CudaExecutor, dry_run::DryRun, Executor};
-use cupool::runtime::memory::{ComputeLayout, KvLayout, WeightLayout};
+use cupool::runtime::memory::WeightLayout;
 use cupool::runtime::{
     BudgetMode, ModelShape, PurgePolicy, RunConfig, RunReport, Runtime, RuntimeError,
 };
@@ -232,10 +232,11 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
     let weights = cupool::runtime::profile::Weights::parse(&a.weight_type)
         .ok_or_else(|| format!("--weight-type {:?}: accepted are f16, q8_0", a.weight_type))?;
     c.weight_type = weights;
-    c.engine = match a.engine {
-        crate::cli::EngineArg::Cupool => cupool::runtime::profile::EngineKind::Cupool,
-        crate::cli::EngineArg::IkLlama => cupool::runtime::profile::EngineKind::IkLlama { cc: 900 },
+    c.engine = match a.engine.profile() {
+        None => cupool::runtime::profile::EngineKind::Cupool,
+        Some(profile) => cupool::runtime::profile::EngineKind::Profile { profile, cc: 900 },
     };
+    c.fa_occupancy = a.fa_occupancy;
     c.validate().map_err(|e| e.to_string())?;
     if let Some(v) = a.vram {
         gib_bytes(v)?;
@@ -252,13 +253,7 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
 
 /// Startup bytes outside the pool: weights, KV cache, compute buffer.
 pub fn static_bytes(c: &RunConfig) -> (usize, usize, usize) {
-    let m = &c.model;
-    (
-        c.weights_bytes
-            .max(WeightLayout::new(m, c.weight_type).bytes),
-        KvLayout::new(m, c.kv_type, c.n_ctx).bytes,
-        ComputeLayout::new(m, c.n_ubatch).bytes,
-    )
+    c.startup_bytes(c.n_ctx)
 }
 
 /// One configuration's outcome.

@@ -1,6 +1,7 @@
 //! Everything a run is configured with.
 
 use crate::error::RuntimeError;
+use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
 use crate::profile::{EngineKind, EngineModel, Weights};
@@ -45,6 +46,9 @@ pub struct RunConfig {
     pub record_trace: bool,
     /// Whose pool traffic the run takes (an engine profile plans on the dry-run executor only).
     pub engine: EngineKind,
+    /// Blocks per SM of the engine's flash-attention kernel (mainline profiles; `None`: its
+    /// launch bound, see [`crate::profile::llama`]).
+    pub fa_occupancy: Option<usize>,
     /// The GEMM workspace each ubatch of cupool's engine takes from the pool (cuBLAS uses it on
     /// a GPU; every executor takes it, so plans match runs). 0: none.
     pub gemm_workspace_bytes: usize,
@@ -74,6 +78,7 @@ impl RunConfig {
             margin_bytes: 0,
             record_trace: false,
             engine: EngineKind::Cupool,
+            fa_occupancy: None,
             gemm_workspace_bytes: cupool_kernels::blas::WORKSPACE_BYTES,
             weight_type: Weights::F16,
         }
@@ -113,6 +118,9 @@ impl RunConfig {
                 return bad(format!("q8_0 weights store rows in blocks of {QK8_0}: {name} is {v}; use f16 weights or a multiple of {QK8_0}"));
             }
         }
+        if self.fa_occupancy == Some(0) {
+            return bad("flash-attention occupancy 0: it must be at least 1 block per SM".into());
+        }
         if self.sms == 0 {
             return bad("sms is 0: it must be at least 1".into());
         }
@@ -124,6 +132,29 @@ impl RunConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The startup buffers outside the pool for a context of `n_ctx`: weights (at least what
+    /// the executor's layout needs), KV cache, and the compute buffer (cupool's layout, plus what
+    /// an engine profile reserves beside it: mainline's f16 copies of the cache).
+    pub fn startup_bytes(&self, n_ctx: usize) -> (usize, usize, usize) {
+        let m = &self.model;
+        (
+            self.weights_bytes
+                .max(WeightLayout::new(m, self.weight_type).bytes),
+            KvLayout::new(m, self.kv_type, n_ctx).bytes,
+            ComputeLayout::new(m, self.n_ubatch).bytes + self.profile_compute_bytes(n_ctx),
+        )
+    }
+
+    /// What the engine profile adds to the compute buffer for a context of `n_ctx`.
+    pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
+        match (self.engine, EngineModel::preset(&self.model.name)) {
+            (EngineKind::Profile { profile, .. }, Some(m)) => {
+                profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
+            }
+            _ => 0,
+        }
     }
 
     /// `n` pseudo-random prompt token ids from the seed (xorshift), the same on every

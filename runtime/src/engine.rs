@@ -12,8 +12,7 @@ use crate::executor::{DeviceBuffers, Executor};
 use crate::layer::{Model, Ubatch};
 use crate::planner::{self, PlanTarget};
 use crate::policy::PurgePolicy;
-use crate::profile::ik_llama::UbatchShape;
-use crate::profile::{ik_llama, Device, EngineKind, EngineModel, OpCall, Weights};
+use crate::profile::{Device, EngineKind, EngineModel, OpCall, Profile, UbatchShape, Weights};
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
 use cupool_kernels::fa;
@@ -22,6 +21,15 @@ use cupool_pool::driver::Driver;
 use cupool_pool::{synchronize, OomReport, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// A run's engine profile with what it is asked about.
+#[derive(Clone, Debug)]
+struct ProfileRun {
+    profile: Profile,
+    m: EngineModel,
+    weights: Weights,
+    dev: Device,
+}
 
 /// Called with each ubatch's row as it ends.
 pub(crate) type Observer = Box<dyn FnMut(&UbatchRow) + Send>;
@@ -63,7 +71,12 @@ impl Engine {
         bufs: DeviceBuffers,
         budget_bytes: usize,
     ) -> Result<Self, RuntimeError> {
-        let mut pool = cfg.pool.build(driver.clone())?;
+        // An engine profile's legacy pool behaves as that engine's does on OOM.
+        let mut pool_cfg = cfg.pool.clone();
+        if let EngineKind::Profile { profile, .. } = cfg.engine {
+            pool_cfg.legacy.flush_and_retry = profile.legacy_flush_and_retry();
+        }
+        let mut pool = pool_cfg.build(driver.clone())?;
         let recorder = cfg
             .record_trace
             .then(|| Arc::new(Recorder::new(pool.clone(), 0)));
@@ -85,7 +98,10 @@ impl Engine {
             prefill_tokens: 0,
             decode_start: 0,
             fast_forward: false,
-            budget: Budget::new(budget_bytes, bufs.cl.bytes),
+            budget: Budget::new(
+                budget_bytes,
+                bufs.cl.bytes + cfg.profile_compute_bytes(cfg.n_ctx),
+            ),
             pool: phased,
             phases,
             cfg,
@@ -315,16 +331,21 @@ impl Engine {
         fa::scratch(&c.model.attn(), c.kv_type, n_tokens, n_kv, c.sms)
     }
 
-    /// The engine profile of the run, if any: its model, weights and device.
-    fn profile(&self) -> Result<Option<(EngineModel, Weights, Device)>, RuntimeError> {
+    /// The engine profile of the run, if any, with its model, weights and device.
+    fn profile(&self) -> Result<Option<ProfileRun>, RuntimeError> {
         let c = &self.cfg;
         match c.engine {
             EngineKind::Cupool => Ok(None),
-            EngineKind::IkLlama { cc } => Ok(Some((
-                engine_model(&c.model)?,
-                c.weight_type,
-                Device { cc, nsm: c.sms },
-            ))),
+            EngineKind::Profile { profile, cc } => Ok(Some(ProfileRun {
+                profile,
+                m: engine_model(&c.model)?,
+                weights: c.weight_type,
+                dev: Device {
+                    cc,
+                    nsm: c.sms,
+                    occupancy: c.fa_occupancy,
+                },
+            })),
         }
     }
 
@@ -339,16 +360,18 @@ impl Engine {
     /// takes its held buffers, its inner ones in turn, and returns them in reverse. In a dry
     /// run, the layers between the first one that made no driver call and the last one repeat
     /// it exactly and are skipped; the last layer (output rows only) and the output matrix run.
-    fn profile_layers(
-        &mut self,
-        u: UbatchShape,
-        (m, weights, dev): (EngineModel, Weights, Device),
-    ) -> Result<(), RuntimeError> {
+    fn profile_layers(&mut self, u: UbatchShape, p: ProfileRun) -> Result<(), RuntimeError> {
         let kv = self.cfg.kv_type;
+        let ProfileRun {
+            profile,
+            m,
+            weights,
+            dev,
+        } = p;
         let mut l = 0;
         while l < m.n_layer {
             let before = self.fast_forward.then(|| self.pool.stats().calls);
-            for c in ik_llama::layer(&m, weights, kv, u, dev, l)? {
+            for c in profile.layer(&m, weights, kv, u, dev, l)? {
                 take_call(&self.pool, &c)?;
             }
             l += 1;
@@ -356,7 +379,7 @@ impl Engine {
                 l = m.n_layer - 1;
             }
         }
-        if let Some(c) = ik_llama::output(&m, weights, u, dev) {
+        if let Some(c) = profile.output(&m, weights, u, dev) {
             take_call(&self.pool, &c)?;
         }
         self.exec.sync()
@@ -364,15 +387,17 @@ impl Engine {
 
     /// What an auto purge keeps for the profile's ubatch `u`: the first layer's requests (every
     /// layer but the last repeats them), the last layer's and the output matrix's.
-    fn profile_keep(
-        &self,
-        u: UbatchShape,
-        (m, weights, dev): (EngineModel, Weights, Device),
-    ) -> Result<Vec<usize>, RuntimeError> {
+    fn profile_keep(&self, u: UbatchShape, p: ProfileRun) -> Result<Vec<usize>, RuntimeError> {
         let kv = self.cfg.kv_type;
-        let mut calls = ik_llama::layer(&m, weights, kv, u, dev, 0)?;
-        calls.extend(ik_llama::layer(&m, weights, kv, u, dev, m.n_layer - 1)?);
-        calls.extend(ik_llama::output(&m, weights, u, dev));
+        let ProfileRun {
+            profile,
+            m,
+            weights,
+            dev,
+        } = p;
+        let mut calls = profile.layer(&m, weights, kv, u, dev, 0)?;
+        calls.extend(profile.layer(&m, weights, kv, u, dev, m.n_layer - 1)?);
+        calls.extend(profile.output(&m, weights, u, dev));
         Ok(keep_for(&calls))
     }
 

@@ -172,18 +172,6 @@ pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usiz
     Ok(full.max(short))
 }
 
-fn static_bytes(cfg: &RunConfig, n_ctx: usize) -> (usize, usize, usize) {
-    let m = &cfg.model;
-    let weights = cfg
-        .weights_bytes
-        .max(WeightLayout::new(m, cfg.weight_type).bytes);
-    (
-        weights,
-        KvLayout::new(m, cfg.kv_type, n_ctx).bytes,
-        ComputeLayout::new(m, cfg.n_ubatch).bytes,
-    )
-}
-
 fn total_for_ctx(
     cfg: &RunConfig,
     target: &PlanTarget,
@@ -191,7 +179,7 @@ fn total_for_ctx(
 ) -> Result<usize, RuntimeError> {
     let mut c = cfg.clone();
     c.n_ctx = n_ctx;
-    let (w, kv, compute) = static_bytes(&c, n_ctx);
+    let (w, kv, compute) = c.startup_bytes(n_ctx);
     Ok(w + kv + compute + worst_case_pool_peak(&c, target)?)
 }
 
@@ -205,7 +193,7 @@ pub fn plan(cfg: &RunConfig, target: &PlanTarget, n_prompt: usize) -> Result<Pla
             cfg.n_ctx
         )));
     }
-    let (weights_bytes, kv_bytes, compute_bytes) = static_bytes(cfg, cfg.n_ctx);
+    let (weights_bytes, kv_bytes, compute_bytes) = cfg.startup_bytes(cfg.n_ctx);
     let (peak_reserved, peak_live, mallocs) = pool_peaks(cfg, target, n_prompt)?;
     let total_bytes = weights_bytes + kv_bytes + compute_bytes + peak_reserved;
     let fits = |c: usize| -> Result<bool, RuntimeError> {
@@ -291,7 +279,7 @@ mod fast_forward_tests {
     use super::*;
     use crate::model::ModelShape;
     use crate::policy::PurgePolicy;
-    use crate::profile::{EngineKind, Weights};
+    use crate::profile::{EngineKind, Profile, Weights};
     use cupool_pool::{PoolConfig, PoolKind};
     use proptest::prelude::*;
 
@@ -353,6 +341,7 @@ mod fast_forward_tests {
         fn fast_forward_holds_for_an_engine_profile(
             kind in prop::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
             purge in prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+            profile in prop::sample::select(Profile::ALL.to_vec()),
             model in prop::sample::select(vec!["phi3-mini", "llama3-8b"]),
             weights in prop::sample::select(vec![Weights::F16, Weights::Q8_0]),
             n_layer in 1usize..4,
@@ -364,7 +353,7 @@ mod fast_forward_tests {
             let mut m = ModelShape::preset(model).unwrap();
             m.n_layer = n_layer;
             let mut cfg = RunConfig::new(m, 4096);
-            cfg.engine = EngineKind::IkLlama { cc: 900 };
+            cfg.engine = EngineKind::Profile { profile, cc: 900 };
             cfg.weight_type = weights;
             cfg.n_ubatch = ubatch;
             cfg.n_batch = ubatch * batch_mult;

@@ -55,8 +55,10 @@ impl Runtime {
             BudgetMode::Ggml => None,
             BudgetMode::Planned => Some(startup_plan(&cfg, driver.as_ref())?),
         };
-        let startup = Startup::allocate(driver.clone(), cfg.weights_bytes, wl, kvl, cl)?;
+        let extra = cfg.profile_compute_bytes(cfg.n_ctx);
+        let startup = Startup::allocate(driver.clone(), cfg.weights_bytes, (wl, kvl, cl), extra)?;
         let budget = cl.bytes
+            + extra
             + plan
                 .as_ref()
                 .map_or(cfg.margin_bytes, |p| p.pool_peak_reserved_bytes);
@@ -64,7 +66,7 @@ impl Runtime {
         let engine = Engine::new(driver, cfg, exec, bufs, budget)?;
         tracing::info!(
             model = %engine.cfg.model.name, pool = %engine.pool.kind(),
-            weights = bufs.wl.bytes.max(engine.cfg.weights_bytes), kv = kvl.bytes, compute = cl.bytes, budget,
+            weights = bufs.wl.bytes.max(engine.cfg.weights_bytes), kv = kvl.bytes, compute = cl.bytes + extra, budget,
             "runtime ready"
         );
         Ok(Self {

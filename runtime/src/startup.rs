@@ -18,18 +18,19 @@ pub struct Startup {
 }
 
 impl Startup {
-    /// Allocates the weights (`weights_bytes`, at least the layout's), the KV cache and the
-    /// compute buffer on `driver`. A failure frees what was allocated before it.
+    /// Allocates the weights (`weights_bytes`, at least the layout's), the KV cache, the
+    /// compute buffer and `engine_compute_bytes` beside it (what an engine profile's compute
+    /// buffer holds that cupool's runtime does not use) on `driver`. A failure frees what was
+    /// allocated before it.
     pub fn allocate(
         driver: Arc<dyn Driver>,
         weights_bytes: usize,
-        wl: WeightLayout,
-        kvl: KvLayout,
-        cl: ComputeLayout,
+        (wl, kvl, cl): (WeightLayout, KvLayout, ComputeLayout),
+        engine_compute_bytes: usize,
     ) -> Result<Self, RuntimeError> {
         let mut s = Self {
             driver,
-            held: Vec::with_capacity(3),
+            held: Vec::with_capacity(4),
             bufs: DeviceBuffers {
                 weights: 0,
                 kv: 0,
@@ -42,6 +43,12 @@ impl Startup {
         s.bufs.weights = s.take("weights", weights_bytes.max(wl.bytes))?;
         s.bufs.kv = s.take("KV cache", kvl.bytes)?;
         s.bufs.compute = s.take("compute buffer", cl.bytes)?;
+        if engine_compute_bytes > 0 {
+            s.take(
+                "compute buffer (the engine's flash-attention K/V copies)",
+                engine_compute_bytes,
+            )?;
+        }
         Ok(s)
     }
 

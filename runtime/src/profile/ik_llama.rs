@@ -29,17 +29,15 @@
 //! kernel has no case for, single-token attention that goes to the vector kernel (an f16 cache
 //! with head dimension 64 or 128 and no GQA), and devices before Ampere.
 
-use super::{Arch, Device, EngineModel, OpCall, OpKind, Request, Weights};
+use super::graph::{self, LayerOps};
+pub use super::UbatchShape;
+use super::{Device, EngineModel, OpCall, OpKind, Request, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
 /// The commit this profile models.
 pub const COMMIT: &str = "8337e4cd";
 
-/// ggml's row padding for quantized activations (`MATRIX_ROW_PADDING`).
-const ROW_PADDING: usize = 512;
-/// Bytes of a q8_1 block of 32 values.
-const Q8_1_BLOCK: usize = 36;
 /// Bytes of MMQ's q8_1 block of 128 values (`block_q8_1_mmq`).
 const Q8_1_MMQ_BLOCK: usize = 144;
 /// MMQ's largest column tile and its row tile on NVIDIA GPUs with int8 tensor cores.
@@ -54,18 +52,6 @@ const MMA_HEAD_DIMS: [usize; 7] = [64, 80, 96, 112, 128, 192, 256];
 
 fn invalid(what: String) -> RuntimeError {
     RuntimeError::Invalid(format!("the ik_llama ({COMMIT}) profile: {what}"))
-}
-
-/// The shape of one ubatch: its tokens, the (padded) cache positions they attend to, and the
-/// rows that produce logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UbatchShape {
-    /// Tokens.
-    pub n_tokens: usize,
-    /// Padded KV length.
-    pub n_kv: usize,
-    /// Output rows (0 for all but a prompt's last ubatch).
-    pub n_outputs: usize,
 }
 
 /// The pool requests of one ubatch, in the engine's op order: every layer, then the output
@@ -84,12 +70,7 @@ pub fn ubatch(
         n_kv,
         n_outputs,
     };
-    let mut calls = Vec::with_capacity(m.n_layer * 8 + 1);
-    for l in 0..m.n_layer {
-        calls.extend(layer(m, weights, kv, u, dev, l)?);
-    }
-    calls.extend(output(m, weights, u, dev));
-    Ok(calls)
+    super::Profile::IkLlama.ubatch(m, weights, kv, u, dev)
 }
 
 fn check(m: &EngineModel, kv: KvType, u: UbatchShape, dev: Device) -> Result<(), RuntimeError> {
@@ -138,43 +119,66 @@ pub fn layer(
     l: usize,
 ) -> Result<Vec<OpCall>, RuntimeError> {
     check(m, kv, u, dev)?;
-    let e = m.n_embd;
-    let mm = MatMul { weights, dev };
-    let mut calls = Vec::with_capacity(8);
-    let n = u.n_tokens;
-    match m.arch {
-        Arch::Phi3 => calls.push(mm.single(e, e + 2 * m.kv_dim(), n)),
-        Arch::Llama => match weights {
-            Weights::F16 => {
-                calls.push(mm.single(e, e, n));
-                calls.push(mm.single(e, m.kv_dim(), n));
-                calls.push(mm.single(e, m.kv_dim(), n));
-            }
-            Weights::Q8_0 => calls.push(mm.shared_input(e, 3, n)),
-        },
-    }
-    calls.push(flash_attention(m, kv, n, u.n_kv, dev));
-    calls.push(mm.single(e, e, n));
-    // The last layer carries on with the output rows only (none: nothing more to do).
-    let n = if l + 1 == m.n_layer { u.n_outputs } else { n };
-    if n == 0 {
-        return Ok(calls);
-    }
-    match (m.arch, weights) {
-        (Arch::Phi3, _) => calls.push(mm.single(e, 2 * m.n_ff, n)),
-        (Arch::Llama, Weights::F16) => {
-            calls.push(mm.single(e, m.n_ff, n));
-            calls.push(mm.single(e, m.n_ff, n));
-        }
-        (Arch::Llama, Weights::Q8_0) => calls.push(mm.fused_up_gate(e, m.n_ff, n)),
-    }
-    calls.push(mm.single(m.n_ff, e, n));
-    Ok(calls)
+    Ok(graph::layer(&Ik { weights, kv, dev }, m, u, l))
 }
 
 /// The output matrix's requests, on the output rows (none without any).
 pub fn output(m: &EngineModel, weights: Weights, u: UbatchShape, dev: Device) -> Option<OpCall> {
-    (u.n_outputs > 0).then(|| MatMul { weights, dev }.single(m.n_embd, m.n_vocab, u.n_outputs))
+    graph::output(
+        &Ik {
+            weights,
+            kv: KvType::F16,
+            dev,
+        },
+        m,
+        u,
+    )
+}
+
+/// ik_llama.cpp's kernels for one weight type, cache type and device.
+struct Ik {
+    weights: Weights,
+    kv: KvType,
+    dev: Device,
+}
+
+impl LayerOps for Ik {
+    fn matmul(&self, input: usize, output: usize, n: usize) -> Option<OpCall> {
+        Some(self.mm().single(input, output, n))
+    }
+
+    fn qkv(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
+        let e = m.n_embd;
+        match self.weights {
+            Weights::F16 => [e, m.kv_dim(), m.kv_dim()]
+                .into_iter()
+                .map(|out| self.mm().single(e, out, n))
+                .collect(),
+            Weights::Q8_0 => vec![self.mm().shared_input(e, 3, n)],
+        }
+    }
+
+    fn gate_up(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
+        match self.weights {
+            Weights::F16 => (0..2)
+                .map(|_| self.mm().single(m.n_embd, m.n_ff, n))
+                .collect(),
+            Weights::Q8_0 => vec![self.mm().fused_up_gate(m.n_embd, m.n_ff, n)],
+        }
+    }
+
+    fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
+        Some(flash_attention(m, self.kv, n, n_kv, self.dev))
+    }
+}
+
+impl Ik {
+    fn mm(&self) -> MatMul {
+        MatMul {
+            weights: self.weights,
+            dev: self.dev,
+        }
+    }
 }
 
 /// The matrix-multiply paths of one weight type on one device.
@@ -212,18 +216,18 @@ impl MatMul {
     }
 
     fn quantized(&self, name: &'static str, input: usize, launches: usize, n: usize) -> OpCall {
-        let row = input.div_ceil(ROW_PADDING) * ROW_PADDING * Q8_1_BLOCK / 32;
+        let act = graph::q8_1_bytes(input, n);
         if n <= MMVQ_MAX_BATCH {
             return OpCall {
                 kind: OpKind::MatMul,
-                held: vec![req(name, n * row)],
+                held: vec![req(name, act)],
                 inner: vec![],
             };
         }
         let fixup = self.dev.nsm * mmq_x(n) * MMQ_Y * 4;
         OpCall {
             kind: OpKind::MatMul,
-            held: vec![req(name, n * row + MMQ_X_MAX * Q8_1_MMQ_BLOCK)],
+            held: vec![req(name, act + MMQ_X_MAX * Q8_1_MMQ_BLOCK)],
             inner: vec![req(name, fixup); launches],
         }
     }
@@ -316,7 +320,7 @@ mod tests {
             512,
             512,
             1,
-            Device { cc: 750, nsm: 40 },
+            Device::new(750, 40),
         ));
         assert!(e.contains("8.0 or newer"), "{e}");
         let mut odd = m.clone();

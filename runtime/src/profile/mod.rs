@@ -8,11 +8,17 @@
 //! returns the held ones in reverse, as ggml's `ggml_cuda_pool_alloc` destructors do. That
 //! order decides what a best-fit pool strands, so it is part of the answer, not a detail.
 //!
-//! Profiles so far: [`ik_llama`] (ik_llama.cpp 8337e4cd, dense models).
+//! Profiles ([`Profile`], dense models): `ik_llama` (ik_llama.cpp 8337e4cd, [`ik_llama`]),
+//! `llama-b8833` and `llama` (llama.cpp before and after PR #23907, [`llama`]). Every profile
+//! builds a layer in the same op order ([`graph`]); they differ in what each op's kernel takes.
 
+mod graph;
 pub mod ik_llama;
+pub mod llama;
 mod sweep;
 
+use crate::error::RuntimeError;
+use cupool_kernels::KvType;
 pub use sweep::{sweep_step, SweepStep, KV_PADDING};
 
 /// Whose pool traffic a run takes.
@@ -21,22 +27,155 @@ pub enum EngineKind {
     /// cupool's runtime: the flash-attention scratch (its own split heuristic) and the GEMM workspace.
     #[default]
     Cupool,
-    /// ik_llama.cpp 8337e4cd ([`ik_llama`]): every op's requests, on a device of `cc`, for the
-    /// run's weight type.
-    IkLlama {
+    /// A real engine's profile: every op's requests, on a device of `cc`, for the run's weight
+    /// type.
+    Profile {
+        /// Which engine.
+        profile: Profile,
         /// Compute capability (900 for 9.0); the SM count is the run's `sms`.
         cc: u32,
     },
 }
 
 impl EngineKind {
-    /// `cupool` or `ik_llama`.
+    /// `cupool`, or the profile's name.
     pub fn name(self) -> &'static str {
         match self {
             Self::Cupool => "cupool",
-            Self::IkLlama { .. } => "ik_llama",
+            Self::Profile { profile, .. } => profile.name(),
         }
     }
+}
+
+/// A real engine, at the commit its profile models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// ik_llama.cpp 8337e4cd (the seeds' engine; K/V f16 copies from the pool).
+    #[default]
+    IkLlama,
+    /// llama.cpp before PR #23907 (b8833, the Windows 7 report): K/V f16 copies from the pool.
+    LlamaB8833,
+    /// llama.cpp after PR #23907 (ggml d99724f2): K/V f16 copies in the compute buffer, legacy
+    /// pool flushes and retries on OOM (PR #22155).
+    Llama,
+}
+
+impl Profile {
+    /// Every profile.
+    pub const ALL: [Profile; 3] = [Self::IkLlama, Self::LlamaB8833, Self::Llama];
+
+    /// `ik_llama`, `llama-b8833` or `llama`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::IkLlama => "ik_llama",
+            Self::LlamaB8833 => "llama-b8833",
+            Self::Llama => "llama",
+        }
+    }
+
+    /// The upstream commit (or release) it models.
+    pub fn commit(self) -> &'static str {
+        match self {
+            Self::IkLlama => ik_llama::COMMIT,
+            Self::LlamaB8833 => llama::Version::B8833.commit(),
+            Self::Llama => llama::Version::D99724f2.commit(),
+        }
+    }
+
+    /// By name (`ik-llama` and `llama_b8833` too).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.replace('-', "_").as_str() {
+            "ik_llama" => Some(Self::IkLlama),
+            "llama_b8833" => Some(Self::LlamaB8833),
+            "llama" => Some(Self::Llama),
+            _ => None,
+        }
+    }
+
+    /// Whether the engine's legacy pool flushes its cache and retries once when the device is
+    /// out of memory (ggml PR #22155): mainline's does; ik_llama.cpp's has no such path, and
+    /// `llama-b8833` is modelled as the report's build, which died in the legacy pool's malloc.
+    pub fn legacy_flush_and_retry(self) -> bool {
+        self == Self::Llama
+    }
+
+    /// Bytes the engine's startup reservation adds to the compute buffer for flash attention
+    /// over a context of `n_ctx` (mainline after #23907: the f16 copies of a quantized cache).
+    pub fn startup_extra_bytes(self, m: &EngineModel, kv: KvType, n_ctx: usize) -> usize {
+        match self {
+            Self::IkLlama => 0,
+            Self::LlamaB8833 => llama::startup_extra_bytes(llama::Version::B8833, m, kv, n_ctx),
+            Self::Llama => llama::startup_extra_bytes(llama::Version::D99724f2, m, kv, n_ctx),
+        }
+    }
+
+    /// The requests of layer `l` of ubatch `u`.
+    pub fn layer(
+        self,
+        m: &EngineModel,
+        weights: Weights,
+        kv: KvType,
+        u: UbatchShape,
+        dev: Device,
+        l: usize,
+    ) -> Result<Vec<OpCall>, RuntimeError> {
+        match self.version() {
+            None => ik_llama::layer(m, weights, kv, u, dev, l),
+            Some(v) => llama::layer(v, m, weights, kv, u, dev, l),
+        }
+    }
+
+    /// The output matrix's requests (none without an output row or where its kernel takes
+    /// nothing).
+    pub fn output(
+        self,
+        m: &EngineModel,
+        weights: Weights,
+        u: UbatchShape,
+        dev: Device,
+    ) -> Option<OpCall> {
+        match self.version() {
+            None => ik_llama::output(m, weights, u, dev),
+            Some(v) => llama::output(v, m, weights, u, dev),
+        }
+    }
+
+    /// The requests of a whole ubatch: every layer, then the output matrix.
+    pub fn ubatch(
+        self,
+        m: &EngineModel,
+        weights: Weights,
+        kv: KvType,
+        u: UbatchShape,
+        dev: Device,
+    ) -> Result<Vec<OpCall>, RuntimeError> {
+        let mut calls = Vec::with_capacity(m.n_layer * 8 + 1);
+        for l in 0..m.n_layer {
+            calls.extend(self.layer(m, weights, kv, u, dev, l)?);
+        }
+        calls.extend(self.output(m, weights, u, dev));
+        Ok(calls)
+    }
+
+    fn version(self) -> Option<llama::Version> {
+        match self {
+            Self::IkLlama => None,
+            Self::LlamaB8833 => Some(llama::Version::B8833),
+            Self::Llama => Some(llama::Version::D99724f2),
+        }
+    }
+}
+
+/// The shape of one ubatch: its tokens, the (padded) cache positions they attend to, and the
+/// rows that produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UbatchShape {
+    /// Tokens.
+    pub n_tokens: usize,
+    /// Padded KV length.
+    pub n_kv: usize,
+    /// Output rows (0 for all but a prompt's last ubatch).
+    pub n_outputs: usize,
 }
 
 use cupool_pool::adaptors::TraceEvent;
@@ -48,11 +187,28 @@ pub struct Device {
     pub cc: u32,
     /// Streaming multiprocessors: stream-k kernels launch this many blocks.
     pub nsm: usize,
+    /// Blocks per SM of mainline's flash-attention kernels, as the CUDA runtime reports for
+    /// the engine's compiled kernel. `None`: the kernel's launch bound (see [`llama`]).
+    /// ik_llama.cpp does not read it.
+    pub occupancy: Option<usize>,
 }
 
 impl Device {
     /// An H100 SXM or H200 (132 SMs, compute capability 9.0).
-    pub const H100_SXM: Device = Device { cc: 900, nsm: 132 };
+    pub const H100_SXM: Device = Device {
+        cc: 900,
+        nsm: 132,
+        occupancy: None,
+    };
+
+    /// A device of compute capability `cc` with `nsm` SMs.
+    pub fn new(cc: u32, nsm: usize) -> Self {
+        Self {
+            cc,
+            nsm,
+            occupancy: None,
+        }
+    }
 }
 
 /// How an engine's weight matrices are stored: it decides the matrix-multiply path. In cupool's

@@ -1,0 +1,71 @@
+//! The op order of a dense layer as llama.cpp-style graphs build it, shared by every profile:
+//! the engines differ in what each op takes from the pool, not in which ops run.
+
+use super::{Arch, EngineModel, OpCall, UbatchShape};
+
+/// What one engine's kernels take from the pool for the ops of a layer. A `None` is an op
+/// whose kernel takes nothing (ggml's vector kernels, for instance).
+pub(crate) trait LayerOps {
+    /// `n` columns of `input` values through one matrix of `output` rows.
+    fn matmul(&self, input: usize, output: usize, n: usize) -> Option<OpCall>;
+
+    /// Llama's Q, K and V projections (Phi-3 has one fused matrix and goes to [`Self::matmul`]).
+    fn qkv(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
+        let e = m.n_embd;
+        [e, m.kv_dim(), m.kv_dim()]
+            .into_iter()
+            .filter_map(|out| self.matmul(e, out, n))
+            .collect()
+    }
+
+    /// Llama's gate and up projections (Phi-3 has one matrix of `2 × n_ff` rows).
+    fn gate_up(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
+        (0..2)
+            .filter_map(|_| self.matmul(m.n_embd, m.n_ff, n))
+            .collect()
+    }
+
+    /// Flash attention of `n` tokens over a padded KV length of `n_kv`.
+    fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall>;
+}
+
+/// Layer `l` of a ubatch: QKV, attention, output projection, then the feed-forward network on
+/// the rows that go on (after the last layer's attention only the output rows, `inp_out_ids`;
+/// a ubatch without any skips the rest, as ggml skips ops on empty tensors).
+pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize) -> Vec<OpCall> {
+    let e = m.n_embd;
+    let n = u.n_tokens;
+    let mut calls = Vec::with_capacity(8);
+    match m.arch {
+        Arch::Phi3 => calls.extend(k.matmul(e, e + 2 * m.kv_dim(), n)),
+        Arch::Llama => calls.extend(k.qkv(m, n)),
+    }
+    calls.extend(k.attention(m, n, u.n_kv));
+    calls.extend(k.matmul(e, e, n));
+    let n = if l + 1 == m.n_layer { u.n_outputs } else { n };
+    if n == 0 {
+        return calls;
+    }
+    match m.arch {
+        Arch::Phi3 => calls.extend(k.matmul(e, 2 * m.n_ff, n)),
+        Arch::Llama => calls.extend(k.gate_up(m, n)),
+    }
+    calls.extend(k.matmul(m.n_ff, e, n));
+    calls
+}
+
+/// The output matrix on the output rows (nothing without any).
+pub(crate) fn output(k: &impl LayerOps, m: &EngineModel, u: UbatchShape) -> Option<OpCall> {
+    if u.n_outputs == 0 {
+        return None;
+    }
+    k.matmul(m.n_embd, m.n_vocab, u.n_outputs)
+}
+
+/// Bytes of `n` columns of `input` values quantized to q8_1 blocks of 32, rows padded to 512
+/// values (`MATRIX_ROW_PADDING`): what MMVQ and MMQ quantize the activations into.
+pub(crate) fn q8_1_bytes(input: usize, n: usize) -> usize {
+    const ROW_PADDING: usize = 512;
+    const Q8_1_BLOCK: usize = 36;
+    n * input.div_ceil(ROW_PADDING) * ROW_PADDING * Q8_1_BLOCK / 32
+}
