@@ -70,6 +70,8 @@ struct Case {
     peak_reserved: usize,
     /// Whether the start-up phase begins with sweep-bench's warm-up decode.
     warm_up: bool,
+    /// The recorded model's layers, where it has fewer than the preset.
+    n_layer: Option<usize>,
 }
 
 /// What the profile says `llama-sweep-bench -c 20480 -ub 512 -n 1` asks of the pool in sweep
@@ -120,7 +122,8 @@ fn same(trace: &str, k: usize, got: &[Event], want: &[Event]) {
 
 fn check(c: &Case) {
     let recorded = read_trace(c.trace);
-    let model = EngineModel::preset(c.model).unwrap();
+    let mut model = EngineModel::preset(c.model).unwrap();
+    model.n_layer = c.n_layer.unwrap_or(model.n_layer);
     let got = phases(&profile_trace(&model, c.weights, 0..40, 0));
     let want = phases(&recorded);
     // 40 sweep steps, each ending at a boundary; the phase after the last boundary is empty.
@@ -129,7 +132,13 @@ fn check(c: &Case) {
     // The start-up phase: sweep-bench's warm-up (a one-token decode with no output row, in the
     // Phi-3 runs; the Llama-3 runs show none), then step 0.
     let dev = Device::H100_SXM;
-    let warm = ik_llama::ubatch(&model, c.weights, KvType::Q8_0, 1, 256, 0, dev).unwrap();
+    // The warm-up routes every token to every expert (llama_build_context: n_expert_used =
+    // n_expert while warming up), so that each expert's weights are touched once.
+    let mut warm_model = model.clone();
+    if let Some(moe) = &mut warm_model.moe {
+        moe.n_expert_used = moe.n_expert;
+    }
+    let warm = ik_llama::ubatch(&warm_model, c.weights, KvType::Q8_0, 1, 256, 0, dev).unwrap();
     let mut warm_ops = Vec::new();
     trace_events(&warm, 0, &mut warm_ops);
     let mut head = vec![Op::PhaseBegin {
@@ -177,6 +186,7 @@ fn ik_llama_phi3_mini_f16_weights() {
         weights: Weights::F16,
         peak_reserved: 2_698_837_504,
         warm_up: true,
+        n_layer: None,
     });
 }
 
@@ -188,6 +198,7 @@ fn ik_llama_phi3_mini_q8_0_weights() {
         weights: Weights::Q8_0,
         peak_reserved: 2_697_989_376,
         warm_up: true,
+        n_layer: None,
     });
 }
 
@@ -199,6 +210,7 @@ fn ik_llama_llama3_8b_f16_weights() {
         weights: Weights::F16,
         peak_reserved: 238_665_472,
         warm_up: false,
+        n_layer: None,
     });
 }
 
@@ -210,6 +222,22 @@ fn ik_llama_llama3_8b_q8_0_weights() {
         weights: Weights::Q8_0,
         peak_reserved: 232_872_448,
         warm_up: false,
+        n_layer: None,
+    });
+}
+
+/// Qwen3-30B-A3B's shape with 4 of its 48 layers (each layer's requests are the same), q8_0
+/// weights: the experts' fused up-gate-down op, MMVQ for the decodes and MMQ's expert path for
+/// the prefills.
+#[test]
+fn ik_llama_qwen3_30b_a3b_q8_0_weights() {
+    check(&Case {
+        trace: "docs/data/h200-2026-11-22-moe/qwen3-q8_0-trace.trace.jsonl.gz",
+        model: "qwen3-30b-a3b",
+        weights: Weights::Q8_0,
+        peak_reserved: 272_782_080,
+        warm_up: true,
+        n_layer: Some(4),
     });
 }
 
@@ -341,5 +369,79 @@ fn ik_llama_prompts_on_two_gpus() {
                 same(&format!("{trace} stream {stream}"), j, &phases(&ops)[0], w);
             }
         }
+    }
+}
+
+/// A llama-bench prompt on one H200: Qwen3-30B-A3B's shape (4 layers, q8_0) `-p 5000 -b 2048
+/// -ub 512`: ubatches of 512 tokens whose experts take MMQ's expert path, the last of each
+/// batch with one output row, a short last ubatch of 392. The start-up phase (llama-bench's
+/// warm-up and the first ubatch) is not compared.
+#[test]
+fn ik_llama_qwen3_30b_a3b_prompt() {
+    use cupool::runtime::profile::{Profile, UbatchShape};
+    let dev = Device::H100_SXM;
+    let (tokens, batch, ubatch) = (5000usize, 2048, 512);
+    let recorded =
+        read_trace("docs/data/h200-2026-11-22-moe/qwen3-q8_0-p5000-trace.trace.jsonl.gz");
+    let mut m = EngineModel::preset("qwen3-30b-a3b").unwrap();
+    m.n_layer = 4;
+    let n_ub = tokens.div_ceil(ubatch);
+    let want = phases(&recorded);
+    assert_eq!(want.len(), n_ub + 1);
+    for (j, w) in want.iter().enumerate().take(n_ub).skip(1) {
+        let start = j * ubatch;
+        let end = (start + ubatch).min(tokens);
+        let u = UbatchShape {
+            n_tokens: end - start,
+            n_kv: end.next_multiple_of(256),
+            n_outputs: usize::from(end % batch == 0 || end == tokens),
+        };
+        let calls = Profile::IkLlama
+            .ubatch(&m, Weights::Q8_0, KvType::Q8_0, u, dev)
+            .unwrap();
+        let mut ops = vec![Op::PhaseBegin {
+            name: String::new(),
+        }];
+        trace_events(&calls, 0, &mut ops);
+        same("qwen3-q8_0-p5000", j, &phases(&ops)[0], w);
+    }
+}
+
+/// Qwen3-30B-A3B with f16 experts: each expert's matrix multiply is sized by the tokens the
+/// router sends it, so the profile refuses it, and the recording shows why: two sweep steps of
+/// one shape ask for different sizes.
+#[test]
+fn f16_experts_depend_on_the_routing() {
+    let recorded = read_trace("docs/data/h200-2026-11-22-moe/qwen3-f16-trace.trace.jsonl.gz");
+    let steps = phases(&recorded);
+    let sizes = |k: usize| -> std::collections::BTreeSet<usize> {
+        steps[k]
+            .iter()
+            .filter_map(|e| match e {
+                Event::Alloc(size, name) if name.contains("MUL_MAT_ID") || name.contains("MOE") => {
+                    Some(*size)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(!sizes(5).is_empty());
+    assert_ne!(
+        sizes(5),
+        sizes(6),
+        "routing-dependent sizes differ between steps"
+    );
+    let m = EngineModel::preset("qwen3-30b-a3b").unwrap();
+    let u = cupool::runtime::profile::UbatchShape {
+        n_tokens: 512,
+        n_kv: 1024,
+        n_outputs: 1,
+    };
+    for p in cupool::runtime::profile::Profile::ALL {
+        let e = p
+            .ubatch(&m, Weights::F16, KvType::Q8_0, u, Device::H100_SXM)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("q8_0"), "{e}");
     }
 }

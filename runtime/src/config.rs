@@ -126,8 +126,9 @@ impl RunConfig {
         }
         if self.engine != EngineKind::Cupool && EngineModel::preset(&self.model.name).is_none() {
             return bad(format!(
-                "the {} engine profile models the dense presets phi3-mini and llama3-8b, not {:?}",
+                "the {} engine profile models the presets {:?}, not {:?}",
                 self.engine.name(),
+                EngineModel::PRESETS,
                 self.model.name
             ));
         }

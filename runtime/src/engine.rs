@@ -510,7 +510,8 @@ impl Engine {
 fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeError> {
     let preset = EngineModel::preset(&s.name).ok_or_else(|| {
         RuntimeError::Invalid(format!(
-            "engine profiles model the dense presets phi3-mini and llama3-8b, not {:?}",
+            "engine profiles model the presets {:?}, not {:?}",
+            EngineModel::PRESETS,
             s.name
         ))
     })?;
@@ -556,6 +557,9 @@ fn take_call(pool: &Arc<dyn Pool>, c: &OpCall) -> Result<(), RuntimeError> {
         drop(label::with(r.name, || {
             PoolBuffer::<u8>::alloc(pool, r.bytes)
         })?);
+    }
+    for n in &c.nested {
+        take_call(pool, n)?;
     }
     while let Some(b) = held.pop() {
         drop(b);

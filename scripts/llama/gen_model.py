@@ -25,15 +25,21 @@ PRESETS = {
     # arch, layers, width, heads, kv heads, ffn, vocab, context trained
     "phi3-mini": ("phi3", 32, 3072, 32, 32, 8192, 32064, 131072),
     "llama3-8b": ("llama", 32, 4096, 32, 8, 14336, 128256, 131072),
+    "qwen3-30b-a3b": ("qwen3moe", 48, 2048, 32, 4, 6144, 151936, 40960),
+}
+# Mixture-of-experts presets: head dimension, experts, experts used per token, expert FFN width.
+MOE = {
+    "qwen3-30b-a3b": (128, 128, 8, 768),
 }
 TYPES = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 QK8_0 = 32
 
 
 def tensors(preset: str, n_layer: int):
-    """(name, shape as ggml orders it: fastest dimension first, is_matrix) of every tensor."""
+    """(name, shape as ggml orders it: fastest dimension first, kind) of every tensor: kind is True
+    for a matrix of the chosen type, None for an f32 matrix, False for a norm (ones)."""
     arch, _, n_embd, n_head, n_head_kv, n_ff, n_vocab, _ = PRESETS[preset]
-    head_dim = n_embd // n_head
+    head_dim = MOE[preset][0] if preset in MOE else n_embd // n_head
     n_gqa = n_head_kv * head_dim
     yield "token_embd.weight", (n_embd, n_vocab), True
     yield "output_norm.weight", (n_embd,), False
@@ -45,6 +51,20 @@ def tensors(preset: str, n_layer: int):
         if arch == "phi3":
             yield b + "attn_qkv.weight", (n_embd, n_embd + 2 * n_gqa), True
             yield b + "ffn_up.weight", (n_embd, 2 * n_ff), True
+        elif arch == "qwen3moe":
+            _, n_expert, _, n_ff_exp = MOE[preset]
+            yield b + "attn_q.weight", (n_embd, n_head * head_dim), True
+            yield b + "attn_k.weight", (n_embd, n_gqa), True
+            yield b + "attn_v.weight", (n_embd, n_gqa), True
+            yield b + "attn_q_norm.weight", (head_dim,), False
+            yield b + "attn_k_norm.weight", (head_dim,), False
+            yield b + "attn_output.weight", (n_head * head_dim, n_embd), True
+            # The router stays f32, as in published GGUFs.
+            yield b + "ffn_gate_inp.weight", (n_embd, n_expert), None
+            yield b + "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), True
+            yield b + "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), True
+            yield b + "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), True
+            continue
         else:
             yield b + "attn_q.weight", (n_embd, n_embd), True
             yield b + "attn_k.weight", (n_embd, n_gqa), True
@@ -64,7 +84,8 @@ def random_tensor(rng, shape, qtype):
         raw = np.empty((blocks, 2 + QK8_0), dtype=np.uint8)
         raw[:, :2] = np.full(blocks, 0.02 / 127, dtype=np.float16).view(np.uint8).reshape(blocks, 2)
         raw[:, 2:] = rng.integers(0, 256, size=(blocks, QK8_0), dtype=np.uint8)
-        return raw.reshape(shape[1], -1) if len(shape) == 2 else raw.reshape(-1)
+        # Rows of bytes, the outer dimensions as they are (experts of a 3-d tensor).
+        return raw.reshape(tuple(reversed(shape[1:])) + (-1,))
     w = rng.standard_normal(n, dtype=np.float32)
     w *= 0.02
     return w.astype(np.float16).reshape(tuple(reversed(shape)))
@@ -96,7 +117,16 @@ def main() -> None:
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(n_embd // n_head)
+    if a.preset in MOE:
+        head_dim, n_expert, n_expert_used, n_ff_exp = MOE[a.preset]
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(n_ff_exp)
+        w.add_rope_dimension_count(head_dim)
+    else:
+        w.add_rope_dimension_count(n_embd // n_head)
     w.add_rope_freq_base(10000.0 if arch == "phi3" else 500000.0)
     if arch == "phi3":
         w.add_sliding_window(n_ctx_train * 2)  # no sliding window, as Phi-3-mini-128k
@@ -121,6 +151,9 @@ def main() -> None:
         if matrix:
             data = random_tensor(rng, shape, qtype)
             w.add_tensor(name, data, raw_dtype=qtype)
+        elif matrix is None:
+            data = (rng.standard_normal(int(np.prod(shape)), dtype=np.float32) * 0.02).reshape(tuple(reversed(shape)))
+            w.add_tensor(name, data)
         else:
             data = np.ones(shape, dtype=np.float32)
             w.add_tensor(name, data)

@@ -1,7 +1,7 @@
 //! The op order of a dense layer as llama.cpp-style graphs build it, shared by every profile:
 //! the engines differ in what each op takes from the pool, not in which ops run.
 
-use super::{Arch, EngineModel, OpCall, UbatchShape};
+use super::{Arch, EngineModel, Moe, OpCall, UbatchShape};
 
 /// What one engine's kernels take from the pool for the ops of a layer. A `None` is an op
 /// whose kernel takes nothing (ggml's vector kernels, for instance).
@@ -12,7 +12,7 @@ pub(crate) trait LayerOps {
     /// Llama's Q, K and V projections (Phi-3 has one fused matrix and goes to [`Self::matmul`]).
     fn qkv(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
         let e = m.n_embd;
-        [e, m.kv_dim(), m.kv_dim()]
+        [m.q_dim(), m.kv_dim(), m.kv_dim()]
             .into_iter()
             .filter_map(|out| self.matmul(e, out, n))
             .collect()
@@ -27,23 +27,43 @@ pub(crate) trait LayerOps {
 
     /// Flash attention of `n` tokens over a padded KV length of `n_kv`.
     fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall>;
+
+    /// The experts of `n` tokens: up, gate and down projections of the experts each token is
+    /// routed to. The router (an f32 matrix) and the top-k selection take nothing from the
+    /// pool in the engines profiled: cuBLAS reads f32 operands in place, and the selection
+    /// kernels are fused (mainline's `topk_moe`) or work in registers (ik_llama.cpp).
+    fn experts(&self, m: &EngineModel, moe: Moe, n: usize) -> Vec<OpCall>;
+
+    /// The rows the last layer's feed-forward and the output matrix run on: the output rows
+    /// (`inp_out_ids`), unless the engine's graph keeps every row for this ubatch.
+    fn rows_after_attention(&self, _m: &EngineModel, u: UbatchShape) -> usize {
+        u.n_outputs
+    }
 }
 
-/// Layer `l` of a ubatch: QKV, attention, output projection, then the feed-forward network on
-/// the rows that go on (after the last layer's attention only the output rows, `inp_out_ids`;
+/// Layer `l` of a ubatch: QKV, attention, output projection, then the feed-forward network
+/// (dense, or the experts) on the rows that go on (after the last layer's attention only the output rows, `inp_out_ids`;
 /// a ubatch without any skips the rest, as ggml skips ops on empty tensors).
 pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize) -> Vec<OpCall> {
     let e = m.n_embd;
     let n = u.n_tokens;
     let mut calls = Vec::with_capacity(8);
     match m.arch {
-        Arch::Phi3 => calls.extend(k.matmul(e, e + 2 * m.kv_dim(), n)),
+        Arch::Phi3 => calls.extend(k.matmul(e, m.q_dim() + 2 * m.kv_dim(), n)),
         Arch::Llama => calls.extend(k.qkv(m, n)),
     }
     calls.extend(k.attention(m, n, u.n_kv));
-    calls.extend(k.matmul(e, e, n));
-    let n = if l + 1 == m.n_layer { u.n_outputs } else { n };
+    calls.extend(k.matmul(m.q_dim(), e, n));
+    let n = if l + 1 == m.n_layer {
+        k.rows_after_attention(m, u)
+    } else {
+        n
+    };
     if n == 0 {
+        return calls;
+    }
+    if let Some(moe) = m.moe {
+        calls.extend(k.experts(m, moe, n));
         return calls;
     }
     match m.arch {
@@ -56,10 +76,10 @@ pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize
 
 /// The output matrix on the output rows (nothing without any).
 pub(crate) fn output(k: &impl LayerOps, m: &EngineModel, u: UbatchShape) -> Option<OpCall> {
-    if u.n_outputs == 0 {
-        return None;
+    match k.rows_after_attention(m, u) {
+        0 => None,
+        rows => k.matmul(m.n_embd, m.n_vocab, rows),
     }
-    k.matmul(m.n_embd, m.n_vocab, u.n_outputs)
 }
 
 /// Bytes of `n` columns of `input` values quantized to q8_1 blocks of 32, rows padded to 512

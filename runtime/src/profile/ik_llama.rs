@@ -25,13 +25,19 @@
 //!   matrix; a ubatch with no output row (all but the last of a prompt) skips the last layer's
 //!   feed-forward and the output matrix (ggml skips ops on empty tensors).
 //!
-//! Not modelled, refused with a message: mixture-of-experts models, head dimensions the MMA
-//! kernel has no case for, single-token attention that goes to the vector kernel (an f16 cache
-//! with head dimension 64 or 128 and no GQA), and devices before Ampere.
+//! - **experts** (mixture-of-experts models, q8_0): `MOE_FUSED_UP_GATE` with the down projection
+//!   fused in (`ggml_cuda_moe_up_gate_unary`, `mmq_id.cu`); see `MatMul::fused_experts`. The
+//!   router is an f32 matrix multiply and the top-k selection, neither of which takes pool memory.
+//!
+//! Not modelled, refused with a message: f16 experts and ubatches of more than 32 tokens per
+//! expert of the model (one cuBLAS or MMQ call per expert, each sized by the number of tokens
+//! the router sends it: not predictable from the shape), head dimensions the MMA kernel has no
+//! case for, single-token attention that goes to the vector kernel (an f16 cache with head
+//! dimension 64 or 128 and no GQA), and devices before Ampere.
 
 use super::graph::{self, LayerOps};
 pub use super::UbatchShape;
-use super::{Device, EngineModel, OpCall, OpKind, Request, Weights};
+use super::{Device, EngineModel, Moe, OpCall, OpKind, Request, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
@@ -73,7 +79,17 @@ pub fn ubatch(
     super::Profile::IkLlama.ubatch(m, weights, kv, u, dev)
 }
 
-fn check(m: &EngineModel, kv: KvType, u: UbatchShape, dev: Device) -> Result<(), RuntimeError> {
+/// ik_llama.cpp takes MMQ's expert path up to this many tokens per expert of the model
+/// (`mmq_id_thresh`), and per-expert matrix multiplies beyond.
+const MMQ_ID_TOKENS_PER_EXPERT: usize = 32;
+
+fn check(
+    m: &EngineModel,
+    weights: Weights,
+    kv: KvType,
+    u: UbatchShape,
+    dev: Device,
+) -> Result<(), RuntimeError> {
     let UbatchShape {
         n_tokens,
         n_kv,
@@ -98,6 +114,20 @@ fn check(m: &EngineModel, kv: KvType, u: UbatchShape, dev: Device) -> Result<(),
             m.head_dim, m.n_head_kv, m.n_head
         )));
     }
+    if let Some(moe) = m.moe {
+        if weights == Weights::F16 {
+            return Err(invalid(
+                "f16 experts go through one cuBLAS call per expert, sized by how many tokens the router sends to it: accepted are q8_0 weights for a mixture-of-experts model".into(),
+            ));
+        }
+        let most = MMQ_ID_TOKENS_PER_EXPERT * moe.n_expert;
+        if n_tokens > most {
+            return Err(invalid(format!(
+                "{n_tokens} tokens through {} experts: beyond {most} tokens the experts run one by one, sized by the routing; accepted are ubatches of at most {most}",
+                moe.n_expert
+            )));
+        }
+    }
     let gqa = m.n_head / m.n_head_kv;
     let vector_decode = kv == KvType::F16 && gqa % 2 != 0 && m.head_dim % 64 == 0;
     if vector_decode && n_tokens == 1 {
@@ -118,7 +148,7 @@ pub fn layer(
     dev: Device,
     l: usize,
 ) -> Result<Vec<OpCall>, RuntimeError> {
-    check(m, kv, u, dev)?;
+    check(m, weights, kv, u, dev)?;
     Ok(graph::layer(&Ik { weights, kv, dev }, m, u, l))
 }
 
@@ -170,6 +200,21 @@ impl LayerOps for Ik {
     fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
         Some(flash_attention(m, self.kv, n, n_kv, self.dev))
     }
+
+    fn experts(&self, m: &EngineModel, moe: Moe, n: usize) -> Vec<OpCall> {
+        vec![self.mm().fused_experts(m.n_embd, moe, n)]
+    }
+
+    fn rows_after_attention(&self, m: &EngineModel, u: UbatchShape) -> usize {
+        // Qwen3-MoE's graph selects the output rows only for more than one token
+        // (`build_qwen3moe`): a lone token goes through the last layer and the output matrix
+        // whether or not it asked for logits (sweep-bench's warm-up does not).
+        if m.moe.is_some() && u.n_tokens == 1 {
+            1
+        } else {
+            u.n_outputs
+        }
+    }
 }
 
 impl Ik {
@@ -189,16 +234,17 @@ struct MatMul {
 
 const MUL_MAT: &str = "MUL_MAT";
 const FUSED_UP_GATE: &str = "FUSED_UP_GATE";
+const MOE: &str = "MOE_FUSED_UP_GATE";
 
 impl MatMul {
     /// `n` columns of `input` values through a matrix of `output` rows.
     fn single(&self, input: usize, output: usize, n: usize) -> OpCall {
         match self.weights {
-            Weights::F16 => OpCall {
-                kind: OpKind::MatMul,
-                held: vec![req(MUL_MAT, n * input * 2), req(MUL_MAT, n * output * 2)],
-                inner: vec![],
-            },
+            Weights::F16 => OpCall::new(
+                OpKind::MatMul,
+                vec![req(MUL_MAT, n * input * 2), req(MUL_MAT, n * output * 2)],
+                vec![],
+            ),
             Weights::Q8_0 => self.quantized(MUL_MAT, input, 1, n),
         }
     }
@@ -215,21 +261,74 @@ impl MatMul {
         c
     }
 
+    /// `MOE_FUSED_UP_GATE` (`ggml_cuda_moe_up_gate_unary`) with the down projection that
+    /// follows it fused in. Up to 8 tokens: the activations quantized for MMVQ, then the
+    /// up/gate result quantized for the down projection. Beyond, on MMQ's expert path: the
+    /// routing ids (`ids_src1`, `ids_dst`, `expert_bounds` in one buffer) and the activations
+    /// quantized once per routed row held over the op; inside it, first the up and gate results
+    /// (f32, a stream-k fixup per launch), then the down projection's own ids and quantized
+    /// input (`ggml_cuda_mul_mat_q_id` without precomputed ones) and its fixup.
+    fn fused_experts(&self, e: usize, moe: Moe, n: usize) -> OpCall {
+        let used = moe.n_expert_used;
+        let rows = n * used;
+        if n <= MMVQ_MAX_BATCH {
+            return OpCall::new(
+                OpKind::MatMul,
+                vec![req(MOE, graph::q8_1_bytes(e, n))],
+                vec![req(MOE, graph::q8_1_bytes(moe.n_ff_exp, rows))],
+            );
+        }
+        let tail = MMQ_X_MAX * Q8_1_MMQ_BLOCK;
+        let fixup = |out: usize| self.id_fixup(out, moe.n_expert, n);
+        let up_gate = OpCall::new(
+            OpKind::MatMul,
+            vec![req(MOE, rows * moe.n_ff_exp * 4); 2],
+            [fixup(moe.n_ff_exp), fixup(moe.n_ff_exp)]
+                .into_iter()
+                .flatten()
+                .collect(),
+        );
+        let down = OpCall::new(
+            OpKind::MatMul,
+            vec![
+                req(MOE, rows * 4),
+                req(MOE, rows * 4),
+                req(MOE, (moe.n_expert + 1) * 4),
+                req(MOE, graph::q8_1_bytes(moe.n_ff_exp, rows) + tail),
+            ],
+            fixup(e).into_iter().collect(),
+        );
+        let mut op = OpCall::new(
+            OpKind::MatMul,
+            vec![
+                req(MOE, (2 * rows + moe.n_expert + 1) * 4),
+                req(MOE, graph::q8_1_bytes(e, rows) + tail),
+            ],
+            vec![],
+        );
+        op.nested = vec![up_gate, down];
+        op
+    }
+
+    /// The stream-k fixup of one MMQ expert launch (`launch_mul_mat_q_id`): `nsm` blocks, and
+    /// a buffer only when they do not divide the tiles (column tiles × row tiles × experts).
+    fn id_fixup(&self, out: usize, n_expert: usize, n: usize) -> Option<Request> {
+        let x = mmq_x(n);
+        let tiles = n.div_ceil(x) * out.div_ceil(MMQ_Y) * n_expert;
+        (tiles % self.dev.nsm != 0).then(|| req(MOE, self.dev.nsm * x * MMQ_Y * 4))
+    }
+
     fn quantized(&self, name: &'static str, input: usize, launches: usize, n: usize) -> OpCall {
         let act = graph::q8_1_bytes(input, n);
         if n <= MMVQ_MAX_BATCH {
-            return OpCall {
-                kind: OpKind::MatMul,
-                held: vec![req(name, act)],
-                inner: vec![],
-            };
+            return OpCall::new(OpKind::MatMul, vec![req(name, act)], vec![]);
         }
         let fixup = self.dev.nsm * mmq_x(n) * MMQ_Y * 4;
-        OpCall {
-            kind: OpKind::MatMul,
-            held: vec![req(name, act + MMQ_X_MAX * Q8_1_MMQ_BLOCK)],
-            inner: vec![req(name, fixup); launches],
-        }
+        OpCall::new(
+            OpKind::MatMul,
+            vec![req(name, act + MMQ_X_MAX * Q8_1_MMQ_BLOCK)],
+            vec![req(name, fixup); launches],
+        )
     }
 }
 
@@ -282,11 +381,7 @@ fn flash_attention(m: &EngineModel, kv: KvType, n: usize, n_kv: usize, dev: Devi
         "dst_tmp_meta",
         blocks * ncols1 * ncols2 * (4 + m.head_dim) * 4 * 8,
     ));
-    OpCall {
-        kind: OpKind::FlashAttention,
-        held,
-        inner: vec![],
-    }
+    OpCall::new(OpKind::FlashAttention, held, vec![])
 }
 
 fn req(name: &'static str, bytes: usize) -> Request {

@@ -33,11 +33,20 @@
 //! configuration table asks the compiler to fit: 2 for the MMA kernel's head sizes up to 128, 1
 //! for the vector kernel) unless [`Device::occupancy`] says otherwise.
 //!
-//! Not modelled, refused with a message: mixture-of-experts models, head dimensions other than
-//! 64, 80, 96, 112, 128 and 256, and devices before Ampere.
+//! - **experts** (q8_0; `ggml_cuda_mul_mat_id`): up to 8 tokens MMVQ's expert path (the
+//!   activations quantized per token for gate and up, fused into one op for one token; the
+//!   down projection's input per routed row), beyond it MMQ's: per projection `ids_src1`,
+//!   `ids_dst` (an int per routed row), `expert_bounds` (an int per expert and one), the q8_1
+//!   activations of every routed row with the tail of the largest tile of at most the input's
+//!   rows per token, and the fixup over the tiles of all experts. Routing (softmax, top-k,
+//!   weights) is the fused `topk_moe` kernel: no pool memory.
+//!
+//! Not modelled, refused with a message: f16 experts (MMF's expert path, or cuBLAS per expert
+//! sized by the routing), head dimensions other than 64, 80, 96, 112, 128 and 256, and devices
+//! before Ampere.
 
 use super::graph::{self, LayerOps};
-use super::{Device, EngineModel, OpCall, OpKind, Request, UbatchShape, Weights};
+use super::{Device, EngineModel, Moe, OpCall, OpKind, Request, UbatchShape, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
@@ -99,7 +108,7 @@ pub fn layer(
     dev: Device,
     l: usize,
 ) -> Result<Vec<OpCall>, RuntimeError> {
-    check(v, m, u, dev)?;
+    check(v, m, weights, u, dev)?;
     Ok(graph::layer(
         &Llama {
             v,
@@ -143,7 +152,13 @@ pub fn startup_extra_bytes(v: Version, m: &EngineModel, kv: KvType, n_ctx: usize
     2 * (one.div_ceil(128) * 128)
 }
 
-fn check(v: Version, m: &EngineModel, u: UbatchShape, dev: Device) -> Result<(), RuntimeError> {
+fn check(
+    v: Version,
+    m: &EngineModel,
+    weights: Weights,
+    u: UbatchShape,
+    dev: Device,
+) -> Result<(), RuntimeError> {
     const HEAD_DIMS: [usize; 6] = [64, 80, 96, 112, 128, 256];
     if dev.cc < 800 || dev.nsm == 0 {
         return Err(invalid(
@@ -161,6 +176,9 @@ fn check(v: Version, m: &EngineModel, u: UbatchShape, dev: Device) -> Result<(),
             "{} tokens, {} outputs, KV length {}: accepted are 1 or more tokens, 0 to that many outputs and a KV length of at least the tokens",
             u.n_tokens, u.n_outputs, u.n_kv
         )));
+    }
+    if m.moe.is_some() && weights == Weights::F16 {
+        return Err(invalid(v, "f16 experts go to MMF or to per-expert cuBLAS calls sized by the routing: accepted are q8_0 weights for a mixture-of-experts model".into()));
     }
     if !HEAD_DIMS.contains(&m.head_dim) || m.n_head_kv == 0 || m.n_head % m.n_head_kv != 0 {
         return Err(invalid(v, format!(
@@ -180,23 +198,26 @@ struct Llama {
 }
 
 const MUL_MAT: &str = "MUL_MAT";
+const MUL_MAT_ID: &str = "MUL_MAT_ID";
 
 impl LayerOps for Llama {
     fn matmul(&self, input: usize, output: usize, n: usize) -> Option<OpCall> {
         match self.weights {
             Weights::F16 => {
                 let mmf = input % MMF_INPUT_MULTIPLE == 0 && output % MMF_ROWS_PER_BLOCK == 0;
-                (n > 1 && !(mmf && n <= MMF_MAX_BATCH)).then(|| OpCall {
-                    kind: OpKind::MatMul,
-                    held: vec![req(MUL_MAT, n * input * 2), req(MUL_MAT, n * output * 2)],
-                    inner: vec![],
+                (n > 1 && !(mmf && n <= MMF_MAX_BATCH)).then(|| {
+                    OpCall::new(
+                        OpKind::MatMul,
+                        vec![req(MUL_MAT, n * input * 2), req(MUL_MAT, n * output * 2)],
+                        vec![],
+                    )
                 })
             }
-            Weights::Q8_0 if n <= MMVQ_MAX_BATCH => Some(OpCall {
-                kind: OpKind::MatMul,
-                held: vec![req(MUL_MAT, graph::q8_1_bytes(input, n))],
-                inner: vec![],
-            }),
+            Weights::Q8_0 if n <= MMVQ_MAX_BATCH => Some(OpCall::new(
+                OpKind::MatMul,
+                vec![req(MUL_MAT, graph::q8_1_bytes(input, n))],
+                vec![],
+            )),
             Weights::Q8_0 => Some(self.mmq(input, output, n)),
         }
     }
@@ -210,6 +231,29 @@ impl LayerOps for Llama {
             .collect()
     }
 
+    fn experts(&self, m: &EngineModel, moe: Moe, n: usize) -> Vec<OpCall> {
+        let (e, ff) = (m.n_embd, moe.n_ff_exp);
+        let rows = n * moe.n_expert_used;
+        if n <= MMVQ_MAX_BATCH {
+            // MMVQ's expert path; one token's gate, up and GLU are one fused op.
+            let gate_up = if n == 1 { 1 } else { 2 };
+            let mut calls: Vec<OpCall> = (0..gate_up)
+                .map(|_| {
+                    let held = vec![req(MUL_MAT_ID, graph::q8_1_bytes(e, n))];
+                    OpCall::new(OpKind::MatMul, held, vec![])
+                })
+                .collect();
+            let held = vec![req(MUL_MAT_ID, graph::q8_1_bytes(ff, rows))];
+            calls.push(OpCall::new(OpKind::MatMul, held, vec![]));
+            return calls;
+        }
+        vec![
+            self.mmq_id(e, ff, 1, moe, n),
+            self.mmq_id(e, ff, 1, moe, n),
+            self.mmq_id(ff, e, moe.n_expert_used, moe, n),
+        ]
+    }
+
     fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
         let mut held = Vec::with_capacity(4);
         if self.v.kv_f16_from_pool() && self.kv != KvType::F16 {
@@ -221,31 +265,61 @@ impl LayerOps for Llama {
         } else {
             held.extend(self.mma_stream_k(m, n, n_kv));
         }
-        (!held.is_empty()).then_some(OpCall {
-            kind: OpKind::FlashAttention,
-            held,
-            inner: vec![],
-        })
+        (!held.is_empty()).then_some(OpCall::new(OpKind::FlashAttention, held, vec![]))
     }
 }
 
 impl Llama {
-    /// MMQ for `n` columns: the q8_1 activations held, a fixup per launch when needed.
+    /// MMQ for `n` columns: the q8_1 activations held, a fixup when needed.
     fn mmq(&self, input: usize, output: usize, n: usize) -> OpCall {
         let fallback = output % MMQ_I != 0;
-        let tiles: &[usize] = if fallback { &MMQ_J_FALLBACK } else { &MMQ_J };
-        // ggml_cuda_mmq_get_J_max: the largest tile of at most the batch (capped at 512).
-        let cap = n.min(512) / 8 * 8;
-        let j_max = tiles
-            .iter()
-            .copied()
-            .filter(|&j| j <= cap)
-            .max()
-            .unwrap_or(0);
         let held = vec![req(
             MUL_MAT,
-            graph::q8_1_bytes(input, n) + j_max * Q8_1_MMQ_BLOCK,
+            graph::q8_1_bytes(input, n) + j_max(n, fallback) * Q8_1_MMQ_BLOCK,
         )];
+        let inner = self.mmq_fixup(MUL_MAT, output, n, 1).into_iter().collect();
+        OpCall::new(OpKind::MatMul, held, inner)
+    }
+
+    /// MMQ's expert path (`ggml_cuda_mul_mat_q` with ids) for `n` tokens: the routing
+    /// (`ids_src1`, `ids_dst`, `expert_bounds`) and the activations of every routed row held, a
+    /// fixup when needed. `ne11` is the input's rows per token (1 for up and gate, which read
+    /// each token once; the used experts for down): the q8_1 tail is sized by it.
+    fn mmq_id(&self, input: usize, output: usize, ne11: usize, moe: Moe, n: usize) -> OpCall {
+        let rows = n * moe.n_expert_used;
+        let fallback = output % MMQ_I != 0;
+        let held = vec![
+            req(MUL_MAT_ID, rows * 4),
+            req(MUL_MAT_ID, rows * 4),
+            req(MUL_MAT_ID, (moe.n_expert + 1) * 4),
+            req(
+                MUL_MAT_ID,
+                graph::q8_1_bytes(input, rows) + j_max(ne11, fallback) * Q8_1_MMQ_BLOCK,
+            ),
+        ];
+        let inner = self
+            .mmq_fixup(MUL_MAT_ID, output, n, moe.n_expert)
+            .into_iter()
+            .collect();
+        OpCall::new(OpKind::MatMul, held, inner)
+    }
+
+    /// `launch_mul_mat_q`'s stream-k fixup for `output` rows, `n` columns and `channels`
+    /// matrices (experts): the tile `J` that needs the fewest passes over the columns, one
+    /// block per tile when the tiles fill 90% of their waves over the SMs, else one per SM; a
+    /// buffer only when the blocks do not divide the tiles.
+    fn mmq_fixup(
+        &self,
+        name: &'static str,
+        output: usize,
+        n: usize,
+        channels: usize,
+    ) -> Option<Request> {
+        let tiles: &[usize] = if output % MMQ_I != 0 {
+            &MMQ_J_FALLBACK
+        } else {
+            &MMQ_J
+        };
         // mul_mat_q_switch_J: the smallest tile that needs the fewest passes over the columns.
         let mut best = (usize::MAX, 0);
         for &j in tiles {
@@ -258,7 +332,7 @@ impl Llama {
             }
         }
         let (ntx, j) = best;
-        let ntiles = output.div_ceil(MMQ_I) * ntx;
+        let ntiles = output.div_ceil(MMQ_I) * ntx * channels;
         let nsm = self.dev.nsm;
         let waves = ntiles.div_ceil(nsm);
         let blocks = if 100 * ntiles / (nsm * waves) >= 90 {
@@ -266,16 +340,7 @@ impl Llama {
         } else {
             nsm
         };
-        let inner = if ntiles % blocks != 0 {
-            vec![req(MUL_MAT, blocks * j * MMQ_I * 4)]
-        } else {
-            vec![]
-        };
-        OpCall {
-            kind: OpKind::MatMul,
-            held,
-            inner,
-        }
+        (ntiles % blocks != 0).then(|| req(name, blocks * j * MMQ_I * 4))
     }
 
     /// ggml_cuda_get_best_fattn_kernel on a device with tensor cores: the vector kernel for one
@@ -378,6 +443,19 @@ impl Llama {
 
 /// The MMA kernel's launch bound (blocks per SM) and KV tile (`nbatch_fa`) on Ampere and newer
 /// (`ggml_cuda_fattn_mma_get_config_ampere`), for the head sizes the profile accepts.
+/// `ggml_cuda_mmq_get_J_max`: the largest column tile of at most `ne11` columns (capped at
+/// 512), 0 below the smallest: the q8_1 buffer's tail is this many MMQ blocks.
+fn j_max(ne11: usize, fallback: bool) -> usize {
+    let tiles: &[usize] = if fallback { &MMQ_J_FALLBACK } else { &MMQ_J };
+    let cap = ne11.min(512) / 8 * 8;
+    tiles
+        .iter()
+        .copied()
+        .filter(|&j| j <= cap)
+        .max()
+        .unwrap_or(0)
+}
+
 fn mma_config(head_dim: usize, ncols: usize) -> (usize, usize) {
     match (head_dim, ncols) {
         (256, 8) => (4, 64),
@@ -546,6 +624,45 @@ mod tests {
         let r = q.vector_split(&llama, 1, 4096);
         assert_eq!(r[0], req("dst_tmp", 4 * 128 * 32 * 4));
         assert_eq!(r[1], req("dst_tmp_meta", 4 * 32 * 8));
+    }
+
+    #[test]
+    fn experts_take_mmvq_or_mmq_s_expert_path() {
+        let m = EngineModel::preset("qwen3-30b-a3b").unwrap();
+        let moe = m.moe.unwrap();
+        let q = k(Version::D99724f2, Weights::Q8_0, KvType::Q8_0);
+        let bytes = |c: &OpCall| c.held.iter().map(|r| r.bytes).collect::<Vec<_>>();
+        // One token: gate and up fused, then down over the 8 routed rows.
+        let one = q.experts(&m, moe, 1);
+        assert_eq!(
+            one.iter().map(bytes).collect::<Vec<_>>(),
+            [vec![2304], vec![8 * 1152]]
+        );
+        // Four tokens: gate and up each quantize the 4 tokens.
+        let four = q.experts(&m, moe, 4);
+        assert_eq!(four.len(), 3);
+        assert_eq!(bytes(&four[0]), [4 * 2304]);
+        assert_eq!(bytes(&four[2]), [32 * 1152]);
+        // 512 tokens, 4096 routed rows: ids, bounds and the activations; the up/gate tail is
+        // empty (one input row per token), down's is 8 columns. 6 × 4 × 128 and 16 × 4 × 128
+        // tiles fill 96% and 98% of their waves: no fixup.
+        let full = q.experts(&m, moe, 512);
+        assert_eq!(
+            bytes(&full[0]),
+            [4096 * 4, 4096 * 4, 129 * 4, 4096 * 2048 * 36 / 32]
+        );
+        assert_eq!(
+            bytes(&full[2]),
+            [4096 * 4, 4096 * 4, 129 * 4, 4096 * 1024 * 36 / 32 + 8 * 144]
+        );
+        assert!(full.iter().all(|c| c.inner.is_empty()));
+        // 100 tokens: J 112, 6 × 1 × 128 = 768 tiles fill 96% of 6 waves: none either. On an
+        // A100's 108 SMs they fill 88% of 8: 108 stream-k blocks, and up and gate take a fixup.
+        assert!(q.experts(&m, moe, 100).iter().all(|c| c.inner.is_empty()));
+        let mut a100 = k(Version::D99724f2, Weights::Q8_0, KvType::Q8_0);
+        a100.dev = Device::new(800, 108);
+        let c = a100.experts(&m, moe, 100);
+        assert_eq!(c[0].inner, [req(MUL_MAT_ID, 108 * 112 * 128 * 4)]);
     }
 
     #[test]

@@ -259,7 +259,18 @@ pub enum Arch {
     Llama,
 }
 
-/// A dense model as an engine's graph sees it.
+/// The mixture of experts of a model's feed-forward layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moe {
+    /// Experts per layer.
+    pub n_expert: usize,
+    /// Experts each token is routed to.
+    pub n_expert_used: usize,
+    /// An expert's FFN width.
+    pub n_ff_exp: usize,
+}
+
+/// A model as an engine's graph sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineModel {
     /// Graph shape.
@@ -274,18 +285,29 @@ pub struct EngineModel {
     pub n_head_kv: usize,
     /// Head dimension (K, V and Q alike).
     pub head_dim: usize,
-    /// FFN width.
+    /// FFN width (dense layers).
     pub n_ff: usize,
     /// Vocabulary: the output matrix's rows.
     pub n_vocab: usize,
+    /// The experts, for a mixture-of-experts model (every layer's FFN).
+    pub moe: Option<Moe>,
 }
 
 impl EngineModel {
-    /// The dense presets: `phi3-mini`, `llama3-8b`.
+    /// The presets profiles model: `phi3-mini`, `llama3-8b` (dense) and `qwen3-30b-a3b`
+    /// (128 experts, 8 per token; its Q/K norms take nothing from the pool).
     pub fn preset(name: &str) -> Option<Self> {
-        let (arch, n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab) = match name {
-            "phi3-mini" => (Arch::Phi3, 32, 3072, 32, 32, 8192, 32064),
-            "llama3-8b" => (Arch::Llama, 32, 4096, 32, 8, 14336, 128256),
+        let (arch, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, moe) = match name {
+            "phi3-mini" => (Arch::Phi3, 32, 3072, 32, 32, 96, 8192, 32064, None),
+            "llama3-8b" => (Arch::Llama, 32, 4096, 32, 8, 128, 14336, 128256, None),
+            "qwen3-30b-a3b" => {
+                let moe = Moe {
+                    n_expert: 128,
+                    n_expert_used: 8,
+                    n_ff_exp: 768,
+                };
+                (Arch::Llama, 48, 2048, 32, 4, 128, 6144, 151936, Some(moe))
+            }
             _ => return None,
         };
         Some(Self {
@@ -294,15 +316,24 @@ impl EngineModel {
             n_embd,
             n_head,
             n_head_kv,
-            head_dim: n_embd / n_head,
+            head_dim,
             n_ff,
             n_vocab,
+            moe,
         })
     }
+
+    /// The presets' names.
+    pub const PRESETS: [&'static str; 3] = ["phi3-mini", "llama3-8b", "qwen3-30b-a3b"];
 
     /// K (or V) values of one token across the KV heads.
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+
+    /// Q values of one token across the heads (the attention output's width).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
     }
 }
 
@@ -333,15 +364,31 @@ pub struct OpCall {
     pub held: Vec<Request>,
     /// Each taken and returned in turn while `held` is live.
     pub inner: Vec<Request>,
+    /// Steps of the op that run after `inner` while `held` is live, each with buffers of its
+    /// own (ik_llama.cpp's fused expert op: the up/gate results, then the down projection's).
+    pub nested: Vec<OpCall>,
 }
 
 impl OpCall {
-    /// Request sizes as `Purge::KeepFor` takes them: each held one, and the largest inner one.
-    pub fn request_bytes(&self) -> impl Iterator<Item = usize> + '_ {
-        self.held
-            .iter()
-            .map(|r| r.bytes)
-            .chain(self.inner.iter().map(|r| r.bytes).max())
+    /// An op that holds `held` and takes each of `inner` in turn.
+    pub fn new(kind: OpKind, held: Vec<Request>, inner: Vec<Request>) -> Self {
+        Self {
+            kind,
+            held,
+            inner,
+            nested: vec![],
+        }
+    }
+
+    /// Request sizes as `Purge::KeepFor` takes them: each held one, the largest inner one,
+    /// and those of the nested steps (counted together: at least what the op holds at once).
+    pub fn request_bytes(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = self.held.iter().map(|r| r.bytes).collect();
+        out.extend(self.inner.iter().map(|r| r.bytes).max());
+        for n in &self.nested {
+            out.extend(n.request_bytes());
+        }
+        out
     }
 }
 
@@ -349,22 +396,23 @@ impl OpCall {
 /// libcupool records and `repro-prefill replay` reads; returns the next free id.
 pub fn trace_events(calls: &[OpCall], first_id: u64, out: &mut Vec<TraceEvent>) -> u64 {
     let mut id = first_id;
-    let mut alloc = |r: &Request, out: &mut Vec<TraceEvent>| {
+    let alloc = |id: &mut u64, r: &Request, out: &mut Vec<TraceEvent>| {
         out.push(TraceEvent::Alloc {
-            id,
+            id: *id,
             size: r.bytes,
             stream: 0,
             name: Some(r.name.to_string()),
         });
-        id += 1;
-        id - 1
+        *id += 1;
+        *id - 1
     };
     for c in calls {
-        let held: Vec<u64> = c.held.iter().map(|r| alloc(r, out)).collect();
+        let held: Vec<u64> = c.held.iter().map(|r| alloc(&mut id, r, out)).collect();
         for r in &c.inner {
-            let i = alloc(r, out);
+            let i = alloc(&mut id, r, out);
             out.push(TraceEvent::Free { id: i });
         }
+        id = trace_events(&c.nested, id, out);
         for i in held.into_iter().rev() {
             out.push(TraceEvent::Free { id: i });
         }
