@@ -63,7 +63,7 @@ pub struct PredictArgs {
     /// The engine (and commit) whose requests to predict.
     #[arg(long, value_enum, default_value = "ik-llama")]
     pub engine: EngineArg,
-    /// Model preset (dense models: phi3-mini, llama3-8b).
+    /// Model preset: phi3-mini, llama3-8b, qwen3-30b-a3b (q8_0 weights).
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
     /// Weight type: f16 (cuBLAS) or q8_0 (MMQ, MMVQ).

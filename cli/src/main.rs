@@ -396,9 +396,10 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
     };
     let Some(model) = EngineModel::preset(&a.model) else {
         return usage(format!(
-            "--model {:?}: the {} profile models the dense presets phi3-mini and llama3-8b",
+            "--model {:?}: the {} profile models the presets {}",
             a.model,
-            profile.name()
+            profile.name(),
+            EngineModel::PRESETS.join(", ")
         ));
     };
     if a.fa_occupancy == Some(0) {

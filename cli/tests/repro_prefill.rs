@@ -833,7 +833,52 @@ fn predict_gives_the_real_engine_s_sweep_and_where_it_died() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("phi3-mini and llama3-8b"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("phi3-mini, llama3-8b, qwen3-30b-a3b"));
+}
+
+#[test]
+fn mainline_profiles_show_what_pr_23907_moved() {
+    // Before the PR the K/V copies come from the pool and the legacy pool strands them;
+    // after it the pool holds only the matrix multiplies' and stream-k's buffers.
+    let peak = |engine: &str| {
+        let (v, code) = predict_json(&["--engine", engine, "--prompt", "20000"]);
+        assert_eq!(code, 0, "{engine}");
+        v["peak_reserved_bytes"].as_u64().unwrap()
+    };
+    let (before, after) = (peak("llama-b8833"), peak("llama"));
+    assert!(before > 50 * after, "{before} vs {after}");
+    // ...and the compute buffer holds them instead, for the whole context, from startup.
+    let compute = |engine: &str| {
+        let (v, code) = json(&["plan", "--engine", engine, "--vram", "12"]);
+        assert!(code == 0 || code == 3, "{engine}: {code}");
+        v["compute_bytes"].as_u64().unwrap()
+    };
+    let copies = 2 * 20480 * 3072 * 2; // K and V, f16, phi3-mini's 32 KV heads of 96
+    assert_eq!(compute("llama"), compute("llama-b8833") + copies);
+    assert_eq!(compute("llama-b8833"), compute("ik-llama"));
+    // The experts of a mixture-of-experts preset, q8_0; f16 experts are refused.
+    let (v, code) = predict_json(&[
+        "--engine",
+        "llama",
+        "--model",
+        "qwen3-30b-a3b",
+        "--weight-type",
+        "q8_0",
+    ]);
+    assert_eq!(code, 0);
+    assert!(v["peak_reserved_bytes"].as_u64().unwrap() > 0);
+    let out = bin()
+        .args(["predict", "--engine", "llama", "--model", "qwen3-30b-a3b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("q8_0 weights"));
+    // A flash-attention occupancy of 0 is refused.
+    let out = bin()
+        .args(["predict", "--engine", "llama", "--fa-occupancy", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]
