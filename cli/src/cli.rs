@@ -91,7 +91,7 @@ pub struct PredictArgs {
     #[arg(long, default_value = "9.0")]
     pub cc: String,
     /// Blocks per SM of mainline's flash-attention kernel, as the engine's binary reports it
-    /// (default: the kernel's launch bound).
+    /// (default: as measured for sm_90 on an H100 at compute capability 9.0, else the launch bound).
     #[arg(long)]
     pub fa_occupancy: Option<usize>,
     /// Pool.
@@ -228,8 +228,8 @@ pub struct RunArgs {
     /// presets; in plan, and in runs on the simulated device that compute nothing).
     #[arg(long, value_enum, default_value = "cupool")]
     pub engine: EngineArg,
-    /// Blocks per SM of mainline's flash-attention kernel (llama profiles; default: the
-    /// kernel's launch bound).
+    /// Blocks per SM of mainline's flash-attention kernel (llama profiles; default: as
+    /// measured for sm_90 on an H100 at compute capability 9.0, else the launch bound).
     #[arg(long)]
     pub fa_occupancy: Option<usize>,
     /// The weights' type: f16 or q8_0 (cupool's runtime converts q8_0 to f16 for each GEMM, in

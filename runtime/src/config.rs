@@ -46,8 +46,8 @@ pub struct RunConfig {
     pub record_trace: bool,
     /// Whose pool traffic the run takes (an engine profile plans on the dry-run executor only).
     pub engine: EngineKind,
-    /// Blocks per SM of the engine's flash-attention kernel (mainline profiles; `None`: its
-    /// launch bound, see [`crate::profile::llama`]).
+    /// Blocks per SM of the engine's flash-attention kernel (mainline profiles; `None`: as
+    /// measured on compute capability 9.0, else its launch bound, see [`crate::profile::llama`]).
     pub fa_occupancy: Option<usize>,
     /// The GEMM workspace each ubatch of cupool's engine takes from the pool (cuBLAS uses it on
     /// a GPU; every executor takes it, so plans match runs). 0: none.

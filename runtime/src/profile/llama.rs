@@ -29,9 +29,12 @@
 //!   `dst_tmp` and a `dst_tmp_meta` when it splits the KV length).
 //!
 //! Occupancy: ggml reads it from the compiled kernel (`cudaOccupancyMaxActiveBlocksPerMultiprocessor`).
-//! Without that binary the profile takes the kernel's launch bound (the blocks per SM its
-//! configuration table asks the compiler to fit: 2 for the MMA kernel's head sizes up to 128, 1
-//! for the vector kernel) unless [`Device::occupancy`] says otherwise.
+//! [`Device::occupancy`] gives it; by default the profile takes what that call returned for
+//! d99724f2's kernels built for sm_90 on an H100 (`scripts/llama/fattn_occupancy.cu`,
+//! docs/data/h100-2026-11-22-fattn-occupancy): 2 blocks per SM for every MMA configuration
+//! used (its launch bound), and for the vector kernel 2 (head 128, q8_0 cache), 3 (head 128,
+//! f16 cache) or 4 (head 64, q8_0 cache). Other devices and heads: the kernel's launch bound
+//! (the blocks per SM its configuration asks the compiler to fit; 1 for the vector kernel).
 //!
 //! - **experts** (q8_0; `ggml_cuda_mul_mat_id`): up to 8 tokens MMVQ's expert path (the
 //!   activations quantized per token for gate and up, fused into one op for one token; the
@@ -416,7 +419,10 @@ impl Llama {
         let cols = if n == 1 { 1 } else { 2 };
         let ntiles_dst = n.div_ceil(cols) * m.n_head;
         let ntiles_kv = n_kv.div_ceil(d);
-        let occupancy = self.dev.occupancy.unwrap_or(1);
+        let occupancy = self
+            .dev
+            .occupancy
+            .unwrap_or_else(|| vec_occupancy(self.dev.cc, d, self.kv));
         let per_wave = self.dev.nsm * occupancy;
         let first = occupancy.min(ntiles_kv);
         let (mut pb, mut waves_best, mut eff_best) = (first, 0, 0);
@@ -443,6 +449,17 @@ impl Llama {
 
 /// The MMA kernel's launch bound (blocks per SM) and KV tile (`nbatch_fa`) on Ampere and newer
 /// (`ggml_cuda_fattn_mma_get_config_ampere`), for the head sizes the profile accepts.
+/// The vector kernel's blocks per SM: as measured on compute capability 9.0 (see the module
+/// docs), else its launch bound.
+fn vec_occupancy(cc: u32, head_dim: usize, kv: KvType) -> usize {
+    match (cc, head_dim, kv) {
+        (900, 128, KvType::F16) => 3,
+        (900, 128, _) => 2,
+        (900, 64, KvType::Q8_0) => 4,
+        _ => 1,
+    }
+}
+
 /// `ggml_cuda_mmq_get_J_max`: the largest column tile of at most `ne11` columns (capped at
 /// 512), 0 below the smallest: the q8_1 buffer's tail is this many MMQ blocks.
 fn j_max(ne11: usize, fallback: bool) -> usize {
@@ -618,12 +635,18 @@ mod tests {
         assert!(q.vector_kernel(&llama, 1, 4096));
         assert!(q.vector_kernel(&llama, 2, 4096));
         assert!(!q.vector_kernel(&llama, 3, 4096));
-        assert!(!q.vector_kernel(&phi, 1, 4096)); // head 96: no vector instance
-                                                  // 32 heads, 4096 positions / 128 = 32 KV tiles, one block per SM: 4 parallel blocks
-                                                  // fill 97% of a wave.
+        // Head 96: no vector instance.
+        assert!(!q.vector_kernel(&phi, 1, 4096));
+        // 32 heads, 4096 positions / 128 = 32 KV tiles, 2 blocks per SM (measured on an H100
+        // for a q8_0 cache): 8 parallel blocks fill 97% of a wave.
         let r = q.vector_split(&llama, 1, 4096);
+        assert_eq!(r[0], req("dst_tmp", 8 * 128 * 32 * 4));
+        assert_eq!(r[1], req("dst_tmp_meta", 8 * 32 * 8));
+        // At the launch bound (1 block per SM, as on another device) 4 fill 97% of a wave.
+        let mut one = k(Version::D99724f2, Weights::Q8_0, KvType::Q8_0);
+        one.dev.occupancy = Some(1);
+        let r = one.vector_split(&llama, 1, 4096);
         assert_eq!(r[0], req("dst_tmp", 4 * 128 * 32 * 4));
-        assert_eq!(r[1], req("dst_tmp_meta", 4 * 32 * 8));
     }
 
     #[test]

@@ -188,7 +188,8 @@ pub struct Device {
     /// Streaming multiprocessors: stream-k kernels launch this many blocks.
     pub nsm: usize,
     /// Blocks per SM of mainline's flash-attention kernels, as the CUDA runtime reports for
-    /// the engine's compiled kernel. `None`: the kernel's launch bound (see [`llama`]).
+    /// the engine's compiled kernel. `None`: as measured for compute capability 9.0, else the
+    /// kernel's launch bound (see [`llama`]).
     /// ik_llama.cpp does not read it.
     pub occupancy: Option<usize>,
 }
