@@ -72,6 +72,8 @@ struct Case {
     warm_up: bool,
     /// The recorded model's layers, where it has fewer than the preset.
     n_layer: Option<usize>,
+    /// The KV cache's type.
+    kv: KvType,
 }
 
 /// What the profile says `llama-sweep-bench -c 20480 -ub 512 -n 1` asks of the pool in sweep
@@ -79,6 +81,7 @@ struct Case {
 fn profile_trace(
     model: &EngineModel,
     weights: Weights,
+    kv: KvType,
     steps: std::ops::Range<usize>,
     mut id: u64,
 ) -> Vec<Op> {
@@ -89,10 +92,8 @@ fn profile_trace(
             name: format!("step {k}"),
         });
         let s = sweep_step(k, 512);
-        let decode =
-            ik_llama::ubatch(model, weights, KvType::Q8_0, 1, s.decode_n_kv, 1, dev).unwrap();
-        let prefill =
-            ik_llama::ubatch(model, weights, KvType::Q8_0, 512, s.prefill_n_kv, 1, dev).unwrap();
+        let decode = ik_llama::ubatch(model, weights, kv, 1, s.decode_n_kv, 1, dev).unwrap();
+        let prefill = ik_llama::ubatch(model, weights, kv, 512, s.prefill_n_kv, 1, dev).unwrap();
         id = trace_events(&decode, id, &mut ops);
         id = trace_events(&prefill, id, &mut ops);
         ops.push(Op::PhaseEnd {
@@ -124,7 +125,7 @@ fn check(c: &Case) {
     let recorded = read_trace(c.trace);
     let mut model = EngineModel::preset(c.model).unwrap();
     model.n_layer = c.n_layer.unwrap_or(model.n_layer);
-    let got = phases(&profile_trace(&model, c.weights, 0..40, 0));
+    let got = phases(&profile_trace(&model, c.weights, c.kv, 0..40, 0));
     let want = phases(&recorded);
     // 40 sweep steps, each ending at a boundary; the phase after the last boundary is empty.
     assert_eq!(want.len(), 41, "{}", c.trace);
@@ -138,7 +139,7 @@ fn check(c: &Case) {
     if let Some(moe) = &mut warm_model.moe {
         moe.n_expert_used = moe.n_expert;
     }
-    let warm = ik_llama::ubatch(&warm_model, c.weights, KvType::Q8_0, 1, 256, 0, dev).unwrap();
+    let warm = ik_llama::ubatch(&warm_model, c.weights, c.kv, 1, 256, 0, dev).unwrap();
     let mut warm_ops = Vec::new();
     trace_events(&warm, 0, &mut warm_ops);
     let mut head = vec![Op::PhaseBegin {
@@ -147,7 +148,7 @@ fn check(c: &Case) {
     if c.warm_up {
         head.extend(warm_ops);
     }
-    let step0 = profile_trace(&model, c.weights, 0..1, head.len() as u64);
+    let step0 = profile_trace(&model, c.weights, c.kv, 0..1, head.len() as u64);
     head.extend(step0.into_iter().skip(1));
     same(c.trace, 0, &phases(&head)[0], &want[0]);
     for k in 1..40 {
@@ -168,7 +169,7 @@ fn check(c: &Case) {
         })
         .max()
         .unwrap_or(0);
-    ops.extend(profile_trace(&model, c.weights, 1..40, next));
+    ops.extend(profile_trace(&model, c.weights, c.kv, 1..40, next));
     let legacy = PoolConfig::default().kind(PoolKind::Legacy);
     let predicted = trace::replay(&ops, &legacy, PurgePolicy::Never, None).unwrap();
     assert_eq!(
@@ -187,6 +188,7 @@ fn ik_llama_phi3_mini_f16_weights() {
         peak_reserved: 2_698_837_504,
         warm_up: true,
         n_layer: None,
+        kv: KvType::Q8_0,
     });
 }
 
@@ -199,6 +201,7 @@ fn ik_llama_phi3_mini_q8_0_weights() {
         peak_reserved: 2_697_989_376,
         warm_up: true,
         n_layer: None,
+        kv: KvType::Q8_0,
     });
 }
 
@@ -211,6 +214,7 @@ fn ik_llama_llama3_8b_f16_weights() {
         peak_reserved: 238_665_472,
         warm_up: false,
         n_layer: None,
+        kv: KvType::Q8_0,
     });
 }
 
@@ -223,6 +227,7 @@ fn ik_llama_llama3_8b_q8_0_weights() {
         peak_reserved: 232_872_448,
         warm_up: false,
         n_layer: None,
+        kv: KvType::Q8_0,
     });
 }
 
@@ -238,7 +243,33 @@ fn ik_llama_qwen3_30b_a3b_q8_0_weights() {
         peak_reserved: 272_782_080,
         warm_up: true,
         n_layer: Some(4),
+        kv: KvType::Q8_0,
     });
+}
+
+/// DeepSeek-V3's shape with 4 of its 61 layers (3 dense, then the experts with a shared one),
+/// q8_0 weights, `-mla 3 -fa`: the decodes take the absorbed path (flash attention over the
+/// compressed cache, heads of 576/512), the prefills decompress the cache (`wkv_b × cache`
+/// through cuBLAS, in head chunks once past 2048 positions) before attending with heads of
+/// 192/128. With a q8_0 and with an f16 cache.
+#[test]
+fn ik_llama_deepseek_v3_q8_0_weights() {
+    for (trace, kv, peak_reserved) in [
+        ("ds-q8_0-kvq8_0-trace", KvType::Q8_0, 433_435_904),
+        ("ds-q8_0-kvf16-trace", KvType::F16, 362_110_976),
+    ] {
+        check(&Case {
+            trace: Box::leak(
+                format!("docs/data/h200-2026-11-22-moe/{trace}.trace.jsonl.gz").into_boxed_str(),
+            ),
+            model: "deepseek-v3",
+            weights: Weights::Q8_0,
+            peak_reserved,
+            warm_up: true,
+            n_layer: Some(4),
+            kv,
+        });
+    }
 }
 
 /// cupool's runtime taking a profile's traffic (`repro-prefill run/plan --engine ik-llama`) and
@@ -372,38 +403,48 @@ fn ik_llama_prompts_on_two_gpus() {
     }
 }
 
-/// A llama-bench prompt on one H200: Qwen3-30B-A3B's shape (4 layers, q8_0) `-p 5000 -b 2048
-/// -ub 512`: ubatches of 512 tokens whose experts take MMQ's expert path, the last of each
-/// batch with one output row, a short last ubatch of 392. The start-up phase (llama-bench's
-/// warm-up and the first ubatch) is not compared.
+/// llama-bench prompts on one H200, `-p 5000 -b 2048 -ub 512` (ubatches of 512 tokens, the
+/// last of each batch with one output row, a short last ubatch of 392), q8_0 weights and cache:
+/// Qwen3-30B-A3B's shape (4 layers; the experts on MMQ's expert path) and DeepSeek-V3's (4
+/// layers; every ubatch decompresses the cache, in head chunks past 2048 positions). The
+/// start-up phase (llama-bench's warm-up and the first ubatch) is not compared.
 #[test]
-fn ik_llama_qwen3_30b_a3b_prompt() {
+fn ik_llama_moe_prompts() {
     use cupool::runtime::profile::{Profile, UbatchShape};
     let dev = Device::H100_SXM;
     let (tokens, batch, ubatch) = (5000usize, 2048, 512);
-    let recorded =
-        read_trace("docs/data/h200-2026-11-22-moe/qwen3-q8_0-p5000-trace.trace.jsonl.gz");
-    let mut m = EngineModel::preset("qwen3-30b-a3b").unwrap();
-    m.n_layer = 4;
-    let n_ub = tokens.div_ceil(ubatch);
-    let want = phases(&recorded);
-    assert_eq!(want.len(), n_ub + 1);
-    for (j, w) in want.iter().enumerate().take(n_ub).skip(1) {
-        let start = j * ubatch;
-        let end = (start + ubatch).min(tokens);
-        let u = UbatchShape {
-            n_tokens: end - start,
-            n_kv: end.next_multiple_of(256),
-            n_outputs: usize::from(end % batch == 0 || end == tokens),
-        };
-        let calls = Profile::IkLlama
-            .ubatch(&m, Weights::Q8_0, KvType::Q8_0, u, dev)
-            .unwrap();
-        let mut ops = vec![Op::PhaseBegin {
-            name: String::new(),
-        }];
-        trace_events(&calls, 0, &mut ops);
-        same("qwen3-q8_0-p5000", j, &phases(&ops)[0], w);
+    for (trace, model) in [
+        ("qwen3-q8_0-p5000-trace", "qwen3-30b-a3b"),
+        ("ds-q8_0-p5000-trace", "deepseek-v3"),
+    ] {
+        let recorded = read_trace(&format!(
+            "docs/data/h200-2026-11-22-moe/{trace}.trace.jsonl.gz"
+        ));
+        let mut m = EngineModel::preset(model).unwrap();
+        m.n_layer = 4;
+        if let Some(mla) = &mut m.mla {
+            mla.attn_max_batch_mib = 0; // llama-bench's default -amb
+        }
+        let n_ub = tokens.div_ceil(ubatch);
+        let want = phases(&recorded);
+        assert_eq!(want.len(), n_ub + 1, "{trace}");
+        for (j, w) in want.iter().enumerate().take(n_ub).skip(1) {
+            let start = j * ubatch;
+            let end = (start + ubatch).min(tokens);
+            let u = UbatchShape {
+                n_tokens: end - start,
+                n_kv: end.next_multiple_of(256),
+                n_outputs: usize::from(end % batch == 0 || end == tokens),
+            };
+            let calls = Profile::IkLlama
+                .ubatch(&m, Weights::Q8_0, KvType::Q8_0, u, dev)
+                .unwrap();
+            let mut ops = vec![Op::PhaseBegin {
+                name: String::new(),
+            }];
+            trace_events(&calls, 0, &mut ops);
+            same(trace, j, &phases(&ops)[0], w);
+        }
     }
 }
 

@@ -63,9 +63,13 @@ pub struct PredictArgs {
     /// The engine (and commit) whose requests to predict.
     #[arg(long, value_enum, default_value = "ik-llama")]
     pub engine: EngineArg,
-    /// Model preset: phi3-mini, llama3-8b, qwen3-30b-a3b (q8_0 weights).
+    /// Model preset: phi3-mini, llama3-8b; qwen3-30b-a3b, deepseek-v3 (q8_0 weights).
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
+    /// ik_llama.cpp's `-amb` (MiB) for deepseek-v3: the prompt path decompresses the cache in
+    /// head chunks whose f32 K/V fits it; 0: no limit (llama-bench's default).
+    #[arg(long, default_value_t = 256)]
+    pub amb: usize,
     /// Weight type: f16 (cuBLAS) or q8_0 (MMQ, MMVQ).
     #[arg(long, default_value = "f16")]
     pub weight_type: String,

@@ -394,7 +394,7 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
             "--engine cupool: predict needs an engine profile: accepted are ik-llama, llama-b8833, llama (repro-prefill run models cupool's own traffic)",
         );
     };
-    let Some(model) = EngineModel::preset(&a.model) else {
+    let Some(mut model) = EngineModel::preset(&a.model) else {
         return usage(format!(
             "--model {:?}: the {} profile models the presets {}",
             a.model,
@@ -404,6 +404,9 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
     };
     if a.fa_occupancy == Some(0) {
         return usage("--fa-occupancy 0: accepted is 1 or more blocks per SM");
+    }
+    if let Some(mla) = &mut model.mla {
+        mla.attn_max_batch_mib = a.amb;
     }
     let Some(weights) = Weights::parse(&a.weight_type) else {
         return usage(format!(

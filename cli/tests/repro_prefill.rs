@@ -829,11 +829,30 @@ fn predict_gives_the_real_engine_s_sweep_and_where_it_died() {
     assert_eq!(v["driver_mallocs"], 12);
     // What the profile does not model is refused with what it does.
     let out = bin()
-        .args(["predict", "--model", "deepseek-v3"])
+        .args(["predict", "--model", "mixtral-8x7b"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("phi3-mini, llama3-8b, qwen3-30b-a3b"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("phi3-mini, llama3-8b, qwen3-30b-a3b, deepseek-v3"));
+    // DeepSeek's MLA: a prompt whose last ubatch is short takes a path the profile does not
+    // model (20,000 = 39 × 512 + 32), and says which ubatches it does.
+    let out = bin()
+        .args(["predict", "--model", "deepseek-v3", "--weight-type", "q8_0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("128 and more"));
+    let (v, code) = run(&[
+        "--model",
+        "deepseek-v3",
+        "--weight-type",
+        "q8_0",
+        "--prompt",
+        "20480",
+    ]);
+    assert_eq!(code, 0);
+    assert!(v["peak_reserved_bytes"].as_u64().unwrap() > 0);
 }
 
 #[test]

@@ -372,21 +372,29 @@ impl Engine {
         while l < m.n_layer {
             let before = self.fast_forward.then(|| self.pool.stats().calls);
             for c in profile.layer(&m, weights, kv, u, dev, l)? {
-                take_call(&self.pool, &c)?;
+                take_call(&self.pool, &c, self.fast_forward)?;
             }
             l += 1;
             if l + 1 < m.n_layer && before.is_some_and(|b| self.pool.stats().calls == b) {
-                l = m.n_layer - 1;
+                // The layers up to the next of another kind (the first expert layer after the
+                // dense ones) or the last repeat the one that made no driver call.
+                let next_kind = m.n_dense_lead;
+                l = if m.moe.is_some() && l <= next_kind && next_kind < m.n_layer - 1 {
+                    next_kind
+                } else {
+                    m.n_layer - 1
+                };
             }
         }
         if let Some(c) = profile.output(&m, weights, u, dev) {
-            take_call(&self.pool, &c)?;
+            take_call(&self.pool, &c, self.fast_forward)?;
         }
         self.exec.sync()
     }
 
     /// What an auto purge keeps for the profile's ubatch `u`: the first layer's requests (every
-    /// layer but the last repeats them), the last layer's and the output matrix's.
+    /// layer of its kind repeats them), the first expert layer's after dense ones, the last
+    /// layer's and the output matrix's.
     fn profile_keep(&self, u: UbatchShape, p: ProfileRun) -> Result<Vec<usize>, RuntimeError> {
         let kv = self.cfg.kv_type;
         let ProfileRun {
@@ -396,6 +404,9 @@ impl Engine {
             dev,
         } = p;
         let mut calls = profile.layer(&m, weights, kv, u, dev, 0)?;
+        if m.moe.is_some() && m.n_dense_lead > 0 && m.n_dense_lead < m.n_layer - 1 {
+            calls.extend(profile.layer(&m, weights, kv, u, dev, m.n_dense_lead)?);
+        }
         calls.extend(profile.layer(&m, weights, kv, u, dev, m.n_layer - 1)?);
         calls.extend(profile.output(&m, weights, u, dev));
         Ok(keep_for(&calls))
@@ -507,6 +518,32 @@ impl Engine {
 
 /// The engine's view of the run's model: the preset's graph shape and vocabulary, the run's
 /// dimensions (a run may override the layers, say).
+/// What the engine profile of `cfg` asks of the pool in the first layer of a ubatch of
+/// `n_tokens` over `n_kv` positions, in bytes (the sum of its requests): `None` without a
+/// profile, an error where the profile refuses that ubatch.
+pub(crate) fn profile_layer_bytes(
+    cfg: &RunConfig,
+    n_tokens: usize,
+    n_kv: usize,
+) -> Result<Option<usize>, RuntimeError> {
+    let EngineKind::Profile { profile, cc } = cfg.engine else {
+        return Ok(None);
+    };
+    let m = engine_model(&cfg.model)?;
+    let dev = Device {
+        cc,
+        nsm: cfg.sms,
+        occupancy: cfg.fa_occupancy,
+    };
+    let u = UbatchShape {
+        n_tokens,
+        n_kv,
+        n_outputs: 0,
+    };
+    let calls = profile.layer(&m, cfg.weight_type, cfg.kv_type, u, dev, 0)?;
+    Ok(Some(calls.iter().flat_map(OpCall::request_bytes).sum()))
+}
+
 fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeError> {
     let preset = EngineModel::preset(&s.name).ok_or_else(|| {
         RuntimeError::Invalid(format!(
@@ -515,6 +552,16 @@ fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeErro
             s.name
         ))
     })?;
+    if preset.mla.is_some() {
+        // The shape describes MLA as flash attention sees it (576/512 over one cache head);
+        // the profile takes the preset's latent ranks and heads, and the run's layers.
+        let dense_lead = preset.n_dense_lead.min(s.n_layer.saturating_sub(1));
+        return Ok(EngineModel {
+            n_layer: s.n_layer,
+            n_dense_lead: dense_lead,
+            ..preset
+        });
+    }
     if s.head_dim_k != s.head_dim_v || s.v_is_k {
         return Err(RuntimeError::Invalid(format!(
             "engine profiles model K and V heads of one dimension, not {} and {}",
@@ -546,23 +593,32 @@ fn take_workspace(
     })?))
 }
 
-fn take_call(pool: &Arc<dyn Pool>, c: &OpCall) -> Result<(), RuntimeError> {
-    let mut held = Vec::with_capacity(c.held.len());
-    for r in &c.held {
-        held.push(label::with(r.name, || {
-            PoolBuffer::<u8>::alloc(pool, r.bytes)
-        })?);
-    }
-    for r in &c.inner {
-        drop(label::with(r.name, || {
-            PoolBuffer::<u8>::alloc(pool, r.bytes)
-        })?);
-    }
-    for n in &c.nested {
-        take_call(pool, n)?;
-    }
-    while let Some(b) = held.pop() {
-        drop(b);
+/// Takes `c`'s requests from `pool`, `c.repeat` times. With `fast_forward` (dry runs), a run
+/// that made no driver call left the pool as it found it, and the runs after it would repeat it
+/// exactly: they are skipped.
+fn take_call(pool: &Arc<dyn Pool>, c: &OpCall, fast_forward: bool) -> Result<(), RuntimeError> {
+    for _ in 0..c.repeat {
+        let before = pool.stats().calls;
+        let mut held = Vec::with_capacity(c.held.len());
+        for r in &c.held {
+            held.push(label::with(r.name, || {
+                PoolBuffer::<u8>::alloc(pool, r.bytes)
+            })?);
+        }
+        for r in &c.inner {
+            drop(label::with(r.name, || {
+                PoolBuffer::<u8>::alloc(pool, r.bytes)
+            })?);
+        }
+        for n in &c.nested {
+            take_call(pool, n, fast_forward)?;
+        }
+        while let Some(b) = held.pop() {
+            drop(b);
+        }
+        if fast_forward && pool.stats().calls == before {
+            break;
+        }
     }
     Ok(())
 }

@@ -26,10 +26,17 @@ PRESETS = {
     "phi3-mini": ("phi3", 32, 3072, 32, 32, 8192, 32064, 131072),
     "llama3-8b": ("llama", 32, 4096, 32, 8, 14336, 128256, 131072),
     "qwen3-30b-a3b": ("qwen3moe", 48, 2048, 32, 4, 6144, 151936, 40960),
+    "deepseek-v3": ("deepseek2", 61, 7168, 128, 128, 18432, 129280, 163840),
 }
 # Mixture-of-experts presets: head dimension, experts, experts used per token, expert FFN width.
 MOE = {
     "qwen3-30b-a3b": (128, 128, 8, 768),
+    "deepseek-v3": (192, 256, 8, 2048),
+}
+# DeepSeek's multi-head latent attention: Q and KV low ranks, the rotary part of a head, the
+# value head, the dense layers before the experts, the shared experts.
+MLA = {
+    "deepseek-v3": dict(q_lora=1536, kv_lora=512, rope=64, v_head=128, dense_lead=3, shared=1),
 }
 TYPES = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 QK8_0 = 32
@@ -51,6 +58,32 @@ def tensors(preset: str, n_layer: int):
         if arch == "phi3":
             yield b + "attn_qkv.weight", (n_embd, n_embd + 2 * n_gqa), True
             yield b + "ffn_up.weight", (n_embd, 2 * n_ff), True
+        elif arch == "deepseek2":
+            mla = MLA[preset]
+            _, n_expert, _, n_ff_exp = MOE[preset]
+            yield b + "attn_q_a_norm.weight", (mla["q_lora"],), False
+            yield b + "attn_kv_a_norm.weight", (mla["kv_lora"],), False
+            yield b + "attn_q_a.weight", (n_embd, mla["q_lora"]), True
+            yield b + "attn_q_b.weight", (mla["q_lora"], n_head * head_dim), True
+            yield b + "attn_kv_a_mqa.weight", (n_embd, mla["kv_lora"] + mla["rope"]), True
+            nope = head_dim - mla["rope"]
+            yield b + "attn_kv_b.weight", (mla["kv_lora"], n_head * (nope + mla["v_head"])), True
+            yield b + "attn_output.weight", (n_head * mla["v_head"], n_embd), True
+            if i < min(mla["dense_lead"], n_layer - 1):
+                yield b + "ffn_gate.weight", (n_embd, n_ff), True
+                yield b + "ffn_up.weight", (n_embd, n_ff), True
+                yield b + "ffn_down.weight", (n_ff, n_embd), True
+            else:
+                yield b + "ffn_gate_inp.weight", (n_embd, n_expert), None
+                yield b + "exp_probs_b.bias", (n_expert,), None
+                yield b + "ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), True
+                yield b + "ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), True
+                yield b + "ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), True
+                shared = n_ff_exp * mla["shared"]
+                yield b + "ffn_gate_shexp.weight", (n_embd, shared), True
+                yield b + "ffn_up_shexp.weight", (n_embd, shared), True
+                yield b + "ffn_down_shexp.weight", (shared, n_embd), True
+            continue
         elif arch == "qwen3moe":
             _, n_expert, _, n_ff_exp = MOE[preset]
             yield b + "attn_q.weight", (n_embd, n_head * head_dim), True
@@ -119,12 +152,22 @@ def main() -> None:
     w.add_layer_norm_rms_eps(1e-5)
     if a.preset in MOE:
         head_dim, n_expert, n_expert_used, n_ff_exp = MOE[a.preset]
+        mla = MLA.get(a.preset)
         w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
+        w.add_value_length(mla["v_head"] if mla else head_dim)
         w.add_expert_count(n_expert)
         w.add_expert_used_count(n_expert_used)
         w.add_expert_feed_forward_length(n_ff_exp)
-        w.add_rope_dimension_count(head_dim)
+        w.add_rope_dimension_count(mla["rope"] if mla else head_dim)
+        if mla:
+            # The dense layers come first; a model of fewer layers keeps at least one MoE layer.
+            w.add_leading_dense_block_count(min(mla["dense_lead"], n_layer - 1))
+            w.add_q_lora_rank(mla["q_lora"])
+            w.add_kv_lora_rank(mla["kv_lora"])
+            w.add_expert_shared_count(mla["shared"])
+            w.add_expert_weights_scale(2.5)
+            w.add_expert_weights_norm(True)
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     else:
         w.add_rope_dimension_count(n_embd // n_head)
     w.add_rope_freq_base(10000.0 if arch == "phi3" else 500000.0)

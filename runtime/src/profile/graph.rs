@@ -1,7 +1,7 @@
 //! The op order of a dense layer as llama.cpp-style graphs build it, shared by every profile:
 //! the engines differ in what each op takes from the pool, not in which ops run.
 
-use super::{Arch, EngineModel, Moe, OpCall, UbatchShape};
+use super::{Arch, EngineModel, Mla, Moe, OpCall, UbatchShape};
 
 /// What one engine's kernels take from the pool for the ops of a layer. A `None` is an op
 /// whose kernel takes nothing (ggml's vector kernels, for instance).
@@ -18,12 +18,14 @@ pub(crate) trait LayerOps {
             .collect()
     }
 
-    /// Llama's gate and up projections (Phi-3 has one matrix of `2 × n_ff` rows).
-    fn gate_up(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
-        (0..2)
-            .filter_map(|_| self.matmul(m.n_embd, m.n_ff, n))
-            .collect()
+    /// Llama's gate and up projections of width `n_ff` (Phi-3 has one matrix of `2 × n_ff`).
+    fn gate_up(&self, e: usize, n_ff: usize, n: usize) -> Vec<OpCall> {
+        (0..2).filter_map(|_| self.matmul(e, n_ff, n)).collect()
     }
+
+    /// Multi-head latent attention from the normed input to the output projection (the
+    /// profiles that model none return nothing; they refuse such models first).
+    fn mla_attention(&self, m: &EngineModel, mla: Mla, n: usize, n_kv: usize) -> Vec<OpCall>;
 
     /// Flash attention of `n` tokens over a padded KV length of `n_kv`.
     fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall>;
@@ -48,12 +50,15 @@ pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize
     let e = m.n_embd;
     let n = u.n_tokens;
     let mut calls = Vec::with_capacity(8);
-    match m.arch {
-        Arch::Phi3 => calls.extend(k.matmul(e, m.q_dim() + 2 * m.kv_dim(), n)),
-        Arch::Llama => calls.extend(k.qkv(m, n)),
+    match (m.mla, m.arch) {
+        (Some(mla), _) => calls.extend(k.mla_attention(m, mla, n, u.n_kv)),
+        (None, Arch::Phi3) => calls.extend(k.matmul(e, m.q_dim() + 2 * m.kv_dim(), n)),
+        (None, Arch::Llama | Arch::Qwen3Moe) => calls.extend(k.qkv(m, n)),
     }
-    calls.extend(k.attention(m, n, u.n_kv));
-    calls.extend(k.matmul(m.q_dim(), e, n));
+    if m.mla.is_none() {
+        calls.extend(k.attention(m, n, u.n_kv));
+        calls.extend(k.matmul(m.q_dim(), e, n));
+    }
     let n = if l + 1 == m.n_layer {
         k.rows_after_attention(m, u)
     } else {
@@ -62,13 +67,17 @@ pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize
     if n == 0 {
         return calls;
     }
-    if let Some(moe) = m.moe {
+    if let Some(moe) = m.moe.filter(|_| m.is_moe_layer(l)) {
         calls.extend(k.experts(m, moe, n));
+        if m.n_ff_shared > 0 {
+            calls.extend(k.gate_up(e, m.n_ff_shared, n));
+            calls.extend(k.matmul(m.n_ff_shared, e, n));
+        }
         return calls;
     }
     match m.arch {
         Arch::Phi3 => calls.extend(k.matmul(e, 2 * m.n_ff, n)),
-        Arch::Llama => calls.extend(k.gate_up(m, n)),
+        Arch::Llama | Arch::Qwen3Moe => calls.extend(k.gate_up(e, m.n_ff, n)),
     }
     calls.extend(k.matmul(m.n_ff, e, n));
     calls

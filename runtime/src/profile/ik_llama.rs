@@ -36,8 +36,9 @@
 //! dimension 64 or 128 and no GQA), and devices before Ampere.
 
 use super::graph::{self, LayerOps};
+use super::ik_mla as mla;
 pub use super::UbatchShape;
-use super::{Device, EngineModel, Moe, OpCall, OpKind, Request, Weights};
+use super::{Arch, Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
@@ -128,6 +129,19 @@ fn check(
             )));
         }
     }
+    if m.mla.is_some() {
+        if weights == Weights::F16 {
+            return Err(invalid("f16 weights for multi-head latent attention: accepted are q8_0 weights for deepseek-v3".into()));
+        }
+        if n_tokens > 1 && n_tokens < mla::PP_MIN_TOKENS {
+            return Err(invalid(format!(
+                "{n_tokens} tokens of multi-head latent attention: ubatches of 2 to {} tokens take the absorbed path through batched MMQ, which this profile does not model; accepted are 1 token or {} and more",
+                mla::PP_MIN_TOKENS - 1,
+                mla::PP_MIN_TOKENS
+            )));
+        }
+        return Ok(());
+    }
     let gqa = m.n_head / m.n_head_kv;
     let vector_decode = kv == KvType::F16 && gqa % 2 != 0 && m.head_dim % 64 == 0;
     if vector_decode && n_tokens == 1 {
@@ -188,13 +202,15 @@ impl LayerOps for Ik {
         }
     }
 
-    fn gate_up(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
+    fn gate_up(&self, e: usize, n_ff: usize, n: usize) -> Vec<OpCall> {
         match self.weights {
-            Weights::F16 => (0..2)
-                .map(|_| self.mm().single(m.n_embd, m.n_ff, n))
-                .collect(),
-            Weights::Q8_0 => vec![self.mm().fused_up_gate(m.n_embd, m.n_ff, n)],
+            Weights::F16 => (0..2).map(|_| self.mm().single(e, n_ff, n)).collect(),
+            Weights::Q8_0 => vec![self.mm().fused_up_gate(e, n_ff, n)],
         }
+    }
+
+    fn mla_attention(&self, m: &EngineModel, mla: Mla, n: usize, n_kv: usize) -> Vec<OpCall> {
+        mla::attention(&self.mm(), self.kv, self.dev, m, mla, n, n_kv)
     }
 
     fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
@@ -209,7 +225,7 @@ impl LayerOps for Ik {
         // Qwen3-MoE's graph selects the output rows only for more than one token
         // (`build_qwen3moe`): a lone token goes through the last layer and the output matrix
         // whether or not it asked for logits (sweep-bench's warm-up does not).
-        if m.moe.is_some() && u.n_tokens == 1 {
+        if m.arch == Arch::Qwen3Moe && u.n_tokens == 1 {
             1
         } else {
             u.n_outputs
@@ -227,7 +243,7 @@ impl Ik {
 }
 
 /// The matrix-multiply paths of one weight type on one device.
-struct MatMul {
+pub(super) struct MatMul {
     weights: Weights,
     dev: Device,
 }
@@ -238,7 +254,7 @@ const MOE: &str = "MOE_FUSED_UP_GATE";
 
 impl MatMul {
     /// `n` columns of `input` values through a matrix of `output` rows.
-    fn single(&self, input: usize, output: usize, n: usize) -> OpCall {
+    pub(super) fn single(&self, input: usize, output: usize, n: usize) -> OpCall {
         match self.weights {
             Weights::F16 => OpCall::new(
                 OpKind::MatMul,
@@ -250,7 +266,7 @@ impl MatMul {
     }
 
     /// `launches` matrices over the same activations, quantized once (Q, K and V).
-    fn shared_input(&self, input: usize, launches: usize, n: usize) -> OpCall {
+    pub(super) fn shared_input(&self, input: usize, launches: usize, n: usize) -> OpCall {
         self.quantized(MUL_MAT, input, launches, n)
     }
 
@@ -384,7 +400,7 @@ fn flash_attention(m: &EngineModel, kv: KvType, n: usize, n_kv: usize, dev: Devi
     OpCall::new(OpKind::FlashAttention, held, vec![])
 }
 
-fn req(name: &'static str, bytes: usize) -> Request {
+pub(super) fn req(name: &'static str, bytes: usize) -> Request {
     Request { name, bytes }
 }
 

@@ -49,7 +49,7 @@
 //! before Ampere.
 
 use super::graph::{self, LayerOps};
-use super::{Device, EngineModel, Moe, OpCall, OpKind, Request, UbatchShape, Weights};
+use super::{Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, UbatchShape, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
@@ -180,6 +180,9 @@ fn check(
             u.n_tokens, u.n_outputs, u.n_kv
         )));
     }
+    if m.mla.is_some() {
+        return Err(invalid(v, "multi-head latent attention (deepseek-v3): mainline's graph for it is not in the sources this profile models; the ik_llama profile models it".into()));
+    }
     if m.moe.is_some() && weights == Weights::F16 {
         return Err(invalid(v, "f16 experts go to MMF or to per-expert cuBLAS calls sized by the routing: accepted are q8_0 weights for a mixture-of-experts model".into()));
     }
@@ -225,13 +228,15 @@ impl LayerOps for Llama {
         }
     }
 
-    fn gate_up(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
+    fn gate_up(&self, e: usize, n_ff: usize, n: usize) -> Vec<OpCall> {
         // One column: gate, up and the GLU are one fused vector op (`ggml_cuda_should_fuse_mul_mat_vec_q`).
         let fused = n == 1 && self.weights == Weights::Q8_0;
         let ops = if fused { 1 } else { 2 };
-        (0..ops)
-            .filter_map(|_| self.matmul(m.n_embd, m.n_ff, n))
-            .collect()
+        (0..ops).filter_map(|_| self.matmul(e, n_ff, n)).collect()
+    }
+
+    fn mla_attention(&self, _: &EngineModel, _: Mla, _: usize, _: usize) -> Vec<OpCall> {
+        vec![] // refused by `check`
     }
 
     fn experts(&self, m: &EngineModel, moe: Moe, n: usize) -> Vec<OpCall> {
