@@ -486,3 +486,92 @@ fn f16_experts_depend_on_the_routing() {
         assert!(e.contains("q8_0"), "{e}");
     }
 }
+
+/// The last `n_allocs` allocations of one stream's pool (and the frees of them), in order, the
+/// free of an allocation naming its position in that window.
+fn window(ops: &[Op], stream: u64, n_allocs: usize) -> Vec<Event> {
+    let total = ops
+        .iter()
+        .filter(|o| matches!(o, Op::Alloc { stream: s, .. } if *s == stream))
+        .count();
+    assert!(
+        total >= n_allocs,
+        "{total} allocations recorded, {n_allocs} predicted"
+    );
+    let mut seen = 0;
+    let mut pos = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for op in ops {
+        match op {
+            Op::Alloc {
+                id,
+                size,
+                name,
+                stream: s,
+            } if *s == stream => {
+                seen += 1;
+                if seen > total - n_allocs {
+                    pos.insert(*id, out.len());
+                    out.push(Event::Alloc(*size, name.clone().unwrap_or_default()));
+                }
+            }
+            Op::Free { id } => {
+                if let Some(&at) = pos.get(id) {
+                    out.push(Event::Free(at));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// DeepSeek-V3's absorbed MLA path for ubatches of 2, 4, 64 and 100 tokens (fewer than 128: the
+/// cache is not decompressed; above 8 tokens `wk_b` and `wv_b` run one MMQ launch per head),
+/// recorded with llama-bench on two H200s (`-sm layer`; the first device holds the 3 dense
+/// layers). There ik_llama.cpp runs these small ubatches as CUDA graphs: the pool sees a
+/// ubatch's requests only when a graph is captured, i.e. when the KV length differs from the
+/// previous ubatch's. The last capture (the last ubatch that changed the KV length) equals the
+/// profile's requests for that ubatch, request for request; the profile gives every ubatch's,
+/// which the replays of the captured graph repeat without asking the pool.
+#[test]
+fn ik_llama_deepseek_v3_short_ubatches() {
+    use cupool::runtime::profile::{Profile, UbatchShape};
+    let dev = Device::H100_SXM;
+    for ub in [2usize, 4, 64, 100] {
+        let trace = format!("docs/data/h200-2026-11-22-moe/ds-ub{ub}.trace.jsonl.gz");
+        let recorded = read_trace(&trace);
+        let mut m = EngineModel::preset("deepseek-v3").unwrap();
+        m.n_layer = 4;
+        if let Some(mla) = &mut m.mla {
+            mla.attn_max_batch_mib = 0; // llama-bench's default -amb
+        }
+        let n_kv = |j: usize| ((j + 1) * ub).next_multiple_of(256);
+        let last_capture = (0..12)
+            .rev()
+            .find(|&j| j == 0 || n_kv(j) != n_kv(j - 1))
+            .unwrap();
+        let u = UbatchShape {
+            n_tokens: ub,
+            n_kv: n_kv(last_capture),
+            n_outputs: 0,
+        };
+        let mut calls = Vec::new();
+        for l in 0..3 {
+            calls.extend(
+                Profile::IkLlama
+                    .layer(&m, Weights::Q8_0, KvType::Q8_0, u, dev, l)
+                    .unwrap(),
+            );
+        }
+        let mut ops = Vec::new();
+        trace_events(&calls, 0, &mut ops);
+        let n = ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count();
+        same(
+            &format!("ds-ub{ub} device 0"),
+            last_capture,
+            &window(&ops, 0, n),
+            &window(&recorded, 0, n),
+        );
+    }
+}

@@ -36,7 +36,6 @@
 //! dimension 64 or 128 and no GQA), and devices before Ampere.
 
 use super::graph::{self, LayerOps};
-use super::ik_mla as mla;
 pub use super::UbatchShape;
 use super::{Arch, Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, Weights};
 use crate::error::RuntimeError;
@@ -49,9 +48,11 @@ pub const COMMIT: &str = "8337e4cd";
 const Q8_1_MMQ_BLOCK: usize = 144;
 /// MMQ's largest column tile and its row tile on NVIDIA GPUs with int8 tensor cores.
 const MMQ_X_MAX: usize = 128;
-const MMQ_Y: usize = 128;
+pub(super) const MMQ_Y: usize = 128;
+/// The tail MMQ's q8_1 activations carry: a block for each of the largest tile's columns.
+pub(super) const MMQ_TAIL: usize = MMQ_X_MAX * Q8_1_MMQ_BLOCK;
 /// MMVQ serves batches up to this many columns.
-const MMVQ_MAX_BATCH: usize = 8;
+pub(super) const MMVQ_MAX_BATCH: usize = 8;
 /// The flash-attention mask lets KV tiles be skipped from this batch size on.
 const KV_MIN_MAX_FROM: usize = 1024;
 /// Head dimensions the MMA flash-attention kernel has a case for.
@@ -133,13 +134,6 @@ fn check(
         if weights == Weights::F16 {
             return Err(invalid("f16 weights for multi-head latent attention: accepted are q8_0 weights for deepseek-v3".into()));
         }
-        if n_tokens > 1 && n_tokens < mla::PP_MIN_TOKENS {
-            return Err(invalid(format!(
-                "{n_tokens} tokens of multi-head latent attention: ubatches of 2 to {} tokens take the absorbed path through batched MMQ, which this profile does not model; accepted are 1 token or {} and more",
-                mla::PP_MIN_TOKENS - 1,
-                mla::PP_MIN_TOKENS
-            )));
-        }
         return Ok(());
     }
     let gqa = m.n_head / m.n_head_kv;
@@ -210,7 +204,7 @@ impl LayerOps for Ik {
     }
 
     fn mla_attention(&self, m: &EngineModel, mla: Mla, n: usize, n_kv: usize) -> Vec<OpCall> {
-        mla::attention(&self.mm(), self.kv, self.dev, m, mla, n, n_kv)
+        super::ik_mla::attention(&self.mm(), self.kv, self.dev, m, mla, n, n_kv)
     }
 
     fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
@@ -350,7 +344,7 @@ impl MatMul {
 
 /// MMQ's column tile for `n` columns: the smallest (in steps of 8, of 16 from 48 on) that needs
 /// no more passes over the columns than the largest tile.
-fn mmq_x(n: usize) -> usize {
+pub(super) fn mmq_x(n: usize) -> usize {
     let mut best = (usize::MAX, 0);
     let mut x = 8;
     while x <= MMQ_X_MAX && best.0 > 1 {

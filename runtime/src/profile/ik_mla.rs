@@ -9,18 +9,19 @@
 //!   an f16 result of `rows × n_kv`, all held at once. These grow with the KV length: about 67
 //!   KiB a position for DeepSeek-V3, the growth seed 000 measured. Then flash attention with
 //!   heads of 192/128 over the chunk (the "new" MMA kernel: stream-k, no K/V conversion).
-//! - **One token** (decode): the absorbed path: `q_nope × wk_b` per head (the permuted Q copied
-//!   to f32, its rows quantized), flash attention over the cache with heads of 576/512 (V a view
-//!   of K; a quantized cache converted to f16), then `× wv_b` (its input quantized).
+//! - **Fewer tokens** (decode, a prompt's short tail): the absorbed path: `q_nope × wk_b` per head
+//!   (the permuted Q copied to f32, its rows quantized; above 8 tokens one MMQ launch and fixup
+//!   per head), flash attention over the cache with heads of 576/512 (V a view of K; a
+//!   quantized cache converted to f16), then `× wv_b` likewise.
 //!
 //! The "new" MMA kernel launches `occupancy × nsm'` stream-k blocks, where `nsm'` is the
 //! largest power of two of at most the SMs, halved for one token over at most 4096 positions,
 //! doubled for 32 tokens or more over 4096 or more (`fattn-new-mma.cu`); ggml reads the
-//! occupancy from the device. Recorded on an H200 (docs/data/h200-2026-11-22-moe): 4 blocks per
-//! SM for heads of 576 over 16 columns, 2 for heads of 192 over 64 columns.
+//! occupancy from the device. Recorded on an H200 (docs/data/h200-2026-11-22-moe): for heads of
+//! 576, 4 blocks per SM over 16 columns, 2 over 32, 1 over 64; 2 for heads of 192 over 64.
 
 use super::graph;
-use super::ik_llama::{req, MatMul};
+use super::ik_llama::{mmq_x, req, MatMul, MMQ_TAIL, MMQ_Y, MMVQ_MAX_BATCH};
 use super::{Device, EngineModel, Mla, OpCall, OpKind, Request};
 use cupool_kernels::KvType;
 
@@ -68,30 +69,50 @@ pub(super) fn attention(
         chunk.repeat = h / heads;
         calls.push(chunk);
     } else {
-        let held = vec![
-            req(MUL_MAT, h * nope * n * 4),
-            req(MUL_MAT, graph::q8_1_bytes(nope, h * n)),
-        ];
-        calls.push(OpCall::new(OpKind::MatMul, held, vec![]));
+        // q_nope × wk_b, per head: the permuted Q copied to f32, its rows quantized.
+        calls.push(per_head(dev, h, nope, n, true));
         let mut fa = Vec::with_capacity(2);
         if kv != KvType::F16 {
             fa.push(req("K_f16", n_kv * (mla.kv_lora + mla.rope) * 2));
         }
-        // All heads share the one cache head: 16 of them per block, one token.
+        // All heads share the one cache head: 16 of them per block, 1, 2 or 4 tokens a tile.
+        let ncols1 = match n {
+            1 => 1,
+            2 => 2,
+            _ => 4,
+        };
         fa.extend(new_mma(
             dev,
             mla.kv_lora + mla.rope,
             mla.kv_lora,
-            (1, 16),
+            (ncols1, 16),
             n,
             n_kv,
         ));
         calls.push(OpCall::new(OpKind::FlashAttention, fa, vec![]));
-        let held = vec![req(MUL_MAT, graph::q8_1_bytes(mla.kv_lora, h * n))];
-        calls.push(OpCall::new(OpKind::MatMul, held, vec![]));
+        // × wv_b, per head: the permuted result copied to f32 (one token's is contiguous).
+        calls.push(per_head(dev, h, mla.kv_lora, n, n > 1));
     }
     calls.push(mm.single(h * mla.v_head, e, n));
     calls
+}
+
+/// A matrix multiply per head of `n` tokens of `input` values (`wk_b`, `wv_b`): the input
+/// copied to f32 where it is a permuted view, its `heads × n` rows quantized to q8_1; above 8
+/// tokens MMQ runs one launch per head, each with its stream-k fixup.
+fn per_head(dev: Device, heads: usize, input: usize, n: usize, copy: bool) -> OpCall {
+    let rows = heads * n;
+    let mut held = Vec::with_capacity(2);
+    if copy {
+        held.push(req(MUL_MAT, rows * input * 4));
+    }
+    if n <= MMVQ_MAX_BATCH {
+        held.push(req(MUL_MAT, graph::q8_1_bytes(input, rows)));
+        return OpCall::new(OpKind::MatMul, held, vec![]);
+    }
+    held.push(req(MUL_MAT, graph::q8_1_bytes(input, rows) + MMQ_TAIL));
+    let fixup = req(MUL_MAT, dev.nsm * mmq_x(n) * MMQ_Y * 4);
+    OpCall::new(OpKind::MatMul, held, vec![fixup; heads])
 }
 
 /// Heads per decompression chunk: all of them without a limit or while their f32 K/V
@@ -131,6 +152,7 @@ fn new_mma(
         .occupancy
         .unwrap_or(match (dev.cc, dk, ncols1 * ncols2) {
             (900, 576, 16) => 4,
+            (900, 576, 64) => 1,
             _ => 2,
         });
     let mut out = Vec::with_capacity(2);
