@@ -148,11 +148,14 @@ impl RunConfig {
         )
     }
 
-    /// What the engine profile adds to the compute buffer for a context of `n_ctx`.
+    /// What the engine profile holds beside cupool's compute buffer for a context of `n_ctx`:
+    /// mainline's K/V copies in its compute buffer, and the cuBLAS workspace outside the pool
+    /// ([`crate::profile::Profile::outside_pool_bytes`]).
     pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
         match (self.engine, EngineModel::preset(&self.model.name)) {
-            (EngineKind::Profile { profile, .. }, Some(m)) => {
+            (EngineKind::Profile { profile, cc }, Some(m)) => {
                 profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
+                    + profile.outside_pool_bytes(&m, self.weight_type, cc)
             }
             _ => 0,
         }

@@ -45,7 +45,7 @@ impl Startup {
         s.bufs.compute = s.take("compute buffer", cl.bytes)?;
         if engine_compute_bytes > 0 {
             s.take(
-                "compute buffer (the engine's flash-attention K/V copies)",
+                "the engine's own buffers (flash-attention K/V copies, cuBLAS workspace)",
                 engine_compute_bytes,
             )?;
         }

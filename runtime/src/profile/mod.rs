@@ -110,6 +110,21 @@ impl Profile {
         }
     }
 
+    /// Device memory the engine takes outside its pool and its startup buffers, which no
+    /// reservation of its own counts: the workspace cuBLAS allocates with the handle ggml
+    /// creates on the first cuBLAS call of a (device, stream), 32 MiB on Hopper and newer and
+    /// 4 MiB before (cuBLAS's defaults). Taken where the engine calls cuBLAS: f16 weights
+    /// (above 16 tokens on mainline, always on ik_llama.cpp), an f32 router (mixture of
+    /// experts), MLA's decompression.
+    pub fn outside_pool_bytes(self, m: &EngineModel, weights: Weights, cc: u32) -> usize {
+        let cublas = weights == Weights::F16 || m.moe.is_some() || m.mla.is_some();
+        match (cublas, cc >= 900) {
+            (false, _) => 0,
+            (true, true) => 32 << 20,
+            (true, false) => 4 << 20,
+        }
+    }
+
     /// The requests of layer `l` of ubatch `u`.
     pub fn layer(
         self,
@@ -497,4 +512,31 @@ pub fn trace_events(calls: &[OpCall], first_id: u64, out: &mut Vec<TraceEvent>) 
         }
     }
     id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cublas_workspace_counts_where_the_engine_calls_cublas() {
+        let phi = EngineModel::preset("phi3-mini").unwrap();
+        let qwen = EngineModel::preset("qwen3-30b-a3b").unwrap();
+        let ds = EngineModel::preset("deepseek-v3").unwrap();
+        for p in Profile::ALL {
+            assert_eq!(p.outside_pool_bytes(&phi, Weights::F16, 900), 32 << 20);
+            assert_eq!(p.outside_pool_bytes(&phi, Weights::F16, 860), 4 << 20);
+            // q8_0 dense layers run MMQ/MMVQ only; the router of experts is f32 (cuBLAS), and
+            // MLA decompresses its cache through cuBLAS.
+            assert_eq!(p.outside_pool_bytes(&phi, Weights::Q8_0, 900), 0);
+            assert_eq!(p.outside_pool_bytes(&qwen, Weights::Q8_0, 900), 32 << 20);
+            assert_eq!(p.outside_pool_bytes(&ds, Weights::Q8_0, 900), 32 << 20);
+        }
+        assert_eq!(Profile::parse("ik-llama"), Some(Profile::IkLlama));
+        assert_eq!(Profile::parse("llama_b8833"), Some(Profile::LlamaB8833));
+        assert_eq!(Profile::parse("vllm"), None);
+        assert!(Profile::ALL
+            .iter()
+            .all(|p| Profile::parse(p.name()) == Some(*p)));
+    }
 }
