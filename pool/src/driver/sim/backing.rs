@@ -240,7 +240,57 @@ impl FakeSpace {
         })
     }
 
+    /// Returns a range: merged with free neighbours, and given back to the bump pointer when it
+    /// ends there, so the free list stays short (first fit scans it) however many ranges a
+    /// long dry run takes and drops.
     fn give_back(&mut self, r: Range) {
-        self.free.insert(r.host_base, r.host_len as u64);
+        let (mut start, mut len) = (r.host_base, r.host_len as u64);
+        if let Some((&s, &l)) = self.free.range(..start).next_back() {
+            if s + l == start {
+                self.free.remove(&s);
+                (start, len) = (s, l + len);
+            }
+        }
+        if let Some(&l) = self.free.get(&(start + len)) {
+            self.free.remove(&(start + len));
+            len += l;
+        }
+        if start + len == self.next {
+            self.next = start;
+        } else {
+            self.free.insert(start, len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranges given back in any order merge with their free neighbours and return to the bump
+    /// pointer: the free list a first fit scans stays as short as the holes really are.
+    #[test]
+    fn fake_ranges_coalesce_and_return_to_the_top() {
+        let mut f = FakeSpace::default();
+        let a = f.take(1 << 20, 256).unwrap();
+        let b = f.take(2 << 20, 256).unwrap();
+        let c = f.take(3 << 20, 256).unwrap();
+        let top = f.next;
+        f.give_back(b);
+        assert_eq!(f.free.len(), 1);
+        f.give_back(a);
+        assert_eq!(f.free.len(), 1, "a merged with b");
+        // A range that fits the hole reuses it.
+        let d = f.take(2 << 20, 256).unwrap();
+        assert_eq!(d.host_base, FakeSpace::START);
+        assert_eq!(f.next, top);
+        f.give_back(c);
+        f.give_back(d);
+        assert!(f.free.is_empty(), "{:?}", f.free);
+        assert_eq!(
+            f.next,
+            FakeSpace::START,
+            "everything back to the bump pointer"
+        );
     }
 }
