@@ -4,11 +4,8 @@
 //! runs out.
 
 use crate::trace::{replay, Op, ReplayReport, TraceError};
-use cupool_kernels::KvType;
 use cupool_pool::{PoolConfig, PurgePolicy};
-use cupool_runtime::profile::{
-    sweep_step, trace_events, Device, EngineModel, Profile, UbatchShape, Weights,
-};
+use cupool_runtime::profile::{sweep_step, trace_events, Profile, Setup, UbatchShape};
 use cupool_runtime::RuntimeError;
 
 /// The KV padding of llama.cpp with flash attention.
@@ -42,16 +39,10 @@ pub enum Schedule {
 pub struct EngineRun {
     /// The engine.
     pub profile: Profile,
-    /// The model.
-    pub model: EngineModel,
-    /// Its weight type.
-    pub weights: Weights,
-    /// The KV cache type.
-    pub kv: KvType,
+    /// The model, its weights, the cache and the GPU.
+    pub setup: Setup,
     /// Which ubatches.
     pub schedule: Schedule,
-    /// The GPU.
-    pub dev: Device,
 }
 
 /// The engine's requests as a trace, and per phase (prefill ubatch) its first event's index and
@@ -71,13 +62,10 @@ pub struct EngineTrace {
 pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
     let EngineRun {
         profile,
-        model,
-        weights,
-        kv,
+        setup,
         schedule,
-        dev,
-    } = run.clone();
-    let model = &model;
+    } = run;
+    let (profile, schedule) = (*profile, *schedule);
     let mut ops = Vec::new();
     let mut phases = Vec::new();
     let mut id = 0;
@@ -112,17 +100,12 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
             Schedule::Prompt { tokens, batch, .. } => {
                 let end = tokens.min((j + 1) * ubatch);
                 let last = end == tokens || end % batch == 0;
-                calls.push(profile.ubatch(
-                    model,
-                    weights,
-                    kv,
-                    UbatchShape {
-                        n_tokens: end - j * ubatch,
-                        n_kv: pad(end),
-                        n_outputs: usize::from(last),
-                    },
-                    dev,
-                )?);
+                let u = UbatchShape {
+                    n_tokens: end - j * ubatch,
+                    n_kv: pad(end),
+                    n_outputs: usize::from(last),
+                };
+                calls.push(profile.ubatch(setup, u)?);
             }
             Schedule::Sweep { .. } => {
                 let s = sweep_step(j, ubatch);
@@ -136,8 +119,8 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
                     n_kv: s.prefill_n_kv,
                     n_outputs: 1,
                 };
-                calls.push(profile.ubatch(model, weights, kv, decode, dev)?);
-                calls.push(profile.ubatch(model, weights, kv, prefill, dev)?);
+                calls.push(profile.ubatch(setup, decode)?);
+                calls.push(profile.ubatch(setup, prefill)?);
             }
         }
         for c in &calls {
@@ -237,7 +220,9 @@ impl From<TraceError> for PredictError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cupool_kernels::KvType;
     use cupool_pool::PoolKind;
+    use cupool_runtime::profile::{Device, EngineModel, Weights};
 
     fn legacy() -> PoolConfig {
         PoolConfig::default().kind(PoolKind::Legacy)
@@ -246,15 +231,17 @@ mod tests {
     fn run(model: &str, weights: Weights, tokens: usize) -> EngineRun {
         EngineRun {
             profile: Profile::IkLlama,
-            model: EngineModel::preset(model).unwrap(),
-            weights,
-            kv: KvType::Q8_0,
+            setup: Setup {
+                model: EngineModel::preset(model).unwrap(),
+                weights,
+                kv: KvType::Q8_0,
+                dev: Device::H100_SXM,
+            },
             schedule: Schedule::Prompt {
                 tokens,
                 batch: 2048,
                 ubatch: 512,
             },
-            dev: Device::H100_SXM,
         }
     }
 

@@ -4,11 +4,44 @@
 //! gives the run's own peak pool reserve to the byte.
 use cupool::kernels::KvType;
 use cupool::pool::{PoolConfig, PoolKind, PurgePolicy};
-use cupool::runtime::profile::{ik_llama, sweep_step, trace_events, Device, EngineModel, Weights};
+use cupool::runtime::profile::{
+    sweep_step, trace_events, Device, EngineModel, OpCall, Profile, Setup, UbatchShape, Weights,
+};
 use cupool::trace::{self, Op};
 use std::io::Read;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn setup(model: &EngineModel, weights: Weights, kv: KvType, dev: Device) -> Setup {
+    Setup {
+        model: model.clone(),
+        weights,
+        kv,
+        dev,
+    }
+}
+
+/// Ubatch `j` of a llama-bench prompt of `tokens` in batches of `batch`: each batch's last
+/// token asks for logits.
+fn prompt_ubatch(j: usize, tokens: usize, batch: usize, ubatch: usize) -> UbatchShape {
+    let start = j * ubatch;
+    let end = (start + ubatch).min(tokens);
+    UbatchShape {
+        n_tokens: end - start,
+        n_kv: end.next_multiple_of(256),
+        n_outputs: usize::from(end % batch == 0 || end == tokens),
+    }
+}
+
+/// ik_llama.cpp's requests for a ubatch of `n_tokens` over `n_kv` positions.
+fn ubatch(s: &Setup, n_tokens: usize, n_kv: usize, n_outputs: usize) -> Vec<OpCall> {
+    let u = UbatchShape {
+        n_tokens,
+        n_kv,
+        n_outputs,
+    };
+    Profile::IkLlama.ubatch(s, u).unwrap()
+}
 
 fn read_trace(rel: &str) -> Vec<Op> {
     let f = std::fs::File::open(format!("{ROOT}/{rel}")).unwrap_or_else(|e| panic!("{rel}: {e}"));
@@ -92,8 +125,9 @@ fn profile_trace(
             name: format!("step {k}"),
         });
         let s = sweep_step(k, 512);
-        let decode = ik_llama::ubatch(model, weights, kv, 1, s.decode_n_kv, 1, dev).unwrap();
-        let prefill = ik_llama::ubatch(model, weights, kv, 512, s.prefill_n_kv, 1, dev).unwrap();
+        let setup = setup(model, weights, kv, dev);
+        let decode = ubatch(&setup, 1, s.decode_n_kv, 1);
+        let prefill = ubatch(&setup, 512, s.prefill_n_kv, 1);
         id = trace_events(&decode, id, &mut ops);
         id = trace_events(&prefill, id, &mut ops);
         ops.push(Op::PhaseEnd {
@@ -139,7 +173,7 @@ fn check(c: &Case) {
     if let Some(moe) = &mut warm_model.moe {
         moe.n_expert_used = moe.n_expert;
     }
-    let warm = ik_llama::ubatch(&warm_model, c.weights, c.kv, 1, 256, 0, dev).unwrap();
+    let warm = ubatch(&setup(&warm_model, c.weights, c.kv, dev), 1, 256, 0);
     let mut warm_ops = Vec::new();
     trace_events(&warm, 0, &mut warm_ops);
     let mut head = vec![Op::PhaseBegin {
@@ -280,7 +314,7 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
     use cupool::pool::driver::sim::{SimConfig, SimDevice};
     use cupool::predict::{predict, EngineRun, Schedule};
     use cupool::runtime::executor::dry_run::DryRun;
-    use cupool::runtime::profile::{EngineKind, Profile};
+    use cupool::runtime::profile::EngineKind;
     use cupool::runtime::{ModelShape, RunConfig, Runtime};
     use std::sync::Arc;
     for (profile, model, weights) in [
@@ -307,15 +341,17 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                 let ran = rt.prefill(prompt).unwrap();
                 let run = EngineRun {
                     profile,
-                    model: EngineModel::preset(model).unwrap(),
-                    weights,
-                    kv: KvType::Q8_0,
+                    setup: setup(
+                        &EngineModel::preset(model).unwrap(),
+                        weights,
+                        KvType::Q8_0,
+                        Device::H100_SXM,
+                    ),
                     schedule: Schedule::Prompt {
                         tokens: prompt,
                         batch: 2048,
                         ubatch,
                     },
-                    dev: Device::H100_SXM,
                 };
                 let p = predict(&run, &cfg.pool, purge, None).unwrap();
                 let what = format!(
@@ -345,7 +381,6 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
 /// The start-up phase (llama-bench's warm-up and the first ubatch) is not compared.
 #[test]
 fn ik_llama_prompts_on_two_gpus() {
-    use cupool::runtime::profile::ik_llama::{layer, output, UbatchShape};
     let dev = Device::H100_SXM;
     for (trace, model, weights, tokens, batch, ubatch, split) in [
         (
@@ -379,19 +414,14 @@ fn ik_llama_prompts_on_two_gpus() {
                 "{trace}: a phase per ubatch after the first, and the last empty"
             );
             for (j, w) in want.iter().enumerate().take(n_ub).skip(1) {
-                let start = j * ubatch;
-                let end = (start + ubatch).min(tokens);
-                let u = UbatchShape {
-                    n_tokens: end - start,
-                    n_kv: end.next_multiple_of(256),
-                    n_outputs: usize::from(end % batch == 0 || end == tokens),
-                };
+                let u = prompt_ubatch(j, tokens, batch, ubatch);
                 let mut calls = Vec::new();
+                let s = setup(&m, weights, KvType::Q8_0, dev);
                 for l in layers.clone() {
-                    calls.extend(layer(&m, weights, KvType::Q8_0, u, dev, l).unwrap());
+                    calls.extend(Profile::IkLlama.layer(&s, u, l).unwrap());
                 }
                 if stream == 1 {
-                    calls.extend(output(&m, weights, u, dev));
+                    calls.extend(Profile::IkLlama.output(&s, u));
                 }
                 let mut ops = vec![Op::PhaseBegin {
                     name: String::new(),
@@ -410,7 +440,6 @@ fn ik_llama_prompts_on_two_gpus() {
 /// start-up phase (llama-bench's warm-up and the first ubatch) is not compared.
 #[test]
 fn ik_llama_moe_prompts() {
-    use cupool::runtime::profile::{Profile, UbatchShape};
     let dev = Device::H100_SXM;
     let (tokens, batch, ubatch) = (5000usize, 2048, 512);
     for (trace, model) in [
@@ -429,15 +458,9 @@ fn ik_llama_moe_prompts() {
         let want = phases(&recorded);
         assert_eq!(want.len(), n_ub + 1, "{trace}");
         for (j, w) in want.iter().enumerate().take(n_ub).skip(1) {
-            let start = j * ubatch;
-            let end = (start + ubatch).min(tokens);
-            let u = UbatchShape {
-                n_tokens: end - start,
-                n_kv: end.next_multiple_of(256),
-                n_outputs: usize::from(end % batch == 0 || end == tokens),
-            };
+            let u = prompt_ubatch(j, tokens, batch, ubatch);
             let calls = Profile::IkLlama
-                .ubatch(&m, Weights::Q8_0, KvType::Q8_0, u, dev)
+                .ubatch(&setup(&m, Weights::Q8_0, KvType::Q8_0, dev), u)
                 .unwrap();
             let mut ops = vec![Op::PhaseBegin {
                 name: String::new(),
@@ -480,7 +503,7 @@ fn f16_experts_depend_on_the_routing() {
     };
     for p in cupool::runtime::profile::Profile::ALL {
         let e = p
-            .ubatch(&m, Weights::F16, KvType::Q8_0, u, Device::H100_SXM)
+            .ubatch(&setup(&m, Weights::F16, KvType::Q8_0, Device::H100_SXM), u)
             .unwrap_err()
             .to_string();
         assert!(e.contains("q8_0"), "{e}");
@@ -536,7 +559,6 @@ fn window(ops: &[Op], stream: u64, n_allocs: usize) -> Vec<Event> {
 /// which the replays of the captured graph repeat without asking the pool.
 #[test]
 fn ik_llama_deepseek_v3_short_ubatches() {
-    use cupool::runtime::profile::{Profile, UbatchShape};
     let dev = Device::H100_SXM;
     for ub in [2usize, 4, 64, 100] {
         let trace = format!("docs/data/h200-2026-11-22-moe/ds-ub{ub}.trace.jsonl.gz");
@@ -556,13 +578,10 @@ fn ik_llama_deepseek_v3_short_ubatches() {
             n_kv: n_kv(last_capture),
             n_outputs: 0,
         };
+        let s = setup(&m, Weights::Q8_0, KvType::Q8_0, dev);
         let mut calls = Vec::new();
         for l in 0..3 {
-            calls.extend(
-                Profile::IkLlama
-                    .layer(&m, Weights::Q8_0, KvType::Q8_0, u, dev, l)
-                    .unwrap(),
-            );
+            calls.extend(Profile::IkLlama.layer(&s, u, l).unwrap());
         }
         let mut ops = Vec::new();
         trace_events(&calls, 0, &mut ops);

@@ -452,11 +452,13 @@ fn predict_cmd(a: PredictArgs) -> ExitCode {
     let purge = scenario::purge_policy(a.purge);
     let run = EngineRun {
         profile,
-        model,
-        weights,
-        kv,
+        setup: cupool::runtime::profile::Setup {
+            model,
+            weights,
+            kv,
+            dev,
+        },
         schedule,
-        dev,
     };
     // One trace: written if asked for, then replayed.
     let trace = match engine_trace(&run) {

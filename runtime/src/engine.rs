@@ -12,7 +12,7 @@ use crate::executor::{DeviceBuffers, Executor};
 use crate::layer::{Model, Ubatch};
 use crate::planner::{self, PlanTarget};
 use crate::policy::PurgePolicy;
-use crate::profile::{Device, EngineKind, EngineModel, OpCall, Profile, UbatchShape, Weights};
+use crate::profile::{Device, EngineKind, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
 use cupool_kernels::fa;
@@ -21,15 +21,6 @@ use cupool_pool::driver::Driver;
 use cupool_pool::{synchronize, OomReport, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// A run's engine profile with what it is asked about.
-#[derive(Clone, Debug)]
-struct ProfileRun {
-    profile: Profile,
-    m: EngineModel,
-    weights: Weights,
-    dev: Device,
-}
 
 /// Called with each ubatch's row as it ends.
 pub(crate) type Observer = Box<dyn FnMut(&UbatchRow) + Send>;
@@ -331,22 +322,9 @@ impl Engine {
         fa::scratch(&c.model.attn(), c.kv_type, n_tokens, n_kv, c.sms)
     }
 
-    /// The engine profile of the run, if any, with its model, weights and device.
-    fn profile(&self) -> Result<Option<ProfileRun>, RuntimeError> {
-        let c = &self.cfg;
-        match c.engine {
-            EngineKind::Cupool => Ok(None),
-            EngineKind::Profile { profile, cc } => Ok(Some(ProfileRun {
-                profile,
-                m: engine_model(&c.model)?,
-                weights: c.weight_type,
-                dev: Device {
-                    cc,
-                    nsm: c.sms,
-                    occupancy: c.fa_occupancy,
-                },
-            })),
-        }
+    /// The engine profile of the run, if any, with what it is asked about.
+    fn profile(&self) -> Result<Option<(Profile, Setup)>, RuntimeError> {
+        profile_setup(&self.cfg)
     }
 
     /// Rows with logits in a ubatch: the last token of each batch (llama-cli and llama-bench
@@ -360,18 +338,16 @@ impl Engine {
     /// takes its held buffers, its inner ones in turn, and returns them in reverse. In a dry
     /// run, the layers between the first one that made no driver call and the last one repeat
     /// it exactly and are skipped; the last layer (output rows only) and the output matrix run.
-    fn profile_layers(&mut self, u: UbatchShape, p: ProfileRun) -> Result<(), RuntimeError> {
-        let kv = self.cfg.kv_type;
-        let ProfileRun {
-            profile,
-            m,
-            weights,
-            dev,
-        } = p;
+    fn profile_layers(
+        &mut self,
+        u: UbatchShape,
+        (profile, s): (Profile, Setup),
+    ) -> Result<(), RuntimeError> {
+        let m = &s.model;
         let mut l = 0;
         while l < m.n_layer {
             let before = self.fast_forward.then(|| self.pool.stats().calls);
-            for c in profile.layer(&m, weights, kv, u, dev, l)? {
+            for c in profile.layer(&s, u, l)? {
                 take_call(&self.pool, &c, self.fast_forward)?;
             }
             l += 1;
@@ -386,7 +362,7 @@ impl Engine {
                 };
             }
         }
-        if let Some(c) = profile.output(&m, weights, u, dev) {
+        if let Some(c) = profile.output(&s, u) {
             take_call(&self.pool, &c, self.fast_forward)?;
         }
         self.exec.sync()
@@ -395,20 +371,18 @@ impl Engine {
     /// What an auto purge keeps for the profile's ubatch `u`: the first layer's requests (every
     /// layer of its kind repeats them), the first expert layer's after dense ones, the last
     /// layer's and the output matrix's.
-    fn profile_keep(&self, u: UbatchShape, p: ProfileRun) -> Result<Vec<usize>, RuntimeError> {
-        let kv = self.cfg.kv_type;
-        let ProfileRun {
-            profile,
-            m,
-            weights,
-            dev,
-        } = p;
-        let mut calls = profile.layer(&m, weights, kv, u, dev, 0)?;
+    fn profile_keep(
+        &self,
+        u: UbatchShape,
+        (profile, s): (Profile, Setup),
+    ) -> Result<Vec<usize>, RuntimeError> {
+        let m = &s.model;
+        let mut calls = profile.layer(&s, u, 0)?;
         if m.moe.is_some() && m.n_dense_lead > 0 && m.n_dense_lead < m.n_layer - 1 {
-            calls.extend(profile.layer(&m, weights, kv, u, dev, m.n_dense_lead)?);
+            calls.extend(profile.layer(&s, u, m.n_dense_lead)?);
         }
-        calls.extend(profile.layer(&m, weights, kv, u, dev, m.n_layer - 1)?);
-        calls.extend(profile.output(&m, weights, u, dev));
+        calls.extend(profile.layer(&s, u, m.n_layer - 1)?);
+        calls.extend(profile.output(&s, u));
         Ok(keep_for(&calls))
     }
 
@@ -526,22 +500,34 @@ pub(crate) fn profile_layer_bytes(
     n_tokens: usize,
     n_kv: usize,
 ) -> Result<Option<usize>, RuntimeError> {
-    let EngineKind::Profile { profile, cc } = cfg.engine else {
+    let Some((profile, s)) = profile_setup(cfg)? else {
         return Ok(None);
-    };
-    let m = engine_model(&cfg.model)?;
-    let dev = Device {
-        cc,
-        nsm: cfg.sms,
-        occupancy: cfg.fa_occupancy,
     };
     let u = UbatchShape {
         n_tokens,
         n_kv,
         n_outputs: 0,
     };
-    let calls = profile.layer(&m, cfg.weight_type, cfg.kv_type, u, dev, 0)?;
+    let calls = profile.layer(&s, u, 0)?;
     Ok(Some(calls.iter().flat_map(OpCall::request_bytes).sum()))
+}
+
+/// The engine profile of `cfg`, if any, with what it is asked about.
+fn profile_setup(cfg: &RunConfig) -> Result<Option<(Profile, Setup)>, RuntimeError> {
+    let EngineKind::Profile { profile, cc } = cfg.engine else {
+        return Ok(None);
+    };
+    let setup = Setup {
+        model: engine_model(&cfg.model)?,
+        weights: cfg.weight_type,
+        kv: cfg.kv_type,
+        dev: Device {
+            cc,
+            nsm: cfg.sms,
+            occupancy: cfg.fa_occupancy,
+        },
+    };
+    Ok(Some((profile, setup)))
 }
 
 fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeError> {

@@ -37,7 +37,7 @@
 
 use super::graph::{self, LayerOps};
 pub use super::UbatchShape;
-use super::{Arch, Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, Weights};
+use super::{Arch, Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, Setup, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
@@ -60,25 +60,6 @@ const MMA_HEAD_DIMS: [usize; 7] = [64, 80, 96, 112, 128, 192, 256];
 
 fn invalid(what: String) -> RuntimeError {
     RuntimeError::Invalid(format!("the ik_llama ({COMMIT}) profile: {what}"))
-}
-
-/// The pool requests of one ubatch, in the engine's op order: every layer, then the output
-/// matrix.
-pub fn ubatch(
-    m: &EngineModel,
-    weights: Weights,
-    kv: KvType,
-    n_tokens: usize,
-    n_kv: usize,
-    n_outputs: usize,
-    dev: Device,
-) -> Result<Vec<OpCall>, RuntimeError> {
-    let u = UbatchShape {
-        n_tokens,
-        n_kv,
-        n_outputs,
-    };
-    super::Profile::IkLlama.ubatch(m, weights, kv, u, dev)
 }
 
 /// ik_llama.cpp takes MMQ's expert path up to this many tokens per expert of the model
@@ -148,29 +129,14 @@ fn check(
 
 /// The requests of layer `l` of a ubatch (the last layer's feed-forward runs on the output rows
 /// only, and not at all without any).
-pub fn layer(
-    m: &EngineModel,
-    weights: Weights,
-    kv: KvType,
-    u: UbatchShape,
-    dev: Device,
-    l: usize,
-) -> Result<Vec<OpCall>, RuntimeError> {
-    check(m, weights, kv, u, dev)?;
-    Ok(graph::layer(&Ik { weights, kv, dev }, m, u, l))
+pub fn layer(s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, RuntimeError> {
+    check(&s.model, s.weights, s.kv, u, s.dev)?;
+    Ok(graph::layer(&Ik::of(s), &s.model, u, l))
 }
 
 /// The output matrix's requests, on the output rows (none without any).
-pub fn output(m: &EngineModel, weights: Weights, u: UbatchShape, dev: Device) -> Option<OpCall> {
-    graph::output(
-        &Ik {
-            weights,
-            kv: KvType::F16,
-            dev,
-        },
-        m,
-        u,
-    )
+pub fn output(s: &Setup, u: UbatchShape) -> Option<OpCall> {
+    graph::output(&Ik::of(s), &s.model, u)
 }
 
 /// ik_llama.cpp's kernels for one weight type, cache type and device.
@@ -228,6 +194,14 @@ impl LayerOps for Ik {
 }
 
 impl Ik {
+    fn of(s: &Setup) -> Self {
+        Self {
+            weights: s.weights,
+            kv: s.kv,
+            dev: s.dev,
+        }
+    }
+
     fn mm(&self) -> MatMul {
         MatMul {
             weights: self.weights,
@@ -401,6 +375,30 @@ pub(super) fn req(name: &'static str, bytes: usize) -> Request {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole ubatch through the profile.
+    fn ubatch(
+        m: &EngineModel,
+        weights: Weights,
+        kv: KvType,
+        n_tokens: usize,
+        n_kv: usize,
+        n_outputs: usize,
+        dev: Device,
+    ) -> Result<Vec<OpCall>, RuntimeError> {
+        let s = Setup {
+            model: m.clone(),
+            weights,
+            kv,
+            dev,
+        };
+        let u = UbatchShape {
+            n_tokens,
+            n_kv,
+            n_outputs,
+        };
+        super::super::Profile::IkLlama.ubatch(&s, u)
+    }
 
     #[test]
     fn mmq_tiles_follow_the_engine_s_search() {

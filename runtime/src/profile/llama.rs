@@ -49,7 +49,7 @@
 //! before Ampere.
 
 use super::graph::{self, LayerOps};
-use super::{Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, UbatchShape, Weights};
+use super::{Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, Setup, UbatchShape, Weights};
 use crate::error::RuntimeError;
 use cupool_kernels::KvType;
 
@@ -102,44 +102,14 @@ fn invalid(v: Version, what: String) -> RuntimeError {
 }
 
 /// The requests of layer `l` of a ubatch.
-pub fn layer(
-    v: Version,
-    m: &EngineModel,
-    weights: Weights,
-    kv: KvType,
-    u: UbatchShape,
-    dev: Device,
-    l: usize,
-) -> Result<Vec<OpCall>, RuntimeError> {
-    check(v, m, weights, u, dev)?;
-    Ok(graph::layer(
-        &Llama {
-            v,
-            weights,
-            kv,
-            dev,
-        },
-        m,
-        u,
-        l,
-    ))
+pub fn layer(v: Version, s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, RuntimeError> {
+    check(v, &s.model, s.weights, u, s.dev)?;
+    Ok(graph::layer(&Llama::of(v, s), &s.model, u, l))
 }
 
 /// The output matrix's requests, on the output rows.
-pub fn output(
-    v: Version,
-    m: &EngineModel,
-    weights: Weights,
-    u: UbatchShape,
-    dev: Device,
-) -> Option<OpCall> {
-    let k = Llama {
-        v,
-        weights,
-        kv: KvType::F16,
-        dev,
-    };
-    graph::output(&k, m, u)
+pub fn output(v: Version, s: &Setup, u: UbatchShape) -> Option<OpCall> {
+    graph::output(&Llama::of(v, s), &s.model, u)
 }
 
 /// Bytes the engine adds to its compute buffer at startup for flash attention: the f16 copies
@@ -278,6 +248,15 @@ impl LayerOps for Llama {
 }
 
 impl Llama {
+    fn of(v: Version, s: &Setup) -> Self {
+        Self {
+            v,
+            weights: s.weights,
+            kv: s.kv,
+            dev: s.dev,
+        }
+    }
+
     /// MMQ for `n` columns: the q8_1 activations held, a fixup when needed.
     fn mmq(&self, input: usize, output: usize, n: usize) -> OpCall {
         let fallback = output % MMQ_I != 0;
@@ -513,41 +492,43 @@ mod tests {
         }
     }
 
+    fn setup(m: &EngineModel, weights: Weights, kv: KvType, dev: Device) -> Setup {
+        Setup {
+            model: m.clone(),
+            weights,
+            kv,
+            dev,
+        }
+    }
+
     #[test]
     fn bad_inputs_are_refused_and_a_ubatch_without_outputs_stops_early() {
         let m = EngineModel::preset("llama3-8b").unwrap();
         let (v, w, kv) = (Version::B8833, Weights::Q8_0, KvType::Q8_0);
         let dev = Device::H100_SXM;
         let err = |r: Result<Vec<OpCall>, RuntimeError>| r.unwrap_err().to_string();
-        let e = err(layer(v, &m, w, kv, shape(512, 256, 1), dev, 0));
+        let e = err(layer(v, &setup(&m, w, kv, dev), shape(512, 256, 1), 0));
         assert!(
             e.contains("KV length of at least") && e.contains("b8833"),
             "{e}"
         );
-        let e = err(layer(
-            v,
-            &m,
-            w,
-            kv,
-            shape(8, 256, 1),
-            Device::new(750, 40),
-            0,
-        ));
+        let old = setup(&m, w, kv, Device::new(750, 40));
+        let e = err(layer(v, &old, shape(8, 256, 1), 0));
         assert!(e.contains("8.0 or newer"), "{e}");
         let mut odd = m.clone();
         odd.head_dim = 48;
-        let e = err(layer(v, &odd, w, kv, shape(8, 256, 1), dev, 0));
+        let e = err(layer(v, &setup(&odd, w, kv, dev), shape(8, 256, 1), 0));
         assert!(e.contains("head dimensions"), "{e}");
         // The last layer without output rows ends after attention's output projection; with
         // one it runs the fused gate-up (one column) and down projection on it.
         let last = m.n_layer - 1;
-        let none = layer(v, &m, w, kv, shape(512, 1024, 0), dev, last).unwrap();
-        let one = layer(v, &m, w, kv, shape(512, 1024, 1), dev, last).unwrap();
+        let none = layer(v, &setup(&m, w, kv, dev), shape(512, 1024, 0), last).unwrap();
+        let one = layer(v, &setup(&m, w, kv, dev), shape(512, 1024, 1), last).unwrap();
         assert_eq!(one.len() - none.len(), 2);
         assert_eq!(one[..none.len()], none[..]);
-        assert!(output(v, &m, w, shape(512, 1024, 0), dev).is_none());
+        assert!(output(v, &setup(&m, w, kv, dev), shape(512, 1024, 0)).is_none());
         // f16 weights: one output row goes to MMVF, which takes nothing.
-        assert!(output(v, &m, Weights::F16, shape(512, 1024, 1), dev).is_none());
+        assert!(output(v, &setup(&m, Weights::F16, kv, dev), shape(512, 1024, 1)).is_none());
     }
 
     #[test]

@@ -126,50 +126,29 @@ impl Profile {
     }
 
     /// The requests of layer `l` of ubatch `u`.
-    pub fn layer(
-        self,
-        m: &EngineModel,
-        weights: Weights,
-        kv: KvType,
-        u: UbatchShape,
-        dev: Device,
-        l: usize,
-    ) -> Result<Vec<OpCall>, RuntimeError> {
+    pub fn layer(self, s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, RuntimeError> {
         match self.version() {
-            None => ik_llama::layer(m, weights, kv, u, dev, l),
-            Some(v) => llama::layer(v, m, weights, kv, u, dev, l),
+            None => ik_llama::layer(s, u, l),
+            Some(v) => llama::layer(v, s, u, l),
         }
     }
 
     /// The output matrix's requests (none without an output row or where its kernel takes
     /// nothing).
-    pub fn output(
-        self,
-        m: &EngineModel,
-        weights: Weights,
-        u: UbatchShape,
-        dev: Device,
-    ) -> Option<OpCall> {
+    pub fn output(self, s: &Setup, u: UbatchShape) -> Option<OpCall> {
         match self.version() {
-            None => ik_llama::output(m, weights, u, dev),
-            Some(v) => llama::output(v, m, weights, u, dev),
+            None => ik_llama::output(s, u),
+            Some(v) => llama::output(v, s, u),
         }
     }
 
     /// The requests of a whole ubatch: every layer, then the output matrix.
-    pub fn ubatch(
-        self,
-        m: &EngineModel,
-        weights: Weights,
-        kv: KvType,
-        u: UbatchShape,
-        dev: Device,
-    ) -> Result<Vec<OpCall>, RuntimeError> {
-        let mut calls = Vec::with_capacity(m.n_layer * 8 + 1);
-        for l in 0..m.n_layer {
-            calls.extend(self.layer(m, weights, kv, u, dev, l)?);
+    pub fn ubatch(self, s: &Setup, u: UbatchShape) -> Result<Vec<OpCall>, RuntimeError> {
+        let mut calls = Vec::with_capacity(s.model.n_layer * 8 + 1);
+        for l in 0..s.model.n_layer {
+            calls.extend(self.layer(s, u, l)?);
         }
-        calls.extend(self.output(m, weights, u, dev));
+        calls.extend(self.output(s, u));
         Ok(calls)
     }
 
@@ -180,6 +159,20 @@ impl Profile {
             Self::Llama => Some(llama::Version::D99724f2),
         }
     }
+}
+
+/// What a profile is asked about: the model, how its weights are stored, the cache's type and
+/// the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Setup {
+    /// The model.
+    pub model: EngineModel,
+    /// Its weights' type.
+    pub weights: Weights,
+    /// The KV cache's type.
+    pub kv: KvType,
+    /// The GPU.
+    pub dev: Device,
 }
 
 /// The shape of one ubatch: its tokens, the (padded) cache positions they attend to, and the
