@@ -1,5 +1,6 @@
-//! The op order of a dense layer as llama.cpp-style graphs build it, shared by every profile:
-//! the engines differ in what each op takes from the pool, not in which ops run.
+//! The op order of a layer as llama.cpp-style graphs build it (attention or latent attention,
+//! then a dense feed-forward or the experts), shared by every profile: the engines differ in
+//! what each op takes from the pool, not in which ops run.
 
 use super::{Arch, EngineModel, Mla, Moe, OpCall, UbatchShape};
 
@@ -44,8 +45,9 @@ pub(crate) trait LayerOps {
 }
 
 /// Layer `l` of a ubatch: QKV, attention, output projection, then the feed-forward network
-/// (dense, or the experts) on the rows that go on (after the last layer's attention only the output rows, `inp_out_ids`;
-/// a ubatch without any skips the rest, as ggml skips ops on empty tensors).
+/// (dense, or the experts) on the rows that go on: after the last layer's attention only the
+/// output rows (`inp_out_ids`); a ubatch without any skips the rest, as ggml skips ops on empty
+/// tensors.
 pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize) -> Vec<OpCall> {
     let e = m.n_embd;
     let n = u.n_tokens;

@@ -26,12 +26,12 @@ use super::{Device, EngineModel, Mla, OpCall, OpKind, Request};
 use cupool_kernels::KvType;
 
 /// Ubatches of at least this many tokens take the decompressing prompt path.
-pub(super) const PP_MIN_TOKENS: usize = 128;
+const PP_MIN_TOKENS: usize = 128;
 /// Compute capability of Ada Lovelace: from it on the new MMA kernel always runs stream-k.
 const CC_ADA: u32 = 890;
 const MUL_MAT: &str = "MUL_MAT";
 
-/// The attention of `n` tokens over `n_kv` cache positions (1, or at least [`PP_MIN_TOKENS`]).
+/// The attention of `n` tokens over `n_kv` cache positions.
 pub(super) fn attention(
     mm: &MatMul,
     kv: KvType,
@@ -61,7 +61,14 @@ pub(super) fn attention(
         }
         held.push(req(MUL_MAT, rows * n_kv * 2));
         let decompress = OpCall::new(OpKind::MatMul, held, vec![]);
-        let fa = new_mma(dev, m.head_dim, mla.v_head, (64, 1), n, n_kv);
+        let head = Head {
+            dk: m.head_dim,
+            dv: mla.v_head,
+            ncols: (64, 1),
+            q_per_kv: 1,
+            kv_heads: heads,
+        };
+        let fa = new_mma(dev, head, n, n_kv);
         let fa = OpCall::new(OpKind::FlashAttention, fa, vec![]);
         // One op per chunk, holding nothing itself, run once per chunk.
         let mut chunk = OpCall::new(OpKind::FlashAttention, vec![], vec![]);
@@ -81,14 +88,14 @@ pub(super) fn attention(
             2 => 2,
             _ => 4,
         };
-        fa.extend(new_mma(
-            dev,
-            mla.kv_lora + mla.rope,
-            mla.kv_lora,
-            (ncols1, 16),
-            n,
-            n_kv,
-        ));
+        let head = Head {
+            dk: mla.kv_lora + mla.rope,
+            dv: mla.kv_lora,
+            ncols: (ncols1, 16),
+            q_per_kv: h,
+            kv_heads: 1,
+        };
+        fa.extend(new_mma(dev, head, n, n_kv));
         calls.push(OpCall::new(OpKind::FlashAttention, fa, vec![]));
         // × wv_b, per head: the permuted result copied to f32 (one token's is contiguous).
         calls.push(per_head(dev, h, mla.kv_lora, n, n > 1));
@@ -130,14 +137,14 @@ fn chunk_heads(heads: usize, per_head: usize, n_kv: usize, limit_mib: usize) -> 
 
 /// The new MMA kernel's pool buffers for heads of `dk`/`dv` over `ncols1 × ncols2` columns:
 /// `KV_max` from 1024 tokens, and the stream-k `dst_tmp_meta`.
-fn new_mma(
-    dev: Device,
-    dk: usize,
-    dv: usize,
-    (ncols1, ncols2): (usize, usize),
-    n: usize,
-    n_kv: usize,
-) -> Vec<Request> {
+fn new_mma(dev: Device, head: Head, n: usize, n_kv: usize) -> Vec<Request> {
+    let Head {
+        dk,
+        dv,
+        ncols: (ncols1, ncols2),
+        q_per_kv,
+        kv_heads,
+    } = head;
     let mut nsm = 1;
     while nsm * 2 <= dev.nsm {
         nsm *= 2;
@@ -159,18 +166,29 @@ fn new_mma(
     if n >= 1024 {
         out.push(req("KV_max", n.div_ceil(ncols1) * 4));
     }
-    // Before Ada the kernel runs stream-k only when whole tiles would fill less than 75% of
-    // the waves; the profile takes devices from Ada on (ik_llama.cpp's MLA needs them fast).
-    let blocks = if dev.cc >= CC_ADA {
-        occupancy * nsm
-    } else {
-        nsm
-    };
+    // From Ada on always stream-k; before, only when whole tiles fill less than 75% of the
+    // waves (else one block per tile).
+    let max_blocks = occupancy * nsm;
+    let tiles = n.div_ceil(ncols1) * q_per_kv.div_ceil(ncols2) * kv_heads;
+    let waves = tiles.div_ceil(max_blocks);
+    let stream_k = dev.cc >= CC_ADA || 100 * tiles / (max_blocks * waves) < 75;
+    let blocks = if stream_k { max_blocks } else { tiles };
     out.push(req(
         "dst_tmp_meta",
         blocks * ncols1 * ncols2 * (4 + dv) * 4 * 8,
     ));
     out
+}
+
+/// A flash-attention call of the new MMA kernel: head sizes, the columns of a tile (tokens ×
+/// query heads), query heads per K/V head, K/V heads.
+#[derive(Clone, Copy, Debug)]
+struct Head {
+    dk: usize,
+    dv: usize,
+    ncols: (usize, usize),
+    q_per_kv: usize,
+    kv_heads: usize,
 }
 
 #[cfg(test)]
@@ -187,23 +205,47 @@ mod tests {
         assert_eq!(chunk_heads(128, 256, 20480, 0), 128);
     }
 
+    const DECODE: Head = Head {
+        dk: 576,
+        dv: 512,
+        ncols: (1, 16),
+        q_per_kv: 128,
+        kv_heads: 1,
+    };
+    const PROMPT: Head = Head {
+        dk: 192,
+        dv: 128,
+        ncols: (64, 1),
+        q_per_kv: 1,
+        kv_heads: 128,
+    };
+
     #[test]
     fn the_new_kernel_s_stream_k_blocks_follow_its_sm_rounding() {
         let dev = Device::H100_SXM;
         // One token over 1280 positions: 64 SMs counted, 4 blocks each, 16 columns.
         assert_eq!(
-            new_mma(dev, 576, 512, (1, 16), 1, 1280),
+            new_mma(dev, DECODE, 1, 1280),
             [req("dst_tmp_meta", 256 * 16 * 516 * 32)]
         );
         // 512 tokens over 8192 positions: 256 SMs counted, 2 blocks each, 64 columns.
         assert_eq!(
-            new_mma(dev, 192, 128, (64, 1), 512, 8192),
+            new_mma(dev, PROMPT, 512, 8192),
             [req("dst_tmp_meta", 512 * 64 * 132 * 32)]
         );
-        // 2048 tokens: the KV tile bounds too.
+        // An A100 (108 SMs counted as 64, before Ada): stream-k only where whole tiles would
+        // fill less than 75% of the waves. A decode's 8 tiles fill 25% of 32 × 2 blocks:
+        // stream-k; a prompt ubatch's 1024 fill 128 blocks 8 times exactly: one per tile.
+        let a100 = Device::new(800, 108);
         assert_eq!(
-            new_mma(dev, 192, 128, (64, 1), 2048, 8192)[0],
-            req("KV_max", 32 * 4)
+            new_mma(a100, DECODE, 1, 1280),
+            [req("dst_tmp_meta", 64 * 16 * 516 * 32)]
         );
+        assert_eq!(
+            new_mma(a100, PROMPT, 512, 2048),
+            [req("dst_tmp_meta", 1024 * 64 * 132 * 32)]
+        );
+        // 2048 tokens: the KV tile bounds too.
+        assert_eq!(new_mma(dev, PROMPT, 2048, 8192)[0], req("KV_max", 32 * 4));
     }
 }
