@@ -148,13 +148,29 @@ impl RunConfig {
         )
     }
 
+    /// The compute buffer: cupool's layout, or with an engine profile at least what the
+    /// engine's worst-case graph holds when its output matrix runs
+    /// ([`crate::profile::Profile::output_stage_bytes`]).
+    pub fn compute_bytes(&self) -> usize {
+        let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
+        match (self.engine, EngineModel::preset(&self.model.name)) {
+            (EngineKind::Profile { profile, .. }, Some(m)) => {
+                own.max(profile.output_stage_bytes(&m, self.n_ubatch))
+            }
+            _ => own,
+        }
+    }
+
     /// What the engine profile holds beside cupool's compute buffer for a context of `n_ctx`:
-    /// mainline's K/V copies in its compute buffer, and the cuBLAS workspace outside the pool
+    /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]), mainline's K/V
+    /// copies in it, and the cuBLAS workspace outside the pool
     /// ([`crate::profile::Profile::outside_pool_bytes`]).
     pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
         match (self.engine, EngineModel::preset(&self.model.name)) {
             (EngineKind::Profile { profile, cc }, Some(m)) => {
-                profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
+                let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
+                self.compute_bytes() - own
+                    + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
                     + profile.outside_pool_bytes(&m, self.weight_type, cc)
             }
             _ => 0,
