@@ -119,7 +119,7 @@ fn run(a: RunArgs) -> ExitCode {
         Ok(m) => m,
         Err(e) => return usage(e),
     };
-    let base = match scenario::run_config(&a, &model, false) {
+    let mut base = match scenario::run_config(&a, &model, false) {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
@@ -131,6 +131,7 @@ fn run(a: RunArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
+    dev.apply_facts(&mut base);
     let (pool, single) = choice;
     let configs = if single {
         let mut c = base.clone();
@@ -272,6 +273,7 @@ fn plan_cmd(a: RunArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
+    dev.apply_facts(&mut cfg);
     let target = match dev.driver().and_then(|d| PlanTarget::of(d.as_ref())) {
         Ok(t) => t,
         Err(e) => return fail(e),

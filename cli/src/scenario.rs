@@ -67,6 +67,25 @@ impl Device {
         }
     }
 
+    /// Takes the GPU's multiprocessor count and compute capability into `cfg` (the split and
+    /// stream-k counts of cupool's kernels and of an engine profile read them); the simulated
+    /// device keeps the flags' values.
+    pub fn apply_facts(&self, cfg: &mut RunConfig) {
+        let Device::Cuda { driver, .. } = self else {
+            return;
+        };
+        let Some(f) = driver.facts() else {
+            return;
+        };
+        cfg.sms = f.multiprocessors;
+        if let cupool::runtime::profile::EngineKind::Profile { profile, .. } = cfg.engine {
+            cfg.engine = cupool::runtime::profile::EngineKind::Profile {
+                profile,
+                cc: f.compute_capability,
+            };
+        }
+    }
+
     fn sim(vram: usize, backed: bool) -> Result<Arc<SimDevice>, RuntimeError> {
         let mut c = SimConfig::gib(0.0).backed(backed).record_calls(false);
         c.capacity = vram;
