@@ -6,9 +6,9 @@
 use crate::pool::check::{self, flavors};
 use crate::pool::driver::sim::{SimConfig, SimDevice};
 use crate::pool::driver::Driver;
-use crate::pool::{PoolConfig, PoolKind};
+use crate::pool::PoolConfig;
 use crate::runtime::executor::dry_run::DryRun;
-use crate::runtime::{ModelShape, PurgePolicy, RunConfig, Runtime};
+use crate::runtime::{ModelShape, RunConfig, Runtime};
 use std::sync::Arc;
 
 /// Operation sequences against every pool flavour; the first byte picks the flavour.
@@ -34,25 +34,7 @@ fn run_ops(data: &[u8], faults: bool) {
 }
 
 /// The trace parser, and a replay of whatever parses through two pools on a small card.
-pub fn trace_parser(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    let Ok(ops) = crate::trace::parse(text) else {
-        return;
-    };
-    if ops.len() > 20_000 {
-        return;
-    }
-    for (kind, purge) in [
-        (PoolKind::Legacy, PurgePolicy::Auto),
-        (PoolKind::Vmm, PurgePolicy::Always),
-    ] {
-        // Errors (double alloc, unknown free, ...) are fine; panics are not.
-        let config = cupool_pool::PoolConfig::default().kind(kind);
-        let _ = crate::trace::replay(&ops, &config, purge, Some(256 << 20));
-    }
-}
+pub use crate::pool::trace::fuzz::parser as trace_parser;
 
 /// The environment variables and the shape validation that CLI values flow into.
 pub fn env_config(data: &[u8]) {

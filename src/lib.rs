@@ -4,7 +4,7 @@
 //! - [`pool`]: the allocator (usable alone as `cupool-pool`);
 //! - [`runtime`]: the compact inference runtime;
 //! - [`kernels`]: the NVRTC kernels and their CPU references;
-//! - [`trace`]: allocation traces (parse and replay).
+//! - [`trace`]: allocation traces (record, parse and replay; the pool crate's).
 //!
 //! The `repro-prefill` command line is its own crate (`cli/`), so depending on this library
 //! pulls in no argument parser, plotting or terminal code. The fuzz entry points are behind
@@ -19,7 +19,7 @@ pub use cupool_runtime as runtime;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod predict;
-pub mod trace;
+pub use cupool_pool::trace;
 
 /// The README's example, compiled and run as a test (it falls back to the simulated device).
 #[doc = include_str!("../README.md")]

@@ -3,7 +3,7 @@
 //! reserve, the driver traffic and, on a card of given free memory, the token where the engine
 //! runs out.
 
-use crate::trace::{replay, Op, ReplayReport, TraceError};
+use cupool_pool::trace::{replay, Op, ReplayReport, TraceError};
 use cupool_pool::{PoolConfig, PurgePolicy};
 use cupool_runtime::profile::{sweep_step, trace_events, Profile, Setup, UbatchShape};
 use cupool_runtime::RuntimeError;

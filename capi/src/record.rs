@@ -7,7 +7,7 @@
 //! atomic load.
 
 use crate::status::{CupoolStatus, Failure};
-use cupool_pool::adaptors::TraceEvent;
+use cupool_pool::trace::TraceEvent;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fs::File;

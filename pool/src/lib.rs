@@ -11,8 +11,8 @@
 //! - [`core`]: [`core::CorePool`], the one pool implementation over a placement and an
 //!   upstream (ownership checks, poison, epochs, tokens, stats, OOM report, drop contract);
 //!   [`pools`] names the combinations cupool ships;
-//! - [`adaptors`]: behaviour by wrapping any [`Pool`]: phases, trace recording, managed
-//!   fallback;
+//! - [`adaptors`]: behaviour by wrapping any [`Pool`]: phases, managed fallback, size classes;
+//! - [`trace`]: allocation traces: the recorder (an adaptor), the parser and the replay;
 //! - [`config`] and [`registry`]: `GGML_POOL` selection, one pool per (device, stream);
 //! - [`PoolBuffer`]: typed RAII buffers that are cudarc kernel arguments.
 //!
@@ -33,6 +33,7 @@
 //! ```
 #![warn(missing_docs)]
 
+#[macro_use]
 pub mod adaptors;
 mod block;
 mod buffer;
@@ -53,6 +54,7 @@ pub mod rate_limit;
 pub mod registry;
 mod stats;
 pub mod sync;
+pub mod trace;
 pub mod upstream;
 
 pub use block::{Block, PoolId};

@@ -16,8 +16,9 @@ use crate::profile::{Device, EngineKind, EngineModel, OpCall, Profile, Setup, Ub
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
 use cupool_kernels::fa;
-use cupool_pool::adaptors::{label, Phases, Recorder};
+use cupool_pool::adaptors::{label, Phases};
 use cupool_pool::driver::Driver;
+use cupool_pool::trace::Recorder;
 use cupool_pool::{synchronize, OomReport, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 use std::time::Instant;

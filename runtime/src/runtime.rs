@@ -9,8 +9,8 @@ use crate::planner::{startup_plan, Plan};
 use crate::policy::BudgetMode;
 use crate::report::{RunReport, UbatchRow};
 use crate::startup::Startup;
-use cupool_pool::adaptors::Recorder;
 use cupool_pool::driver::Driver;
+use cupool_pool::trace::Recorder;
 use cupool_pool::Pool;
 use std::sync::Arc;
 

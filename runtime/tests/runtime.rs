@@ -1,9 +1,9 @@
 //! The runtime on the simulated device: maths, allocation sequences, budget warnings, purge
 //! policies, and the planner.
 use cupool_kernels::KvType;
-use cupool_pool::adaptors::TraceEvent;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
+use cupool_pool::trace::TraceEvent;
 use cupool_pool::{AutoHeadroom, PoolConfig, PoolKind};
 use cupool_runtime::executor::cpu::CpuExecutor;
 use cupool_runtime::executor::dry_run::DryRun;

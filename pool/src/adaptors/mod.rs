@@ -2,7 +2,8 @@
 //! `Arc<dyn Pool>` and is one: stack them in any order.
 //!
 //! - [`Phases`]: per-phase high-water marks (the runtime's per-ubatch numbers);
-//! - [`Recorder`]: a replayable trace of every allocation, free and phase;
+//! - [`Recorder`](crate::trace::Recorder): a replayable trace of every allocation, free and
+//!   phase (it lives with the trace format, in [`crate::trace`]);
 //! - [`ManagedFallback`]: on device OOM, serve that one allocation from managed memory;
 //! - [`SizeClasses`]: a pool for each range of request sizes;
 //! - [`label`]: the name of what is being allocated, for the recorder.
@@ -63,10 +64,8 @@ macro_rules! forward_accounting {
 pub mod label;
 pub mod managed_fallback;
 pub mod phases;
-pub mod recorder;
 pub mod size_classes;
 
 pub use managed_fallback::ManagedFallback;
 pub use phases::Phases;
-pub use recorder::{Recorder, TraceEvent};
 pub use size_classes::SizeClasses;

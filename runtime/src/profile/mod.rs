@@ -198,7 +198,7 @@ pub struct UbatchShape {
     pub n_outputs: usize,
 }
 
-use cupool_pool::adaptors::TraceEvent;
+use cupool_pool::trace::TraceEvent;
 
 /// The device facts the kernels' launch choices read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,191 +1,12 @@
-//! Allocation traces: parsing the JSON-lines format and replaying it through a pool on the
-//! simulated device.
-//!
-//! The format is the one [`cupool_pool::adaptors::Recorder`] writes, one JSON object per line
-//! (docs/repro-prefill.md). Blank lines and lines starting with `#` are skipped. Parsing never
-//! panics: a malformed line is an error that names the line and what was expected.
+//! Replaying a trace through a pool on the simulated device: the peak reserve, the driver
+//! traffic and the allocations that run out of memory on a card of given size.
 
-use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
-use cupool_pool::driver::Driver;
-use cupool_pool::{synchronize, Block, Pool, PoolConfig, PoolError, Purge};
-use cupool_runtime::PurgePolicy;
-use serde_json::{Map, Value};
+use super::{TraceError, TraceEvent as Op};
+use crate::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
+use crate::driver::Driver;
+use crate::{synchronize, Block, Pool, PoolConfig, PoolError, Purge, PurgePolicy};
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
-
-/// One parsed event: the recorder's own type, so recording and replaying cannot drift apart.
-pub use cupool_pool::adaptors::TraceEvent as Op;
-
-/// Why a trace could not be parsed or replayed.
-#[derive(Debug)]
-pub enum TraceError {
-    /// A line is not an event; the message says what was expected.
-    Parse {
-        /// The line, from 1.
-        line: usize,
-        /// What was wrong and what is accepted.
-        message: String,
-    },
-    /// An event contradicts the ones before it (a double alloc, a free of nothing).
-    Inconsistent {
-        /// The event, from 1.
-        event: usize,
-        /// What was wrong.
-        message: String,
-    },
-    /// The pool failed in a way other than running out of memory.
-    Pool(PoolError),
-}
-
-impl fmt::Display for TraceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TraceError::Parse { line, message } => write!(f, "line {line}: {message}"),
-            TraceError::Inconsistent { event, message } => write!(f, "event {event}: {message}"),
-            TraceError::Pool(e) => write!(f, "replay failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for TraceError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            TraceError::Pool(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<PoolError> for TraceError {
-    fn from(e: PoolError) -> Self {
-        TraceError::Pool(e)
-    }
-}
-
-fn bad(line: usize, message: String) -> TraceError {
-    TraceError::Parse { line, message }
-}
-
-fn field_u64(o: &Map<String, Value>, key: &str, line: usize, op: &str) -> Result<u64, TraceError> {
-    o.get(key).and_then(Value::as_u64).ok_or_else(|| {
-        bad(
-            line,
-            format!("\"{op}\" needs a non-negative integer \"{key}\""),
-        )
-    })
-}
-
-fn field_str(
-    o: &Map<String, Value>,
-    key: &str,
-    line: usize,
-    op: &str,
-) -> Result<String, TraceError> {
-    o.get(key)
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .ok_or_else(|| bad(line, format!("\"{op}\" needs a string \"{key}\"")))
-}
-
-/// The optional `"stream"` of an event (0 when absent).
-fn stream_field(o: &Map<String, Value>, line: usize) -> Result<u64, TraceError> {
-    match o.get("stream") {
-        None => Ok(0),
-        Some(s) => s
-            .as_u64()
-            .ok_or_else(|| bad(line, "\"stream\" must be a non-negative integer".into())),
-    }
-}
-
-/// Parses a whole trace; the error names the line and what was expected.
-pub fn parse(text: &str) -> Result<Vec<Op>, TraceError> {
-    let mut ops = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = i + 1;
-        let t = raw.trim();
-        if t.is_empty() || t.starts_with('#') {
-            continue;
-        }
-        let v: Value = serde_json::from_str(t).map_err(|e| {
-            // serde's text ends with its own position in the one-line document: give the
-            // column alone, the line is ours.
-            let what = e.to_string();
-            let what = what.split(" at line ").next().unwrap_or_default();
-            bad(line, format!("not JSON at column {} ({what}); expected one object per line such as {{\"op\":\"alloc\",\"id\":1,\"size\":4096}}", e.column()))
-        })?;
-        let o = v
-            .as_object()
-            .ok_or_else(|| bad(line, format!("expected a JSON object, found {v}")))?;
-        let op = o.get("op").and_then(Value::as_str).ok_or_else(|| {
-            bad(
-                line,
-                "missing string \"op\" (alloc, free, keep, phase_begin, phase_end or sync)".into(),
-            )
-        })?;
-        ops.push(match op {
-            "alloc" => Op::Alloc {
-                id: field_u64(o, "id", line, op)?,
-                size: usize::try_from(field_u64(o, "size", line, op)?)
-                    .map_err(|_| bad(line, "size too large".into()))?,
-                stream: stream_field(o, line)?,
-                name: match o.get("name") {
-                    None => None,
-                    Some(n) => Some(n.as_str().map(str::to_owned).ok_or_else(|| {
-                        bad(line, "\"name\" must be a string".into())
-                    })?),
-                },
-            },
-            "keep" => Op::Keep {
-                stream: stream_field(o, line)?,
-                sizes: if o.get("all") == Some(&Value::Bool(true)) {
-                    None
-                } else {
-                    Some(
-                        o.get("sizes")
-                            .and_then(Value::as_array)
-                            .and_then(|a| {
-                                a.iter()
-                                    .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
-                                    .collect::<Option<Vec<usize>>>()
-                            })
-                            .ok_or_else(|| {
-                                bad(
-                                    line,
-                                    "\"keep\" needs \"sizes\", an array of non-negative integers, or \"all\":true".into(),
-                                )
-                            })?,
-                    )
-                },
-            },
-            "free" => Op::Free {
-                id: field_u64(o, "id", line, op)?,
-            },
-            "phase_begin" => Op::PhaseBegin {
-                name: field_str(o, "name", line, op)?,
-            },
-            "phase_end" => Op::PhaseEnd {
-                name: field_str(o, "name", line, op)?,
-                prefill: match o.get("prefill") {
-                    None => false,
-                    Some(b) => b
-                        .as_bool()
-                        .ok_or_else(|| bad(line, "\"prefill\" must be true or false".into()))?,
-                },
-            },
-            "sync" => Op::Sync,
-            other => {
-                return Err(bad(
-                    line,
-                    format!(
-                    "unknown op {other:?}: expected alloc, free, keep, phase_begin, phase_end or sync"
-                ),
-                ))
-            }
-        });
-    }
-    Ok(ops)
-}
 
 /// What a replay measured.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -450,6 +271,7 @@ mod next_requests_tests {
 #[cfg(test)]
 mod recorded_purge_tests {
     use super::*;
+    use crate::trace::parse;
 
     const MIB: usize = 1 << 20;
 
@@ -525,7 +347,7 @@ mod recorded_purge_tests {
     }
 
     fn run(ops: &[Op]) -> ReplayReport {
-        let config = PoolConfig::default().kind(cupool_pool::PoolKind::Legacy);
+        let config = PoolConfig::default().kind(crate::PoolKind::Legacy);
         replay(ops, &config, PurgePolicy::Auto, None).unwrap()
     }
 
