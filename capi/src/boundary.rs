@@ -21,55 +21,13 @@
 
 use crate::state::{self, StreamPool};
 use crate::status::Failure;
-use cupool_pool::{synchronize, AutoHeadroom as Headroom, Purge, PurgePolicy};
+use cupool_pool::{synchronize, Boundary, Purge};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Distinct request sizes a pool tracks between two boundaries. Past it, new sizes are not
-/// tracked: their cached buffers are returned at the boundary (safe, at worst a re-malloc).
-const MAX_SIZES: usize = 4096;
-
 /// Boundaries so far, process-wide: they number the phases of a recording.
 static UBATCHES: AtomicU64 = AtomicU64::new(0);
-
-/// For each request size: (blocks live now, most live at once since the last boundary).
-#[derive(Debug, Default)]
-pub(crate) struct Usage {
-    sizes: HashMap<usize, (u32, u32)>,
-}
-
-impl Usage {
-    pub fn alloc(&mut self, size: usize) {
-        if self.sizes.len() >= MAX_SIZES && !self.sizes.contains_key(&size) {
-            return;
-        }
-        let e = self.sizes.entry(size).or_default();
-        e.0 += 1;
-        e.1 = e.1.max(e.0);
-    }
-
-    pub fn free(&mut self, size: usize) {
-        if let Some(e) = self.sizes.get_mut(&size) {
-            e.0 = e.0.saturating_sub(1);
-        }
-    }
-
-    /// The requests to keep buffers for, largest first (so large requests take their best
-    /// fits before small ones can), and a fresh interval: sizes with live blocks carry them
-    /// over.
-    pub fn take_keep(&mut self) -> Vec<usize> {
-        let mut keep: Vec<usize> = self
-            .sizes
-            .iter()
-            .flat_map(|(&size, &(_, most))| std::iter::repeat_n(size, most as usize))
-            .collect();
-        keep.sort_unstable_by(|a, b| b.cmp(a));
-        self.sizes.retain(|_, e| e.0 > 0);
-        self.sizes.values_mut().for_each(|e| e.1 = e.0);
-        keep
-    }
-}
 
 /// What the pools of one device did at a boundary, for the log.
 #[derive(Debug, Default)]
@@ -96,7 +54,7 @@ pub(crate) fn ubatch_end(device: Option<usize>) -> Result<usize, Failure> {
     devices.sort_unstable();
     for d in devices {
         let pools = &by_device[&d];
-        let r = device_end(&lib, d, pools, lib.purge)?;
+        let r = device_end(&lib, d, pools, Boundary::new(lib.purge, lib.headroom))?;
         tracing::info!(
             ubatch,
             device = d,
@@ -117,7 +75,7 @@ fn device_end(
     lib: &state::Lib,
     d: usize,
     pools: &[Arc<StreamPool>],
-    policy: PurgePolicy,
+    boundary: Boundary,
 ) -> Result<DeviceBoundary, Failure> {
     let mut r = DeviceBoundary::default();
     for s in pools {
@@ -131,32 +89,27 @@ fn device_end(
             format!("device {d} has no driver"),
         )
     })?;
-    // Reading free memory costs no synchronize; with `inf` there is nothing to decide.
-    r.short = policy == PurgePolicy::Auto
-        && (lib.headroom == Headroom::Infinite
-            || lib.headroom.short(driver.mem_info()?.free, r.peak_live));
-    let plan: Vec<(&Arc<StreamPool>, Purge)> = pools
-        .iter()
-        .filter_map(|s| {
-            let what = match policy {
-                PurgePolicy::Never => return None,
-                PurgePolicy::Always => Purge::All,
-                PurgePolicy::Auto => {
-                    let keep = s.usage.lock().take_keep();
-                    if !r.short {
-                        crate::record::keep(s.device, s.stream, None);
-                        return None;
-                    }
-                    crate::record::keep(s.device, s.stream, Some(&keep));
-                    Purge::KeepFor(keep)
-                }
-            };
-            let wanted = policy == PurgePolicy::Always || s.pool.releasable(&what) > 0;
-            wanted.then_some((s, what))
-        })
-        .collect();
-    if policy == PurgePolicy::Never {
-        pools.iter().for_each(|s| drop(s.usage.lock().take_keep()));
+    // Free memory is read once for the device (it costs no synchronize), and only if asked.
+    let free = std::cell::OnceCell::new();
+    let read_free = || -> Result<usize, Failure> {
+        if let Some(&f) = free.get() {
+            return Ok(f);
+        }
+        let f = driver.mem_info()?.free;
+        Ok(*free.get_or_init(|| f))
+    };
+    let mut plan: Vec<(&Arc<StreamPool>, Purge)> = Vec::new();
+    for s in pools {
+        // Every boundary opens a fresh interval, whatever the policy does with it.
+        let held = s.usage.lock().take_keep();
+        let decision = boundary.decide(s.pool.as_ref(), r.peak_live, read_free, || Ok(held))?;
+        if let Some(keep) = decision.recorded_keep() {
+            r.short |= keep.is_some();
+            crate::record::keep(s.device, s.stream, keep);
+        }
+        if let Some(what) = decision.purge() {
+            plan.push((s, what));
+        }
     }
     if !plan.is_empty() {
         let token = synchronize(driver.as_ref())?;
@@ -168,43 +121,4 @@ fn device_end(
     }
     pools.iter().for_each(|s| s.pool.reset_peaks());
     Ok(r)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keeps_the_most_held_at_once_per_size_largest_first() {
-        let mut u = Usage::default();
-        // K and V together, twice; a small buffer alone, three times.
-        for _ in 0..2 {
-            u.alloc(100);
-            u.alloc(100);
-            u.free(100);
-            u.free(100);
-        }
-        for _ in 0..3 {
-            u.alloc(7);
-            u.free(7);
-        }
-        u.alloc(50); // live across the boundary
-        assert_eq!(u.take_keep(), vec![100, 100, 50, 7]);
-        // The next interval starts from what is live.
-        assert_eq!(u.take_keep(), vec![50]);
-        u.free(50);
-        assert_eq!(u.take_keep(), vec![50]);
-        assert!(u.take_keep().is_empty());
-    }
-
-    #[test]
-    fn stops_tracking_new_sizes_past_the_bound() {
-        let mut u = Usage::default();
-        for s in 0..MAX_SIZES + 10 {
-            u.alloc(s + 1);
-        }
-        assert_eq!(u.sizes.len(), MAX_SIZES);
-        u.free(MAX_SIZES + 5); // untracked: ignored
-        assert_eq!(u.take_keep().len(), MAX_SIZES);
-    }
 }

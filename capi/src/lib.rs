@@ -24,6 +24,7 @@ mod state;
 mod stats;
 mod status;
 mod torch;
+mod usage;
 
 pub use api::*;
 pub use status::{cupool_last_error, CupoolStatus};

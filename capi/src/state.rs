@@ -5,9 +5,9 @@
 //! against a generation counter that `init` and `shutdown` advance; a stream pool's own lock
 //! guards its live blocks, so threads on different streams do not contend.
 
-use crate::boundary::Usage;
 use crate::config::{Config, Devices};
 use crate::status::{CupoolStatus, Failure};
+use crate::usage::Usage;
 use cupool_pool::driver::cuda::{device_count, CudaDriver};
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;

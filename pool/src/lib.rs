@@ -36,6 +36,7 @@
 #[macro_use]
 pub mod adaptors;
 mod block;
+pub mod boundary;
 mod buffer;
 #[cfg(feature = "check")]
 pub mod check;
@@ -58,6 +59,7 @@ pub mod trace;
 pub mod upstream;
 
 pub use block::{Block, PoolId};
+pub use boundary::Boundary;
 pub use buffer::PoolBuffer;
 pub use config::PoolConfig;
 pub use error::{FreeError, OomReport, PoolError};

@@ -11,7 +11,6 @@ use crate::error::RuntimeError;
 use crate::executor::{DeviceBuffers, Executor};
 use crate::layer::{Model, Ubatch};
 use crate::planner::{self, PlanTarget};
-use crate::policy::PurgePolicy;
 use crate::profile::{Device, EngineKind, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
@@ -19,7 +18,7 @@ use cupool_kernels::fa;
 use cupool_pool::adaptors::{label, Phases};
 use cupool_pool::driver::Driver;
 use cupool_pool::trace::Recorder;
-use cupool_pool::{synchronize, OomReport, Pool, PoolBuffer, Purge};
+use cupool_pool::{synchronize, Boundary, OomReport, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -429,56 +428,56 @@ impl Engine {
         Ok(())
     }
 
-    /// What the purge policy returns after a prefill ubatch whose pool held `live_peak` bytes
-    /// at once (`None`: nothing), recording an `auto` decision.
+    /// What the boundary decision ([`Boundary::decide`]) returns after a prefill ubatch whose
+    /// pool held `live_peak` bytes at once (`None`: nothing), recording an `auto` decision.
     fn boundary_purge(
         &mut self,
         (next_pos, next_tokens): (usize, usize),
         live_peak: usize,
     ) -> Result<Option<Purge>, RuntimeError> {
-        match self.cfg.purge {
-            PurgePolicy::Never => Ok(None),
-            PurgePolicy::Always => Ok(Some(Purge::All)),
-            PurgePolicy::Auto => {
-                // Each buffer returned is a driver free: only worth it when memory is short.
-                let free = self.driver.mem_info()?.free;
-                if !self.cfg.auto_headroom.short(free, live_peak) {
-                    if let Some(r) = &self.recorder {
-                        r.record_keep(None);
-                    }
-                    return Ok(None);
-                }
-                let n_kv = fa::n_kv(next_pos + next_tokens, self.cfg.n_ctx);
-                let keep = match self.profile()? {
-                    Some(p) => {
-                        let u = UbatchShape {
-                            n_tokens: next_tokens,
-                            n_kv,
-                            n_outputs: self.outputs(next_pos, next_tokens),
-                        };
-                        self.profile_keep(u, p)?
-                    }
-                    None => {
-                        // The workspace, one buffer of each size the GEMMs convert q8_0
-                        // weights into (one at a time), the flash-attention scratch.
-                        let mut keep = vec![self.cfg.gemm_workspace_bytes];
-                        keep.retain(|&b| b > 0);
-                        let mut src0 =
-                            crate::layer::src0_requests(&self.cfg.model, self.cfg.weight_type);
-                        src0.sort_unstable_by(|a, b| b.cmp(a));
-                        src0.dedup();
-                        keep.extend(src0);
-                        keep.extend(self.scratch(next_tokens, n_kv).request_bytes());
-                        keep
-                    }
-                };
-                if let Some(r) = &self.recorder {
-                    r.record_keep(Some(keep.clone()));
-                }
-                let what = Purge::KeepFor(keep);
-                Ok((self.pool.releasable(&what) > 0).then_some(what))
-            }
+        let boundary = Boundary::new(self.cfg.purge, self.cfg.auto_headroom);
+        let decision = boundary.decide(
+            self.pool.as_ref(),
+            live_peak,
+            || Ok(self.driver.mem_info()?.free),
+            || self.next_requests(next_pos, next_tokens),
+        )?;
+        if let (Some(r), Some(keep)) = (&self.recorder, decision.recorded_keep()) {
+            r.record_keep(keep.map(<[usize]>::to_vec));
         }
+        Ok(decision.purge())
+    }
+
+    /// The requests the ubatch of `next_tokens` at `next_pos` is expected to make: what an
+    /// `auto` purge keeps cached buffers for.
+    fn next_requests(
+        &self,
+        next_pos: usize,
+        next_tokens: usize,
+    ) -> Result<Vec<usize>, RuntimeError> {
+        let n_kv = fa::n_kv(next_pos + next_tokens, self.cfg.n_ctx);
+        Ok(match self.profile()? {
+            Some(p) => {
+                let u = UbatchShape {
+                    n_tokens: next_tokens,
+                    n_kv,
+                    n_outputs: self.outputs(next_pos, next_tokens),
+                };
+                self.profile_keep(u, p)?
+            }
+            None => {
+                // The workspace, one buffer of each size the GEMMs convert q8_0
+                // weights into (one at a time), the flash-attention scratch.
+                let mut keep = vec![self.cfg.gemm_workspace_bytes];
+                keep.retain(|&b| b > 0);
+                let mut src0 = crate::layer::src0_requests(&self.cfg.model, self.cfg.weight_type);
+                src0.sort_unstable_by(|a, b| b.cmp(a));
+                src0.dedup();
+                keep.extend(src0);
+                keep.extend(self.scratch(next_tokens, n_kv).request_bytes());
+                keep
+            }
+        })
     }
 
     /// Synchronizes and returns `what`; the bytes released.

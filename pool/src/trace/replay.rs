@@ -4,7 +4,7 @@
 use super::{TraceError, TraceEvent as Op};
 use crate::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use crate::driver::Driver;
-use crate::{synchronize, Block, Pool, PoolConfig, PoolError, Purge, PurgePolicy};
+use crate::{synchronize, AutoHeadroom, Block, Boundary, Pool, PoolConfig, PoolError, PurgePolicy};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -33,6 +33,10 @@ pub struct ReplayReport {
     pub driver_unmaps: u64,
     /// Allocations that ran out of memory.
     pub ooms: u64,
+    /// Bytes returned to the driver at each prefill boundary, in order (0 where nothing went
+    /// back): the decisions a recorded run's rows can be compared with.
+    #[serde(skip)]
+    pub boundary_releases: Vec<usize>,
     /// The event (1-based) of the first allocation that ran out of memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_oom_event: Option<usize>,
@@ -79,6 +83,51 @@ fn next_requests(ops: &[Op], from: usize) -> HashMap<u64, Vec<usize>> {
         }
     }
     out
+}
+
+/// A prefill boundary at event `at`: each stream's pool does what [`Boundary::decide`] says.
+/// The run's recorded keep lists (`recorded`, by stream), if it recorded any, stand for its
+/// decisions: a list means the device was short and names what stayed, `None` or no entry
+/// that everything stayed. A trace without them is purged as a short device would be, keeping
+/// what the next phase asks for first. Returns the bytes each purged stream released.
+fn boundary(
+    ops: &[Op],
+    at: usize,
+    purge: PurgePolicy,
+    recorded: HashMap<u64, Option<Vec<usize>>>,
+    pools: &HashMap<u64, Arc<dyn Pool>>,
+    driver: &dyn Driver,
+) -> Result<Vec<(u64, usize)>, TraceError> {
+    let mut expected =
+        (purge == PurgePolicy::Auto && recorded.is_empty()).then(|| next_requests(ops, at + 1));
+    let mut plan = Vec::new();
+    for (&stream, p) in pools {
+        let (headroom, reuse) = match (&mut expected, recorded.get(&stream)) {
+            (Some(next), _) => (
+                AutoHeadroom::Infinite,
+                next.remove(&stream).unwrap_or_default(),
+            ),
+            (None, Some(Some(sizes))) => (AutoHeadroom::Infinite, sizes.clone()),
+            (None, _) => (AutoHeadroom::Bytes(0), Vec::new()),
+        };
+        // The replay's device has no say: the headroom above carries the run's decision.
+        let decision = Boundary::new(purge, headroom).decide(
+            p.as_ref(),
+            0,
+            || Ok::<_, TraceError>(0),
+            || Ok(reuse),
+        )?;
+        if let Some(what) = decision.purge() {
+            plan.push((stream, p, what));
+        }
+    }
+    if plan.is_empty() {
+        return Ok(Vec::new());
+    }
+    let token = synchronize(driver).map_err(PoolError::from)?;
+    plan.into_iter()
+        .map(|(stream, p, what)| Ok((stream, p.purge(&token, what)?.bytes)))
+        .collect()
 }
 
 /// Replays `ops` through pools that `config` builds (one per stream) on a simulated card of `vram` bytes
@@ -163,44 +212,20 @@ pub fn replay(
             Op::Keep { stream, sizes } => {
                 kept.insert(*stream, sizes.clone());
             }
-            Op::PhaseEnd { prefill: true, .. } if purge != PurgePolicy::Never => {
-                let mut token = None;
-                // A trace that says what its run's auto purge kept is purged the same way;
-                // otherwise auto keeps what the next phase asks for first.
-                let recorded = std::mem::take(&mut kept);
-                let from_trace = purge == PurgePolicy::Auto && !recorded.is_empty();
-                let mut next: HashMap<u64, Option<Vec<usize>>> = match purge {
-                    PurgePolicy::Always => HashMap::new(),
-                    _ if !recorded.is_empty() => recorded,
-                    _ => next_requests(ops, i + 1)
-                        .into_iter()
-                        .map(|(s, sizes)| (s, Some(sizes)))
-                        .collect(),
-                };
-                for (&stream, p) in &pools {
-                    let what = match purge {
-                        PurgePolicy::Always => Purge::All,
-                        _ => match next.remove(&stream) {
-                            Some(Some(sizes)) => Purge::KeepFor(sizes),
-                            // The run kept everything there: the device had room.
-                            Some(None) => continue,
-                            // The run purged only the pools it named.
-                            None if from_trace => continue,
-                            None => Purge::KeepFor(Vec::new()),
-                        },
-                    };
-                    if purge == PurgePolicy::Auto && p.releasable(&what) == 0 {
-                        continue;
-                    }
-                    let t = match token {
-                        Some(t) => t,
-                        None => {
-                            *token.insert(synchronize(driver.as_ref()).map_err(PoolError::from)?)
-                        }
-                    };
-                    p.purge(&t, what)?;
-                    reserved.update(stream, p.reserved_bytes());
+            Op::PhaseEnd { prefill: true, .. } => {
+                let released = boundary(
+                    ops,
+                    i,
+                    purge,
+                    std::mem::take(&mut kept),
+                    &pools,
+                    driver.as_ref(),
+                )?;
+                for &(stream, _) in &released {
+                    reserved.update(stream, pools[&stream].reserved_bytes());
                 }
+                r.boundary_releases
+                    .push(released.iter().map(|&(_, b)| b).sum());
             }
             Op::PhaseBegin { .. } | Op::PhaseEnd { .. } | Op::Sync => {}
         }

@@ -1,0 +1,85 @@
+//! What each stream's pool was asked for between two ubatch boundaries: libcupool's `auto`
+//! purge expects the next ubatch to ask for what the one just ended held at once.
+
+use std::collections::HashMap;
+
+/// Distinct request sizes a pool tracks between two boundaries. Past it, new sizes are not
+/// tracked: their cached buffers are returned at the boundary (safe, at worst a re-malloc).
+const MAX_SIZES: usize = 4096;
+
+/// For each request size: (blocks live now, most live at once since the last boundary).
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    sizes: HashMap<usize, (u32, u32)>,
+}
+
+impl Usage {
+    pub fn alloc(&mut self, size: usize) {
+        if self.sizes.len() >= MAX_SIZES && !self.sizes.contains_key(&size) {
+            return;
+        }
+        let e = self.sizes.entry(size).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(e.0);
+    }
+
+    pub fn free(&mut self, size: usize) {
+        if let Some(e) = self.sizes.get_mut(&size) {
+            e.0 = e.0.saturating_sub(1);
+        }
+    }
+
+    /// The requests to keep buffers for, largest first (so large requests take their best
+    /// fits before small ones can), and a fresh interval: sizes with live blocks carry them
+    /// over.
+    pub fn take_keep(&mut self) -> Vec<usize> {
+        let mut keep: Vec<usize> = self
+            .sizes
+            .iter()
+            .flat_map(|(&size, &(_, most))| std::iter::repeat_n(size, most as usize))
+            .collect();
+        keep.sort_unstable_by(|a, b| b.cmp(a));
+        self.sizes.retain(|_, e| e.0 > 0);
+        self.sizes.values_mut().for_each(|e| e.1 = e.0);
+        keep
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_most_held_at_once_per_size_largest_first() {
+        let mut u = Usage::default();
+        // K and V together, twice; a small buffer alone, three times.
+        for _ in 0..2 {
+            u.alloc(100);
+            u.alloc(100);
+            u.free(100);
+            u.free(100);
+        }
+        for _ in 0..3 {
+            u.alloc(7);
+            u.free(7);
+        }
+        u.alloc(50); // live across the boundary
+        assert_eq!(u.take_keep(), vec![100, 100, 50, 7]);
+        // The next interval starts from what is live.
+        assert_eq!(u.take_keep(), vec![50]);
+        u.free(50);
+        assert_eq!(u.take_keep(), vec![50]);
+        assert!(u.take_keep().is_empty());
+    }
+
+    #[test]
+    fn stops_tracking_new_sizes_past_the_bound() {
+        let mut u = Usage::default();
+        for s in 0..MAX_SIZES + 10 {
+            u.alloc(s + 1);
+        }
+        assert_eq!(u.sizes.len(), MAX_SIZES);
+        u.free(MAX_SIZES + 5); // untracked: ignored
+        assert_eq!(u.take_keep().len(), MAX_SIZES);
+    }
+}
