@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use std::sync::Arc;
 
 const MIB: usize = 1 << 20;
-const CARD_GIB: f64 = 1.0;
+const CARD_GIB: f64 = 4.0;
 
 /// Two layers of Phi-3-mini over a q8_0 cache: flash-attention scratch of tens of MiB that
 /// grows with the cache, beside a 32 MiB GEMM workspace.
