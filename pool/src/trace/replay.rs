@@ -98,12 +98,15 @@ fn boundary(
     pools: &HashMap<u64, Arc<dyn Pool>>,
     driver: &dyn Driver,
 ) -> Result<Vec<(u64, usize)>, TraceError> {
-    let mut expected = (purge == PurgePolicy::Auto && recorded.is_empty())
-        .then(|| next_requests(ops, at + 1));
+    let mut expected =
+        (purge == PurgePolicy::Auto && recorded.is_empty()).then(|| next_requests(ops, at + 1));
     let mut plan = Vec::new();
     for (&stream, p) in pools {
         let (headroom, reuse) = match (&mut expected, recorded.get(&stream)) {
-            (Some(next), _) => (AutoHeadroom::Infinite, next.remove(&stream).unwrap_or_default()),
+            (Some(next), _) => (
+                AutoHeadroom::Infinite,
+                next.remove(&stream).unwrap_or_default(),
+            ),
             (None, Some(Some(sizes))) => (AutoHeadroom::Infinite, sizes.clone()),
             (None, _) => (AutoHeadroom::Bytes(0), Vec::new()),
         };
@@ -210,7 +213,14 @@ pub fn replay(
                 kept.insert(*stream, sizes.clone());
             }
             Op::PhaseEnd { prefill: true, .. } => {
-                let released = boundary(ops, i, purge, std::mem::take(&mut kept), &pools, driver.as_ref())?;
+                let released = boundary(
+                    ops,
+                    i,
+                    purge,
+                    std::mem::take(&mut kept),
+                    &pools,
+                    driver.as_ref(),
+                )?;
                 for &(stream, _) in &released {
                     reserved.update(stream, pools[&stream].reserved_bytes());
                 }
