@@ -6,7 +6,6 @@
 //! matters: a legacy pool strands buffers in steps, a purging one does not grow at all.
 
 /// See the module docs.
-#[derive(Debug)]
 pub(crate) struct Budget {
     /// The reserved budget: compute buffer plus margin or planned pool peak.
     pub bytes: usize,
@@ -16,7 +15,24 @@ pub(crate) struct Budget {
     pub warnings: usize,
     /// The first crossing's projection: the token where the run dies, if it does.
     pub projection: Option<Projection>,
+    /// Where a prefill of so many tokens ends, simulated (the runtime hands it the planner's
+    /// projection; dry runs have no budget to cross and none).
+    project: Option<Projector>,
 }
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("bytes", &self.bytes)
+            .field("compute", &self.compute)
+            .field("warnings", &self.warnings)
+            .field("projection", &self.projection)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a prefill of `n` tokens ends, from the device as the pool found it.
+pub(crate) type Projector = Box<dyn Fn(usize) -> Projection + Send>;
 
 /// Where a run that crossed its budget ends, by simulation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,25 +53,41 @@ impl Budget {
             over: false,
             warnings: 0,
             projection: None,
+            project: None,
         }
     }
 
-    /// Checks the ubatch that ended at token `pos` with the pool's reserve peaking at
-    /// `reserved`; on a new crossing asks `project` where the run dies and warns. Returns
-    /// whether it is over the budget.
+    /// Hands the budget the projection it reports on a crossing.
+    pub fn project_with(&mut self, project: Projector) {
+        self.project = Some(project);
+    }
+
+    /// Checks the ubatch that ended at token `pos` of a prefill of `total` tokens with the
+    /// pool's reserve peaking at `reserved`; on a new crossing projects where the run dies and
+    /// warns. Returns whether it is over the budget.
     pub fn check(
         &mut self,
         index: usize,
-        pos: usize,
+        (pos, total): (usize, usize),
         reserved: usize,
         device_free: usize,
-        project: impl FnOnce() -> Projection,
     ) -> bool {
         let high_water = self.compute + reserved;
         let over = high_water > self.bytes;
         if over && !self.over {
             self.warnings += 1;
-            let projection = self.projection.get_or_insert_with(project).clone();
+            let project = || match &self.project {
+                Some(p) => p(total),
+                None => Projection::Unknown("no projection was set up".into()),
+            };
+            let projection = match &self.projection {
+                Some(p) => p.clone(),
+                None => {
+                    let p = project();
+                    self.projection = Some(p.clone());
+                    p
+                }
+            };
             self.warn(index, pos, high_water, reserved, device_free, &projection);
         }
         self.over = over;

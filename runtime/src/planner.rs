@@ -12,6 +12,7 @@ use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::executor::dry_run::DryRun;
 use crate::executor::DeviceBuffers;
+use crate::fast_forward::FastForward;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::policy::BudgetMode;
 use crate::report::RunReport;
@@ -112,7 +113,7 @@ fn dry_run(
     // A simulation's out-of-memory is its result, not news: its pool and engine log nothing.
     tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
         let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX)?;
-        engine.fast_forward = fast;
+        engine.ff = FastForward::new(fast);
         engine.decode(&tokens)
     })
 }
@@ -160,7 +161,7 @@ pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usiz
     // (among the tails it models).
     let mut tails = Vec::with_capacity(cfg.n_ubatch);
     for t in 1..cfg.n_ubatch.min(cfg.n_ctx) {
-        let bytes = match crate::engine::profile_layer_bytes(cfg, t, n_kv) {
+        let bytes = match crate::profiled::layer_bytes(cfg, t, n_kv) {
             Ok(Some(b)) => b,
             Ok(None) => {
                 cupool_kernels::fa::scratch(&attn, cfg.kv_type, t, n_kv, cfg.sms).total_bytes()

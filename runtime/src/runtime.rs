@@ -1,11 +1,12 @@
 //! The runtime: startup memory, the planned budget and the engine, put together.
 
+use crate::budget::Projection;
 use crate::config::RunConfig;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::executor::{Executor, ExecutorKind};
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
-use crate::planner::{startup_plan, Plan};
+use crate::planner::{project_oom, startup_plan, Plan, PlanTarget};
 use crate::policy::BudgetMode;
 use crate::report::{RunReport, UbatchRow};
 use crate::startup::Startup;
@@ -63,7 +64,18 @@ impl Runtime {
                 .as_ref()
                 .map_or(cfg.margin_bytes, |p| p.pool_peak_reserved_bytes);
         let bufs = *startup.buffers();
-        let engine = Engine::new(driver, cfg, exec, bufs, budget)?;
+        let mut engine = Engine::new(driver.clone(), cfg, exec, bufs, budget)?;
+        // The device as the pool found it (free memory after the startup buffers): what a
+        // projection of the rest of the run simulates.
+        let room = PlanTarget::of(driver.as_ref())?;
+        let c = engine.cfg.clone();
+        engine
+            .budget
+            .project_with(Box::new(move |total| match project_oom(&c, &room, total) {
+                Ok(Some(t)) => Projection::DiesAt(t),
+                Ok(None) => Projection::Completes,
+                Err(e) => Projection::Unknown(e.to_string()),
+            }));
         tracing::info!(
             model = %engine.cfg.model.name, pool = %engine.pool.kind(),
             weights = bufs.wl.bytes.max(engine.cfg.weights_bytes), kv = kvl.bytes, compute = cl.bytes + extra, budget,

@@ -1,0 +1,211 @@
+//! The engine: the ubatch loop over a pool and an executor. Each ubatch is a pool phase; every
+//! flash-attention call takes its scratch from the pool; after each ubatch the engine records
+//! the high-water, checks the budget and applies the purge policy at prefill boundaries.
+//!
+//! The engine owns no startup memory: [`crate::Runtime`] allocates that and hands the engine
+//! its addresses; the planner runs an engine with the dry-run executor on a simulated card.
+
+mod ubatch;
+
+use crate::budget::{Budget, Projection};
+use crate::config::RunConfig;
+use crate::error::RuntimeError;
+use crate::executor::{DeviceBuffers, Executor};
+use crate::fast_forward::FastForward;
+use crate::layer::Model;
+use crate::profile::EngineKind;
+use crate::report::{RunReport, UbatchRow};
+use cupool_kernels::fa;
+use cupool_pool::adaptors::Phases;
+use cupool_pool::driver::Driver;
+use cupool_pool::trace::Recorder;
+use cupool_pool::Pool;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Called with each ubatch's row as it ends.
+pub(crate) type Observer = Box<dyn FnMut(&UbatchRow) + Send>;
+
+/// See the module docs.
+pub(crate) struct Engine {
+    pub cfg: RunConfig,
+    pub driver: Arc<dyn Driver>,
+    phases: Arc<Phases>,
+    /// `phases`, as the pool scratch is taken from.
+    pub pool: Arc<dyn Pool>,
+    pub recorder: Option<Arc<Recorder>>,
+    exec: Box<dyn Executor>,
+    pub bufs: DeviceBuffers,
+    pub budget: Budget,
+    pub pos: usize,
+    failed: bool,
+    ubatch_index: usize,
+    pub observer: Option<Observer>,
+    /// Tokens of the prefill being decoded, from position 0.
+    prefill_tokens: usize,
+    /// Where the decode in progress started (its batches count from there).
+    decode_start: usize,
+    /// Dry runs only (the planner): skip what cannot change the pool's numbers. Rows, budget
+    /// checks and observers then cover the ubatches run, not all.
+    pub(crate) ff: FastForward,
+}
+
+impl Engine {
+    /// Builds the pool (with phases, and a recorder if asked for) on `driver` and initialises
+    /// the model in `bufs` with `exec`.
+    pub fn new(
+        driver: Arc<dyn Driver>,
+        cfg: RunConfig,
+        mut exec: Box<dyn Executor>,
+        bufs: DeviceBuffers,
+        budget_bytes: usize,
+    ) -> Result<Self, RuntimeError> {
+        // An engine profile's legacy pool behaves as that engine's does on OOM.
+        let mut pool_cfg = cfg.pool.clone();
+        if let EngineKind::Profile { profile, .. } = cfg.engine {
+            pool_cfg.legacy.flush_and_retry = profile.legacy_flush_and_retry();
+        }
+        let mut pool = pool_cfg.build(driver.clone())?;
+        let recorder = cfg
+            .record_trace
+            .then(|| Arc::new(Recorder::new(pool.clone(), 0)));
+        if let Some(r) = &recorder {
+            pool = r.clone();
+        }
+        let phases = Arc::new(Phases::new(pool));
+        let phased: Arc<dyn Pool> = phases.clone();
+        Model {
+            m: &cfg.model,
+            kv: cfg.kv_type,
+            b: &bufs,
+            pool: &phased,
+        }
+        .init(exec.as_mut())?;
+        Ok(Self {
+            prefill_tokens: 0,
+            decode_start: 0,
+            ff: FastForward::default(),
+            budget: Budget::new(
+                budget_bytes,
+                bufs.cl.bytes + cfg.profile_compute_bytes(cfg.n_ctx),
+            ),
+            pool: phased,
+            phases,
+            cfg,
+            driver,
+            recorder,
+            exec,
+            bufs,
+            pos: 0,
+            failed: false,
+            ubatch_index: 0,
+            observer: None,
+        })
+    }
+
+    /// The hidden state of the last ubatch.
+    pub fn hidden(&mut self, n_tokens: usize) -> Result<Vec<f32>, RuntimeError> {
+        let model = Model {
+            m: &self.cfg.model,
+            kv: self.cfg.kv_type,
+            b: &self.bufs,
+            pool: &self.pool,
+        };
+        model.hidden(self.exec.as_mut(), n_tokens)
+    }
+
+    /// Evaluates `tokens` after those already in the cache: batches of `n_batch`, ubatches of
+    /// `n_ubatch`. An OOM ends the run with a report (`completed: false`), not an error.
+    pub fn decode(&mut self, tokens: &[i32]) -> Result<RunReport, RuntimeError> {
+        if self.failed {
+            return Err(RuntimeError::Invalid("an earlier run ran out of memory mid-ubatch; the KV cache is incomplete: build a new runtime".into()));
+        }
+        if self.pos + tokens.len() > self.cfg.n_ctx {
+            return Err(RuntimeError::Invalid(format!(
+                "{} tokens after position {} exceed the context of {} tokens: raise the context or shorten the prompt",
+                tokens.len(),
+                self.pos,
+                self.cfg.n_ctx
+            )));
+        }
+        self.prefill_tokens = self.pos + tokens.len();
+        self.decode_start = self.pos;
+        let mut ubatches = Vec::new();
+        let mut at = 0;
+        for batch in tokens.chunks(self.cfg.n_batch) {
+            for ub in batch.chunks(self.cfg.n_ubatch) {
+                ubatches.push((self.pos + at, ub));
+                at += ub.len();
+            }
+        }
+        let started = Instant::now();
+        let mut rows = Vec::with_capacity(ubatches.len());
+        let mut oom = None;
+        let n_ctx = self.cfg.n_ctx;
+        let shape = |k: usize| {
+            let (p, t): (usize, &[i32]) = ubatches[k];
+            (t.len(), fa::n_kv(p + t.len(), n_ctx))
+        };
+        self.ff.start(self.pool.as_ref());
+        let mut i = 0;
+        while i < ubatches.len() {
+            let (pos0, toks) = ubatches[i];
+            let next = ubatches
+                .get(i + 1)
+                .map_or((pos0 + toks.len(), 1), |&(p, t)| (p, t.len()));
+            let mark = self.ff.mark(self.pool.as_ref());
+            match self.ubatch(pos0, toks, next)? {
+                Ok(row) => {
+                    if let Some(f) = self.observer.as_mut() {
+                        f(&row);
+                    }
+                    rows.push(row)
+                }
+                Err(report) => {
+                    oom = Some((pos0, report));
+                    break;
+                }
+            }
+            let skip = self
+                .ff
+                .ubatches_to_skip(self.pool.as_ref(), mark, i, ubatches.len(), shape);
+            self.ubatch_index += skip;
+            i += 1 + skip;
+        }
+        let skipped = self.ff.skipped();
+        let s = self.pool.stats();
+        Ok(RunReport {
+            pool: self.pool.kind(),
+            purge: self.cfg.purge,
+            budget_mode: self.cfg.budget,
+            completed: oom.is_none(),
+            oom_at_token: oom.as_ref().map(|(p, _)| *p),
+            oom: oom.map(|(_, r)| r),
+            peak_live_bytes: s.live_peak_bytes,
+            peak_reserved_bytes: s.reserved_peak_bytes,
+            budget_bytes: self.budget.bytes,
+            compute_bytes: self.bufs.cl.bytes,
+            budget_warnings: self.budget.warnings,
+            projected_oom_at_token: match self.budget.projection {
+                Some(Projection::DiesAt(t)) => Some(t),
+                _ => None,
+            },
+            driver_mallocs: s.calls.acquisitions() + skipped.0,
+            driver_frees: s.calls.releases() + skipped.1,
+            fallbacks: s.fallbacks,
+            fallback_peak_bytes: s.fallback_live_peak_bytes,
+            ubatches: rows,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("model", &self.cfg.model.name)
+            .field("pool", &self.pool.kind())
+            .field("pos", &self.pos)
+            .finish()
+    }
+}

@@ -1,0 +1,234 @@
+//! One ubatch of the engine: a pool phase around the layers, then the boundary (the purge
+//! that [`Boundary::decide`] asks for) and the budget check.
+
+use super::Engine;
+use crate::error::RuntimeError;
+use crate::layer::{Model, Ubatch};
+use crate::profile::{Profile, Setup, UbatchShape};
+use crate::profiled;
+use crate::report::UbatchRow;
+use crate::scratch::Scratch;
+use cupool_kernels::fa;
+use cupool_pool::adaptors::label;
+use cupool_pool::{synchronize, Boundary, OomReport, Pool, PoolBuffer, Purge};
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Engine {
+    /// One ubatch. The outer error is fatal; the inner one is an OOM that ends the run.
+    pub(super) fn ubatch(
+        &mut self,
+        pos0: usize,
+        tokens: &[i32],
+        next: (usize, usize),
+    ) -> Result<Result<UbatchRow, Box<OomReport>>, RuntimeError> {
+        let n_tokens = tokens.len();
+        let n_kv = fa::n_kv(pos0 + n_tokens, self.cfg.n_ctx);
+        let index = self.ubatch_index;
+        self.ubatch_index += 1;
+        let ub = Ubatch {
+            index,
+            pos0,
+            n_tokens,
+            n_kv,
+            tokens,
+        };
+        let prefill = n_tokens > 1;
+        let t0 = Instant::now();
+        let name = format!("ubatch {index}");
+        self.phases.begin_phase(&name);
+        if let Some(r) = &self.recorder {
+            r.record_phase_begin(&name);
+        }
+        let result = self.layers(&ub);
+        let phase = self.phases.end_phase().unwrap_or_default();
+        // Decided before the phase closes in a recording: its keep list belongs to the phase.
+        let purge = match (&result, prefill) {
+            (Ok(()), true) => self.boundary_purge(next, phase.live_peak_bytes)?,
+            _ => None,
+        };
+        if let Some(r) = &self.recorder {
+            r.record_phase_end(prefill);
+        }
+        match result {
+            Ok(()) => {}
+            Err(RuntimeError::OutOfMemory(report)) => {
+                self.failed = true;
+                tracing::error!(
+                    ubatch = index,
+                    tokens_done = pos0,
+                    requested = report.requested,
+                    "run ended: out of memory in ubatch {index} after {pos0} tokens"
+                );
+                return Ok(Err(report));
+            }
+            Err(e) => {
+                self.failed = true;
+                return Err(e);
+            }
+        }
+        self.pos = pos0 + n_tokens;
+        let purged_bytes = match purge {
+            Some(what) => self.purge(what)?,
+            None => 0,
+        };
+        let seconds = t0.elapsed().as_secs_f64();
+        let stats = self.pool.stats();
+        let device = self.driver.mem_info()?;
+        let over = self.budget.check(
+            index,
+            (self.pos, self.prefill_tokens),
+            phase.reserved_peak_bytes,
+            device.free,
+        );
+        Ok(Ok(UbatchRow {
+            index,
+            pos0,
+            n_tokens,
+            n_kv,
+            live_peak_bytes: phase.live_peak_bytes,
+            reserved_bytes: phase.reserved_peak_bytes,
+            cached_bytes: stats.cached_bytes,
+            device_used_bytes: device.used(),
+            budget_bytes: self.budget.bytes,
+            over_budget: over,
+            driver_mallocs: phase.calls.acquisitions(),
+            purged_bytes,
+            seconds,
+        }))
+    }
+
+    fn scratch(&self, n_tokens: usize, n_kv: usize) -> fa::FaScratch {
+        let c = &self.cfg;
+        fa::scratch(&c.model.attn(), c.kv_type, n_tokens, n_kv, c.sms)
+    }
+
+    /// The engine profile of the run, if any, with what it is asked about.
+    fn profile(&self) -> Result<Option<(Profile, Setup)>, RuntimeError> {
+        profiled::setup(&self.cfg)
+    }
+
+    /// Rows with logits in a ubatch: the last token of each batch (llama-cli and llama-bench
+    /// decode a prompt in batches of `-b` tokens, each asking for its last token's logits).
+    fn outputs(&self, pos0: usize, n_tokens: usize) -> usize {
+        let end = pos0 + n_tokens;
+        usize::from(end == self.prefill_tokens || (end - self.decode_start) % self.cfg.n_batch == 0)
+    }
+
+    fn layers(&mut self, ub: &Ubatch) -> Result<(), RuntimeError> {
+        if let Some(p) = self.profile()? {
+            let u = UbatchShape {
+                n_tokens: ub.n_tokens,
+                n_kv: ub.n_kv,
+                n_outputs: self.outputs(ub.pos0, ub.n_tokens),
+            };
+            profiled::take_ubatch(&self.pool, u, p, self.ff)?;
+            return self.exec.sync();
+        }
+        let scratch = self.scratch(ub.n_tokens, ub.n_kv);
+        let workspace = take_workspace(&self.pool, self.cfg.gemm_workspace_bytes)?;
+        let model = Model {
+            m: &self.cfg.model,
+            kv: self.cfg.kv_type,
+            b: &self.bufs,
+            pool: &self.pool,
+        };
+        let x = self.exec.as_mut();
+        if let Some(w) = &workspace {
+            x.set_gemm_workspace(w.ptr(), w.len())?;
+        }
+        model.embed(x, ub)?;
+        for layer in 0..model.m.n_layer {
+            let mark = self.ff.mark(self.pool.as_ref());
+            model.pre_attention(x, layer, ub)?;
+            let s = Scratch::take(&self.pool, scratch)?;
+            model.attention(x, layer, ub, &s)?;
+            drop(s);
+            model.feed_forward(x, ub)?;
+            // Every layer takes the same scratch: one served from the cache without a driver
+            // call left it as it was, and so will the rest (the dry run computes nothing).
+            if self.ff.repeats(self.pool.as_ref(), mark) {
+                break;
+            }
+        }
+        x.sync()?;
+        // The GEMMs that used it have run: it goes back to the pool with the ubatch.
+        x.set_gemm_workspace(0, 0)?;
+        drop(workspace);
+        Ok(())
+    }
+
+    /// What the boundary decision ([`Boundary::decide`]) returns after a prefill ubatch whose
+    /// pool held `live_peak` bytes at once (`None`: nothing), recording an `auto` decision.
+    fn boundary_purge(
+        &mut self,
+        (next_pos, next_tokens): (usize, usize),
+        live_peak: usize,
+    ) -> Result<Option<Purge>, RuntimeError> {
+        let boundary = Boundary::new(self.cfg.purge, self.cfg.auto_headroom);
+        let decision = boundary.decide(
+            self.pool.as_ref(),
+            live_peak,
+            || Ok(self.driver.mem_info()?.free),
+            || self.next_requests(next_pos, next_tokens),
+        )?;
+        if let (Some(r), Some(keep)) = (&self.recorder, decision.recorded_keep()) {
+            r.record_keep(keep.map(<[usize]>::to_vec));
+        }
+        Ok(decision.purge())
+    }
+
+    /// The requests the ubatch of `next_tokens` at `next_pos` is expected to make: what an
+    /// `auto` purge keeps cached buffers for.
+    fn next_requests(
+        &self,
+        next_pos: usize,
+        next_tokens: usize,
+    ) -> Result<Vec<usize>, RuntimeError> {
+        let n_kv = fa::n_kv(next_pos + next_tokens, self.cfg.n_ctx);
+        Ok(match self.profile()? {
+            Some(p) => {
+                let u = UbatchShape {
+                    n_tokens: next_tokens,
+                    n_kv,
+                    n_outputs: self.outputs(next_pos, next_tokens),
+                };
+                profiled::keep(u, p)?
+            }
+            None => {
+                // The workspace, one buffer of each size the GEMMs convert q8_0
+                // weights into (one at a time), the flash-attention scratch.
+                let mut keep = vec![self.cfg.gemm_workspace_bytes];
+                keep.retain(|&b| b > 0);
+                let mut src0 = crate::layer::src0_requests(&self.cfg.model, self.cfg.weight_type);
+                src0.sort_unstable_by(|a, b| b.cmp(a));
+                src0.dedup();
+                keep.extend(src0);
+                keep.extend(self.scratch(next_tokens, n_kv).request_bytes());
+                keep
+            }
+        })
+    }
+
+    /// Synchronizes and returns `what`; the bytes released.
+    fn purge(&mut self, what: Purge) -> Result<usize, RuntimeError> {
+        let token = synchronize(self.driver.as_ref())?;
+        if let Some(r) = &self.recorder {
+            r.record_sync();
+        }
+        Ok(self.pool.purge(&token, what)?.bytes)
+    }
+}
+
+/// The ubatch's GEMM workspace (`cublas_workspace` in a trace), if it has one.
+fn take_workspace(
+    pool: &Arc<dyn Pool>,
+    bytes: usize,
+) -> Result<Option<PoolBuffer<u8>>, RuntimeError> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    Ok(Some(label::with("cublas_workspace", || {
+        PoolBuffer::alloc(pool, bytes)
+    })?))
+}
