@@ -13,6 +13,7 @@ use cupool::runtime::{BudgetMode, Plan, RunConfig};
 use serde_json::{json, Value};
 use std::process::ExitCode;
 
+/// Prints the plan; exits 3 when it does not fit.
 pub fn plan(a: RunArgs) -> ExitCode {
     crate::init_logging(a.quiet, false);
     // Options of a run that a plan has no use for: refused, not silently ignored.

@@ -11,6 +11,8 @@ use cupool::predict::{engine_trace, EngineRun, Prediction, Schedule};
 use cupool::runtime::profile::{Device, EngineModel, Profile, Setup, Weights};
 use std::process::ExitCode;
 
+/// Predicts the engine's requests, writes them if asked, prints the replay; exits 3 when the
+/// engine runs out of memory.
 pub fn predict(a: PredictArgs) -> ExitCode {
     crate::init_logging(a.quiet, false);
     let run = match engine_run(&a) {

@@ -9,6 +9,7 @@ use cupool::pool::PoolConfig;
 use cupool::trace::{self, ReplayReport};
 use std::process::ExitCode;
 
+/// Replays the trace and prints the pool's report.
 pub fn replay(a: ReplayArgs) -> ExitCode {
     crate::init_logging(a.quiet, false);
     let text = match std::fs::read_to_string(&a.trace) {

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+/// Runs the prefill (or the comparison), prints it, and exits 0, 1 or 3 as documented in `--help`.
 pub fn run(a: RunArgs) -> ExitCode {
     // A comparison runs when no pool is chosen; the choice is checked again below.
     let comparison = pool_choice(&a).is_ok_and(|(_, chosen)| !chosen);
