@@ -1,8 +1,11 @@
-//! Command-line arguments.
+//! Command-line arguments: the subcommands and their options, with their help and defaults.
+//! The values of the library's enums are parsed from its tables ([`crate::values`]).
 
-use clap::builder::TypedValueParser as _;
+use crate::values::{self, Engine};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use cupool::pool::PoolKind;
+use cupool::kernels::KvType;
+use cupool::pool::{PoolKind, PurgePolicy};
+use cupool::runtime::BudgetMode;
 use std::path::PathBuf;
 
 /// Reproduces the long-context prefill OOM of llama.cpp-style engines and shows each fix.
@@ -61,8 +64,8 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct PredictArgs {
     /// The engine (and commit) whose requests to predict.
-    #[arg(long, value_enum, default_value = "ik-llama")]
-    pub engine: EngineArg,
+    #[arg(long, value_parser = values::engine(), default_value = "ik-llama")]
+    pub engine: Engine,
     /// Model preset: phi3-mini, llama3-8b; qwen3-30b-a3b, deepseek-v3 (q8_0 weights).
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
@@ -74,8 +77,8 @@ pub struct PredictArgs {
     #[arg(long, default_value = "f16")]
     pub weight_type: String,
     /// KV cache type.
-    #[arg(long, value_enum, default_value = "q8_0")]
-    pub kv_type: KvArg,
+    #[arg(long, value_parser = values::kv_type(), default_value = "q8_0")]
+    pub kv_type: KvType,
     /// Prompt tokens (logits for each batch's last one, as llama-cli and llama-bench ask).
     #[arg(long, default_value_t = 20000)]
     pub prompt: usize,
@@ -99,11 +102,11 @@ pub struct PredictArgs {
     #[arg(long)]
     pub fa_occupancy: Option<usize>,
     /// Pool.
-    #[arg(long, value_parser = pool_kind(), ignore_case = true, default_value = "legacy")]
+    #[arg(long, value_parser = values::pool_kind(), ignore_case = true, default_value = "legacy")]
     pub pool: PoolKind,
     /// Purge policy at ubatch boundaries (auto: what the next ubatch asks for first stays).
-    #[arg(long, value_enum, default_value = "never")]
-    pub purge: PurgeArg,
+    #[arg(long, value_parser = values::purge(), default_value = "never")]
+    pub purge: PurgePolicy,
     /// GiB the card leaves the pool (default: never runs out).
     #[arg(long)]
     pub vram: Option<f64>,
@@ -116,33 +119,6 @@ pub struct PredictArgs {
     /// Only errors on stderr.
     #[arg(long)]
     pub quiet: bool,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum EngineArg {
-    /// cupool's runtime: the flash-attention scratch and the GEMM workspace.
-    Cupool,
-    /// ik_llama.cpp 8337e4cd: every op's requests (dense presets).
-    #[value(name = "ik-llama", alias = "ik_llama")]
-    IkLlama,
-    /// llama.cpp before PR #23907 (b8833): K/V f16 copies from the pool.
-    #[value(name = "llama-b8833", alias = "llama_b8833")]
-    LlamaB8833,
-    /// llama.cpp after PR #23907 (ggml d99724f2): K/V f16 copies in the compute buffer.
-    Llama,
-}
-
-impl EngineArg {
-    /// The engine profile, if it is one.
-    pub fn profile(self) -> Option<cupool::runtime::profile::Profile> {
-        use cupool::runtime::profile::Profile;
-        match self {
-            Self::Cupool => None,
-            Self::IkLlama => Some(Profile::IkLlama),
-            Self::LlamaB8833 => Some(Profile::LlamaB8833),
-            Self::Llama => Some(Profile::Llama),
-        }
-    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -159,26 +135,6 @@ pub enum ComputeArg {
     DryRun,
     /// Reference maths on the simulated device (small shapes).
     Cpu,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PurgeArg {
-    Never,
-    Always,
-    Auto,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BudgetArg {
-    Ggml,
-    Planned,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum KvArg {
-    F16,
-    #[value(name = "q8_0")]
-    Q8_0,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -224,14 +180,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub n_ff: Option<usize>,
     /// KV cache type.
-    #[arg(long, value_enum, default_value = "q8_0")]
-    pub kv_type: KvArg,
+    #[arg(long, value_parser = values::kv_type(), default_value = "q8_0")]
+    pub kv_type: KvType,
     /// Whose pool traffic: cupool (the runtime's flash-attention scratch and GEMM buffers), or
     /// an engine profile: ik-llama (ik_llama.cpp 8337e4cd), llama-b8833 or llama (llama.cpp
     /// before and after PR #23907), their requests op by op as `predict` models them (dense
     /// presets; in plan, and in runs on the simulated device that compute nothing).
-    #[arg(long, value_enum, default_value = "cupool")]
-    pub engine: EngineArg,
+    #[arg(long, value_parser = values::engine(), default_value = "cupool")]
+    pub engine: Engine,
     /// Blocks per SM of mainline's flash-attention kernel (llama profiles; default: as
     /// measured for sm_90 on an H100 at compute capability 9.0, else the launch bound).
     #[arg(long)]
@@ -261,19 +217,19 @@ pub struct RunArgs {
     #[arg(long)]
     pub vram: Option<f64>,
     /// Pool (default: GGML_POOL, else the comparison).
-    #[arg(long, value_parser = pool_kind(), ignore_case = true)]
+    #[arg(long, value_parser = values::pool_kind(), ignore_case = true)]
     pub pool: Option<PoolKind>,
     /// Purge policy at prefill ubatch boundaries.
-    #[arg(long, value_enum, default_value = "never")]
-    pub purge: PurgeArg,
+    #[arg(long, value_parser = values::purge(), default_value = "never")]
+    pub purge: PurgePolicy,
     /// With --purge auto: return memory only while the device's free memory is below this:
     /// `ubatch` (twice what the ubatch just ended held at once), a number of MiB, or `inf`
     /// (at every boundary with something to return). As libcupool's CUPOOL_AUTO_HEADROOM.
     #[arg(long, default_value = "ubatch")]
     pub auto_headroom: String,
     /// Budget mode.
-    #[arg(long, value_enum, default_value = "ggml")]
-    pub budget: BudgetArg,
+    #[arg(long, value_parser = values::budget(), default_value = "ggml")]
+    pub budget: BudgetMode,
     /// Serve allocations from managed memory when the device is full.
     #[arg(long)]
     pub fallback_managed: bool,
@@ -296,11 +252,11 @@ pub struct ReplayArgs {
     /// The trace file.
     pub trace: PathBuf,
     /// Pool (torch: PyTorch's native caching allocator, to see what it would reserve).
-    #[arg(long, value_parser = pool_kind(), ignore_case = true, default_value = "vmm")]
+    #[arg(long, value_parser = values::pool_kind(), ignore_case = true, default_value = "vmm")]
     pub pool: PoolKind,
     /// Purge policy at prefill phase ends.
-    #[arg(long, value_enum, default_value = "never")]
-    pub purge: PurgeArg,
+    #[arg(long, value_parser = values::purge(), default_value = "never")]
+    pub purge: PurgePolicy,
     /// The simulated card in GiB (default: large enough never to run out).
     #[arg(long)]
     pub vram: Option<f64>,
@@ -318,14 +274,6 @@ pub struct ReplayArgs {
     /// Only errors on stderr.
     #[arg(long)]
     pub quiet: bool,
-}
-
-/// The `--pool` values: every kind of the pool crate's table.
-fn pool_kind() -> impl clap::builder::TypedValueParser<Value = PoolKind> {
-    clap::builder::PossibleValuesParser::new(PoolKind::ALL.iter().map(|k| k.name())).try_map(|s| {
-        PoolKind::parse(&s)
-            .ok_or_else(|| format!("unknown pool {s:?}: accepted are {}", PoolKind::names()))
-    })
 }
 
 impl RunArgs {

@@ -1,7 +1,6 @@
 //! Building devices, models and runtimes from the arguments, and running them.
 
-use crate::cli::{BudgetArg, ComputeArg, DeviceArg, KvArg, PurgeArg, RunArgs};
-use cupool::kernels::KvType;
+use crate::cli::{ComputeArg, DeviceArg, RunArgs};
 use cupool::pool::driver::cuda::CudaDriver;
 use cupool::pool::driver::limit::LimitedDriver;
 use cupool::pool::driver::sim::{SimConfig, SimDevice};
@@ -189,7 +188,7 @@ pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
     m.head_dim_v = a.head_dim_v.unwrap_or(m.head_dim_v);
     m.n_ff = a.n_ff.unwrap_or(m.n_ff);
     m.v_is_k |= a.v_is_k;
-    m.validate(kv_type(a.kv_type)).map_err(|e| e.to_string())?;
+    m.validate(a.kv_type).map_err(|e| e.to_string())?;
     if a.model == "phi3-mini" {
         m.weights_bytes = SCENARIO_WEIGHTS as usize;
     }
@@ -207,39 +206,17 @@ pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
     Ok(m)
 }
 
-pub fn kv_type(k: KvArg) -> KvType {
-    match k {
-        KvArg::F16 => KvType::F16,
-        KvArg::Q8_0 => KvType::Q8_0,
-    }
-}
-
-pub fn purge_policy(p: PurgeArg) -> PurgePolicy {
-    match p {
-        PurgeArg::Never => PurgePolicy::Never,
-        PurgeArg::Always => PurgePolicy::Always,
-        PurgeArg::Auto => PurgePolicy::Auto,
-    }
-}
-
-pub fn budget_mode(b: BudgetArg) -> BudgetMode {
-    match b {
-        BudgetArg::Ggml => BudgetMode::Ggml,
-        BudgetArg::Planned => BudgetMode::Planned,
-    }
-}
-
 /// The base configuration from the arguments (pool settings filled in by the caller).
 pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, String> {
     let mut c = RunConfig::new(m.clone(), a.ctx);
-    c.kv_type = kv_type(a.kv_type);
+    c.kv_type = a.kv_type;
     c.n_batch = a.batch;
     c.n_ubatch = a.ubatch;
     c.weights_bytes = match a.weights {
         Some(g) => gib_bytes(g)?,
         None => m.weights_bytes,
     };
-    c.purge = purge_policy(a.purge);
+    c.purge = a.purge;
     c.auto_headroom = cupool::pool::AutoHeadroom::parse(&a.auto_headroom).ok_or_else(|| {
         format!(
             "--auto-headroom {:?}: accepted are {}",
@@ -247,7 +224,7 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
             cupool::pool::AutoHeadroom::FORMS
         )
     })?;
-    c.budget = budget_mode(a.budget);
+    c.budget = a.budget;
     let weights = cupool::runtime::profile::Weights::parse(&a.weight_type)
         .ok_or_else(|| format!("--weight-type {:?}: accepted are f16, q8_0", a.weight_type))?;
     c.weight_type = weights;

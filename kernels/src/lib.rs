@@ -25,6 +25,9 @@ pub enum KvType {
 }
 
 impl KvType {
+    /// Every type.
+    pub const ALL: [KvType; 2] = [KvType::F16, KvType::Q8_0];
+
     /// Bytes of a row of `n` values (`n` a multiple of 32 for q8_0).
     pub fn row_bytes(self, n: usize) -> usize {
         match self {

@@ -18,6 +18,9 @@ pub enum PurgePolicy {
 }
 
 impl PurgePolicy {
+    /// Every policy, in the order of [`PurgePolicy::NAMES`].
+    pub const ALL: [PurgePolicy; 3] = [PurgePolicy::Never, PurgePolicy::Always, PurgePolicy::Auto];
+
     /// The names accepted on the command line.
     pub const NAMES: &'static str = "never, always, auto";
 

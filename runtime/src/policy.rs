@@ -14,6 +14,9 @@ pub enum BudgetMode {
 }
 
 impl BudgetMode {
+    /// Every mode, in the order of [`BudgetMode::NAMES`].
+    pub const ALL: [BudgetMode; 2] = [BudgetMode::Ggml, BudgetMode::Planned];
+
     /// The names accepted on the command line.
     pub const NAMES: &'static str = "ggml, planned";
 

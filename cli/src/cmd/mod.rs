@@ -1,0 +1,43 @@
+//! The subcommands, one file each, with the output only it prints: [`run`] (the default),
+//! [`plan`], [`replay`], [`predict`]. What more than one of them needs is here: the exit codes,
+//! how an error ends the command, and the pool settings of `run` and `plan`.
+
+pub mod plan;
+pub mod predict;
+pub mod replay;
+pub mod run;
+
+use crate::cli::RunArgs;
+use cupool::pool::PoolConfig;
+use std::process::ExitCode;
+
+/// Exit code of an error.
+pub const EXIT_ERROR: u8 = 1;
+/// Exit code of bad arguments.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code of what does not fit: a run that ran out of memory, a plan that does not fit.
+pub const EXIT_OOM: u8 = 3;
+
+/// Says `msg` as an error in the arguments; exits 2.
+pub fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    crate::stdout::err(&format!("error: {msg}"));
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Says `msg` as an error; exits 1.
+pub fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    crate::stdout::err(&format!("error: {msg}"));
+    ExitCode::from(EXIT_ERROR)
+}
+
+/// The pool settings: `--pool` and `--fallback-managed` over the environment; and whether
+/// they chose a pool (else the comparison runs, each row with these settings but its kind).
+pub fn pool_choice(a: &RunArgs) -> Result<(PoolConfig, bool), String> {
+    let mut env = PoolConfig::from_env().map_err(|e| e.to_string())?;
+    if let Some(p) = a.pool {
+        env.kind = Some(p);
+    }
+    env.fallback_managed |= a.fallback_managed;
+    let chosen = env.kind.is_some() || a.fallback_managed;
+    Ok((env, chosen))
+}

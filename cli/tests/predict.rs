@@ -1,0 +1,99 @@
+//! `repro-prefill predict`: a real engine's requests for a prefill, against what was measured in
+//! it.
+
+mod common;
+
+use common::{bin, json, predict_json};
+
+#[test]
+fn predict_gives_the_real_engine_s_sweep_and_where_it_died() {
+    let run = predict_json;
+    // ik_llama.cpp on an H200, phi3-mini f16, llama-sweep-bench -n 1 -ub 512 to 20k, legacy
+    // pool without purging (docs/llama-cpp.md): 2,698,837,504 bytes reserved, 37 mallocs.
+    let (v, code) = run(&["--sweep", "40"]);
+    assert_eq!(code, 0);
+    assert_eq!(v["peak_reserved_bytes"], 2_698_837_504u64);
+    assert_eq!(v["driver_mallocs"], 37);
+    // On the 12 GiB card the pool had 346.8 MiB reserved and 9.6 MiB free when it failed: the
+    // run died in the step after N_KV = 8704, after 12 mallocs.
+    let (v, code) = run(&["--sweep", "40", "--vram", "0.348"]);
+    assert_eq!(code, 3, "running out exits 3");
+    assert_eq!(v["oom_at_token"], 9216);
+    assert_eq!(v["driver_mallocs"], 12);
+    // What the profile does not model is refused with what it does.
+    let out = bin()
+        .args(["predict", "--model", "mixtral-8x7b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("phi3-mini, llama3-8b, qwen3-30b-a3b, deepseek-v3"));
+    // DeepSeek's MLA: without -amb the prompt path's decompression grows by 68,608 bytes per
+    // cache position (the K/V of 128 heads as f16, the cache view as f32 and f16); with the
+    // default 256 MiB it is decompressed in head chunks. A prompt of 20,000 ends with a short
+    // ubatch of 32: the absorbed path over the whole cache.
+    let reserved = |amb: &str, prompt: &str| {
+        let args = [
+            "--model",
+            "deepseek-v3",
+            "--weight-type",
+            "q8_0",
+            "--pool",
+            "vmm",
+        ];
+        let (v, code) = run(&[&args[..], &["--amb", amb, "--prompt", prompt]].concat());
+        assert_eq!(code, 0);
+        v["peak_reserved_bytes"].as_u64().unwrap()
+    };
+    assert_eq!(
+        reserved("0", "20480") - reserved("0", "10240"),
+        68_608 * 10_240
+    );
+    assert!(reserved("256", "20480") * 4 < reserved("0", "20480"));
+    assert!(reserved("256", "20000") > 0);
+}
+
+#[test]
+fn mainline_profiles_show_what_pr_23907_moved() {
+    // Before the PR the K/V copies come from the pool and the legacy pool strands them;
+    // after it the pool holds only the matrix multiplies' and stream-k's buffers.
+    let peak = |engine: &str| {
+        let (v, code) = predict_json(&["--engine", engine, "--prompt", "20000"]);
+        assert_eq!(code, 0, "{engine}");
+        v["peak_reserved_bytes"].as_u64().unwrap()
+    };
+    let (before, after) = (peak("llama-b8833"), peak("llama"));
+    assert!(before > 50 * after, "{before} vs {after}");
+    // ...and the compute buffer holds them instead, for the whole context, from startup.
+    let compute = |engine: &str| {
+        let (v, code) = json(&["plan", "--engine", engine, "--vram", "12"]);
+        assert!(code == 0 || code == 3, "{engine}: {code}");
+        v["compute_bytes"].as_u64().unwrap()
+    };
+    let copies = 2 * 20480 * 3072 * 2; // K and V, f16, phi3-mini's 32 KV heads of 96
+    assert_eq!(compute("llama"), compute("llama-b8833") + copies);
+    assert_eq!(compute("llama-b8833"), compute("ik-llama"));
+    // The experts of a mixture-of-experts preset, q8_0; f16 experts are refused.
+    let (v, code) = predict_json(&[
+        "--engine",
+        "llama",
+        "--model",
+        "qwen3-30b-a3b",
+        "--weight-type",
+        "q8_0",
+    ]);
+    assert_eq!(code, 0);
+    assert!(v["peak_reserved_bytes"].as_u64().unwrap() > 0);
+    let out = bin()
+        .args(["predict", "--engine", "llama", "--model", "qwen3-30b-a3b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("q8_0 weights"));
+    // A flash-attention occupancy of 0 is refused.
+    let out = bin()
+        .args(["predict", "--engine", "llama", "--fa-occupancy", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

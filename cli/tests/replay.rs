@@ -1,0 +1,148 @@
+//! `repro-prefill replay`: recorded and hand-written traces through a pool on the simulated device,
+//! and the errors of bad ones.
+
+mod common;
+
+use common::{bin, json, tmp};
+use serde_json::Value;
+
+#[test]
+fn replay_of_a_recorded_trace_reproduces_the_run() {
+    for (pool, purge) in [
+        ("legacy", "never"),
+        ("legacy", "auto"),
+        ("legacy", "always"),
+        ("vmm", "never"),
+    ] {
+        let trace = tmp(&format!("trace-{pool}-{purge}.jsonl"));
+        let (r, _) = json(&[
+            "--pool",
+            pool,
+            "--purge",
+            purge,
+            "--vram",
+            "64",
+            "--trace",
+            trace.to_str().unwrap(),
+        ]);
+        let out = bin()
+            .args([
+                "replay",
+                trace.to_str().unwrap(),
+                "--pool",
+                pool,
+                "--purge",
+                purge,
+                "--format",
+                "json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rep: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            rep["peak_reserved_bytes"], r["runs"][0]["peak_reserved_bytes"],
+            "{pool}/{purge}"
+        );
+        assert_eq!(
+            rep["peak_live_bytes"], r["runs"][0]["peak_live_bytes"],
+            "{pool}/{purge}"
+        );
+        assert_eq!(rep["ooms"], 0);
+        let calls = rep["driver_mallocs"].as_u64().unwrap() + rep["driver_maps"].as_u64().unwrap();
+        assert_eq!(
+            calls,
+            r["runs"][0]["driver_mallocs"].as_u64().unwrap(),
+            "{pool}/{purge}"
+        );
+    }
+}
+
+#[test]
+fn hand_written_trace_and_its_errors() {
+    let good = tmp("hand.jsonl");
+    std::fs::write(&good, "# a comment\n{\"op\":\"phase_begin\",\"name\":\"ubatch 0\"}\n{\"op\":\"alloc\",\"id\":1,\"size\":1048576}\n{\"op\":\"alloc\",\"id\":2,\"size\":4096,\"stream\":1}\n{\"op\":\"free\",\"id\":2}\n{\"op\":\"free\",\"id\":1}\n{\"op\":\"phase_end\",\"name\":\"ubatch 0\",\"prefill\":true}\n{\"op\":\"sync\"}\n").unwrap();
+    let out = bin()
+        .args([
+            "replay",
+            good.to_str().unwrap(),
+            "--pool",
+            "legacy",
+            "--purge",
+            "always",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["peak_live_bytes"], 1048576 + 4096);
+    assert_eq!(
+        v["end_reserved_bytes"], 0,
+        "purged at the prefill phase end"
+    );
+    assert_eq!(v["driver_mallocs"], 2);
+
+    for (text, expect) in [
+        (
+            "{\"op\":\"alloc\",\"id\":1}\n",
+            "line 1: \"alloc\" needs a non-negative integer \"size\"",
+        ),
+        ("\n\n{\"op\":\"grow\"}\n", "line 3: unknown op \"grow\""),
+        ("not json\n", "line 1: not JSON"),
+        (
+            "{\"op\":\"sync\"}\n{oops}\n",
+            "line 2: not JSON at column 2 (key must be a string)",
+        ),
+        ("[1,2]\n", "line 1: expected a JSON object"),
+        (
+            "{\"op\":\"free\",\"id\":9}\n",
+            "free of id 9, which is not live",
+        ),
+        (
+            "{\"op\":\"phase_end\",\"name\":\"x\",\"prefill\":\"yes\"}\n",
+            "\"prefill\" must be true or false",
+        ),
+    ] {
+        let bad = tmp("bad.jsonl");
+        std::fs::write(&bad, text).unwrap();
+        let out = bin()
+            .args(["replay", bad.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{text:?}: {err}");
+    }
+}
+
+#[test]
+fn repeated_out_of_memory_warnings_are_rate_limited() {
+    let trace = tmp("many-ooms.jsonl");
+    let text: String = (0..3000)
+        .map(|i| format!("{{\"op\":\"alloc\",\"id\":{i},\"size\":1048576}}\n"))
+        .collect();
+    std::fs::write(&trace, text).unwrap();
+    let out = bin()
+        .env("RUST_LOG", "warn")
+        .args([
+            "replay",
+            trace.to_str().unwrap(),
+            "--vram",
+            "0.001",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ooms"].as_u64(), Some(3000), "every one is counted");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings = stderr.matches("out of device memory").count();
+    assert_eq!(warnings, 12, "the 1st, 2nd, 4th, ..., 2048th: {stderr}");
+}
