@@ -401,3 +401,36 @@ fn cublas_gemm_matches_the_cpu_reference() {
     }
     gemm.set_workspace(0, 0).unwrap();
 }
+
+/// The device says what kernels' launch choices read: its multiprocessors and compute
+/// capability, as ggml's `ggml_cuda_info` has them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_reports_its_multiprocessors_and_compute_capability() {
+    use cudarc::driver::sys::CUdevice_attribute;
+    use cupool_kernels::device::DeviceFacts;
+    let f = DeviceFacts::query(0)
+        .unwrap()
+        .expect("a CUDA device reports its facts");
+    let ctx = CudaContext::new(0).unwrap();
+    println!("{}: {f:?}", ctx.name().unwrap());
+    assert!(f.multiprocessors > 0);
+    assert!(
+        f.compute_capability >= 500 && f.compute_capability % 10 == 0,
+        "{f:?}"
+    );
+    // The same numbers as the device's context reports.
+    let (major, minor) = ctx.compute_capability().unwrap();
+    assert_eq!(
+        f.compute_capability as i32,
+        100 * major + 10 * minor,
+        "{f:?}"
+    );
+    let sms = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap();
+    assert_eq!(f.multiprocessors as i32, sms, "{f:?}");
+    // A device that is not there is an error, not a panic.
+    let count = CudaContext::device_count().unwrap() as usize;
+    assert!(DeviceFacts::query(count).is_err());
+}
