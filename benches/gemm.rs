@@ -8,6 +8,7 @@
 //! `scripts/gemm_bench.py` times PyTorch's f16 `matmul` on the same shapes. One JSON line per
 //! shape and implementation.
 use cudarc::driver::result;
+use cupool::kernels::args::GemmArgs;
 use cupool::kernels::blas::{Gemm, WORKSPACE_BYTES};
 use cupool::kernels::cuda::Kernels;
 
@@ -55,12 +56,22 @@ fn main() {
         let y = alloc(m * n * 4);
         k.init_weights(w, kk * n, 1, 0.02).unwrap();
         k.init_weights_q8_0(wq, kk * n, 1, 0.02).unwrap();
+        let simt = GemmArgs {
+            x,
+            w,
+            y,
+            m,
+            n,
+            k: kk,
+            accumulate: false,
+        };
+        let blas = GemmArgs { x: x16, ..simt };
         let runs: [(&str, Call); 3] = [
             (
                 "cupool",
                 Box::new(|| {
                     k.store_f16(x, x16, m, kk, 0).unwrap();
-                    gemm.f16_f32(x16, w, y, m, n, kk, false).unwrap();
+                    gemm.f16_f32(&blas).unwrap();
                 }),
             ),
             (
@@ -68,13 +79,10 @@ fn main() {
                 Box::new(|| {
                     k.dequantize_q8_0(wq, w, kk, n).unwrap();
                     k.store_f16(x, x16, m, kk, 0).unwrap();
-                    gemm.f16_f32(x16, w, y, m, n, kk, false).unwrap();
+                    gemm.f16_f32(&blas).unwrap();
                 }),
             ),
-            (
-                "cupool-simt",
-                Box::new(|| k.matmul(x, w, y, m, n, kk, false).unwrap()),
-            ),
+            ("cupool-simt", Box::new(|| k.matmul(&simt).unwrap())),
         ];
         for (label, f) in runs.iter() {
             let ms = gpu_timing::median_ms(&ctx, &stream, f.as_ref());

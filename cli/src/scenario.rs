@@ -1,6 +1,7 @@
 //! Building devices, models and runtimes from the arguments, and running them.
 
 use crate::cli::{ComputeArg, DeviceArg, RunArgs};
+use cupool::kernels::device::DeviceFacts;
 use cupool::pool::driver::cuda::CudaDriver;
 use cupool::pool::driver::limit::LimitedDriver;
 use cupool::pool::driver::sim::{SimConfig, SimDevice};
@@ -68,13 +69,18 @@ impl Device {
 
     /// Takes the GPU's multiprocessor count and compute capability into `cfg` (the split and
     /// stream-k counts of cupool's kernels and of an engine profile read them); the simulated
-    /// device keeps the flags' values.
+    /// device, or a GPU that cannot say, keeps the flags' values.
     pub fn apply_facts(&self, cfg: &mut RunConfig) {
         let Device::Cuda { driver, .. } = self else {
             return;
         };
-        let Some(f) = driver.facts() else {
-            return;
+        let f = match DeviceFacts::query(driver.ordinal()) {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "device facts unavailable: keeping the flags' values");
+                return;
+            }
         };
         cfg.sms = f.multiprocessors;
         if let cupool::runtime::profile::EngineKind::Profile { profile, .. } = cfg.engine {

@@ -3,6 +3,7 @@
 //! PyTorch takes its cuBLAS workspace from its caching allocator, so it shows in the pool's
 //! numbers instead of hiding inside the library.
 
+use crate::args::GemmArgs;
 use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cublasSetWorkspace_v2, cudaDataType,
 };
@@ -63,17 +64,16 @@ impl Gemm {
 
     /// `y (+)= x · w` with `x` an `m×k` f16 matrix (row-major), `w` a `k×n` f16 matrix
     /// (row-major) and `y` an `m×n` f32 matrix (row-major); f32 accumulation on tensor cores.
-    #[allow(clippy::too_many_arguments)]
-    pub fn f16_f32(
-        &self,
-        x: u64,
-        w: u64,
-        y: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-    ) -> Result<(), BlasError> {
+    pub fn f16_f32(&self, g: &GemmArgs) -> Result<(), BlasError> {
+        let GemmArgs {
+            x,
+            w,
+            y,
+            m,
+            n,
+            k,
+            accumulate,
+        } = *g;
         let dims = [m, n, k].map(i32::try_from);
         let [Ok(mm), Ok(nn), Ok(kk)] = dims else {
             return Err(BlasError(format!(

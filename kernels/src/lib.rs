@@ -1,12 +1,18 @@
 //! The runtime's kernels: CUDA C compiled at run time with NVRTC ([`cuda`]), GEMMs through
-//! cuBLAS ([`blas`]), a CPU reference of each ([`cpu`]), and the flash-attention scratch sizes that every executor and the planner
-//! share ([`fa`]).
+//! cuBLAS ([`blas`]), a CPU reference of each ([`cpu`]), the flash-attention scratch sizes that every executor and the planner
+//! share ([`fa`]), the arguments of a call bundled per call ([`args`]), and what launch choices
+//! read from the device ([`device`]).
 #![warn(missing_docs)]
 
+pub mod args;
 pub mod blas;
 pub mod cpu;
 pub mod cuda;
+pub mod device;
 pub mod fa;
+
+pub use args::{GemmArgs, KvStore, NormArgs};
+pub use device::DeviceFacts;
 
 pub use half;
 

@@ -2,6 +2,7 @@
 //! before each run so an unwritten element fails. Needs a GPU:
 //! `cargo test -p cupool-kernels --test gpu -- --ignored`.
 use cudarc::driver::{result, CudaContext};
+use cupool_kernels::args::{GemmArgs, NormArgs};
 use cupool_kernels::cpu::{self, FaParams};
 use cupool_kernels::cuda::{FaKernel, FaPtrs, Kernels};
 use cupool_kernels::fa;
@@ -265,7 +266,16 @@ fn quantization_and_layer_kernels_match_the_cpu_reference() {
             } else {
                 vec![f32::NAN; m * n]
             });
-            g.k.matmul(xd, wd, yd, m, n, k, acc).unwrap();
+            let args = GemmArgs {
+                x: xd,
+                w: wd,
+                y: yd,
+                m,
+                n,
+                k,
+                accumulate: acc,
+            };
+            g.k.matmul(&args).unwrap();
             close(
                 &format!("matmul {m}x{n}x{k} acc={acc}"),
                 &g.download(yd, m * n),
@@ -282,7 +292,15 @@ fn quantization_and_layer_kernels_match_the_cpu_reference() {
     let mut want = vec![0f32; r * n];
     cpu::rms_norm(&x, &w, &mut want, n, 1e-6);
     let (xd, wd, yd) = (g.upload(&x), g.upload(&w), g.upload(&vec![f32::NAN; r * n]));
-    g.k.rms_norm(xd, wd, yd, r, n, 1e-6).unwrap();
+    let args = NormArgs {
+        x: xd,
+        w: wd,
+        y: yd,
+        rows: r,
+        n,
+        eps: 1e-6,
+    };
+    g.k.rms_norm(&args).unwrap();
     close("rms_norm", &g.download(yd, r * n), &want, 1e-5);
 
     let gate = rand(8, r * n);
@@ -362,7 +380,16 @@ fn cublas_gemm_matches_the_cpu_reference() {
             } else {
                 vec![f32::NAN; m * n]
             });
-            gemm.f16_f32(xd, wd, yd, m, n, k, acc).unwrap();
+            let args = GemmArgs {
+                x: xd,
+                w: wd,
+                y: yd,
+                m,
+                n,
+                k,
+                accumulate: acc,
+            };
+            gemm.f16_f32(&args).unwrap();
             // f32 accumulation in another order than the CPU's: rounding only.
             close(
                 &format!("cublas {m}x{n}x{k} acc={acc}"),
@@ -373,4 +400,37 @@ fn cublas_gemm_matches_the_cpu_reference() {
         }
     }
     gemm.set_workspace(0, 0).unwrap();
+}
+
+/// The device says what kernels' launch choices read: its multiprocessors and compute
+/// capability, as ggml's `ggml_cuda_info` has them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_reports_its_multiprocessors_and_compute_capability() {
+    use cudarc::driver::sys::CUdevice_attribute;
+    use cupool_kernels::device::DeviceFacts;
+    let f = DeviceFacts::query(0)
+        .unwrap()
+        .expect("a CUDA device reports its facts");
+    let ctx = CudaContext::new(0).unwrap();
+    println!("{}: {f:?}", ctx.name().unwrap());
+    assert!(f.multiprocessors > 0);
+    assert!(
+        f.compute_capability >= 500 && f.compute_capability % 10 == 0,
+        "{f:?}"
+    );
+    // The same numbers as the device's context reports.
+    let (major, minor) = ctx.compute_capability().unwrap();
+    assert_eq!(
+        f.compute_capability as i32,
+        100 * major + 10 * minor,
+        "{f:?}"
+    );
+    let sms = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .unwrap();
+    assert_eq!(f.multiprocessors as i32, sms, "{f:?}");
+    // A device that is not there is an error, not a panic.
+    let count = CudaContext::device_count().unwrap() as usize;
+    assert!(DeviceFacts::query(count).is_err());
 }

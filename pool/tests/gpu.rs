@@ -307,21 +307,3 @@ fn cuda_memory_of_live_blocks_outlives_their_pool() {
         assert_eq!(counted.used(), 0, "{kind}: memory left behind");
     }
 }
-
-/// The device says what kernels' launch choices read: its multiprocessors and compute
-/// capability, as ggml's `ggml_cuda_info` has them.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn cuda_reports_its_multiprocessors_and_compute_capability() {
-    let drv = CudaDriver::new(0).unwrap();
-    let f = drv.facts().expect("a CUDA device reports its facts");
-    println!("{}: {f:?}", drv.name());
-    assert!(f.multiprocessors > 0);
-    assert!(
-        f.compute_capability >= 500 && f.compute_capability % 10 == 0,
-        "{f:?}"
-    );
-    // Wrapping drivers forward them.
-    let limited = cupool_pool::driver::limit::LimitedDriver::new(Arc::new(drv), 1 << 30);
-    assert_eq!(limited.facts(), Some(f));
-}

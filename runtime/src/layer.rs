@@ -7,6 +7,7 @@ use crate::executor::{DeviceBuffers, Executor, FaBuffers};
 use crate::model::ModelShape;
 use crate::profile::Weights;
 use crate::scratch::Scratch;
+use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::FaParams;
 use cupool_kernels::fa::KvHalf;
 use cupool_kernels::KvType;
@@ -50,43 +51,57 @@ impl Model<'_> {
     }
 
     /// Makes the `rows×k` activations at `input` the input of the GEMMs that follow: converted
-    /// to f16 once for all of them (Q, K and V share one; so do the FFN's gate and up).
+    /// to f16 once for all of them (Q, K and V share one; so do the FFN's gate and up). Returns
+    /// those GEMMs' arguments with the input side filled in; each sets its weights `w`, output
+    /// `y`, width `n` and, adding to `y`, `accumulate`.
     fn gemm_input(
         &self,
         x: &mut dyn Executor,
         input: u64,
         rows: usize,
         k: usize,
-    ) -> Result<(), RuntimeError> {
-        x.gemm_input(input, self.c(self.b.cl.x_f16), rows, k)
+    ) -> Result<GemmArgs, RuntimeError> {
+        x.gemm_input(input, self.c(self.b.cl.x_f16), rows, k)?;
+        Ok(GemmArgs {
+            x: input,
+            w: 0,
+            y: 0,
+            m: rows,
+            n: 0,
+            k,
+            accumulate: false,
+        })
     }
 
-    /// `y (+)= input · w` for the `k×n` weight matrix at offset `w`, `input` made the GEMM
-    /// input by [`Model::gemm_input`] since it last changed: f16 weights directly;
-    /// q8_0 weights converted to f16 first, into `src0_f16` taken from the pool for the GEMM
-    /// (ggml's cuBLAS path for a quantized `src0`).
-    #[allow(clippy::too_many_arguments)]
-    fn mm(
-        &self,
-        x: &mut dyn Executor,
-        input: u64,
-        w: usize,
-        y: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError> {
+    /// `g.y (+)= g.x · W` for the `k×n` weight matrix `W` at `g.w` (an address in the weights
+    /// buffer), `g.x` made the GEMM input by [`Model::gemm_input`] since it last changed: f16
+    /// weights directly; q8_0 weights converted to f16 first, into `src0_f16` taken from the
+    /// pool for the GEMM (ggml's cuBLAS path for a quantized `src0`).
+    fn mm(&self, x: &mut dyn Executor, g: GemmArgs) -> Result<(), RuntimeError> {
         let x_f16 = self.c(self.b.cl.x_f16);
         match self.b.wl.weight_type {
-            Weights::F16 => x.matmul(input, x_f16, self.w(w), y, m, n, k, accumulate),
+            Weights::F16 => x.matmul(&g, x_f16),
             Weights::Q8_0 => {
+                let (k, n) = (g.k, g.n);
                 let w16 =
                     label::with("src0_f16", || PoolBuffer::<KvHalf>::alloc(self.pool, k * n))?;
-                x.dequantize_q8_0(self.w(w), w16.ptr(), k, n)?;
+                x.dequantize_q8_0(g.w, w16.ptr(), k, n)?;
                 // Returned to the pool after the GEMM is queued: the pool is stream-ordered.
-                x.matmul(input, x_f16, w16.ptr(), y, m, n, k, accumulate)
+                x.matmul(&GemmArgs { w: w16.ptr(), ..g }, x_f16)
             }
+        }
+    }
+
+    /// RMS norm of the hidden state's `rows` rows with the weights at offset `w` into `xn`.
+    fn norm(&self, w: usize, rows: usize) -> NormArgs {
+        let cl = &self.b.cl;
+        NormArgs {
+            x: self.c(cl.x),
+            w: self.w(w),
+            y: self.c(cl.xn),
+            rows,
+            n: self.m.n_embd,
+            eps: EPS,
         }
     }
 
@@ -132,35 +147,31 @@ impl Model<'_> {
         ub: &Ubatch,
     ) -> Result<(), RuntimeError> {
         let (m, cl, wl, u) = (self.m, &self.b.cl, &self.b.wl, ub.n_tokens);
-        x.rms_norm(
-            self.c(cl.x),
-            self.w(wl.norm1),
-            self.c(cl.xn),
-            u,
-            m.n_embd,
-            EPS,
-        )?;
-        self.gemm_input(x, self.c(cl.xn), u, m.n_embd)?;
-        self.mm(
-            x,
-            self.c(cl.xn),
-            wl.wq,
-            self.c(cl.q),
-            u,
-            m.q_dim(),
-            m.n_embd,
-            false,
-        )?;
+        x.rms_norm(&self.norm(wl.norm1, u))?;
+        let xn = self.gemm_input(x, self.c(cl.xn), u, m.n_embd)?;
+        let q = GemmArgs {
+            w: self.w(wl.wq),
+            y: self.c(cl.q),
+            n: m.q_dim(),
+            ..xn
+        };
+        self.mm(x, q)?;
         let mut project = |w: usize, out: usize, dim: usize, cache: usize| {
-            self.mm(x, self.c(cl.xn), w, self.c(out), u, dim, m.n_embd, false)?;
-            x.store_kv(
-                self.kv,
-                self.c(out),
-                self.b.kv + cache as u64,
-                u,
-                dim,
-                ub.pos0,
-            )
+            let g = GemmArgs {
+                w: self.w(w),
+                y: self.c(out),
+                n: dim,
+                ..xn
+            };
+            self.mm(x, g)?;
+            x.store_kv(&KvStore {
+                kv: self.kv,
+                src: self.c(out),
+                cache: self.b.kv + cache as u64,
+                rows: u,
+                row_len: dim,
+                pos0: ub.pos0,
+            })
         };
         project(wl.wk, cl.k_new, m.kv_dim_k(), self.b.kvl.k(layer))?;
         if !m.v_is_k {
@@ -210,58 +221,40 @@ impl Model<'_> {
     /// Output projection and residual, norm, SwiGLU MLP and residual.
     pub fn feed_forward(&self, x: &mut dyn Executor, ub: &Ubatch) -> Result<(), RuntimeError> {
         let (m, cl, wl, u) = (self.m, &self.b.cl, &self.b.wl, ub.n_tokens);
-        self.gemm_input(x, self.c(cl.attn), u, m.out_dim())?;
-        self.mm(
-            x,
-            self.c(cl.attn),
-            wl.wo,
-            self.c(cl.x),
-            u,
-            m.n_embd,
-            m.out_dim(),
-            true,
-        )?;
-        x.rms_norm(
-            self.c(cl.x),
-            self.w(wl.norm2),
-            self.c(cl.xn),
-            u,
-            m.n_embd,
-            EPS,
-        )?;
-        self.gemm_input(x, self.c(cl.xn), u, m.n_embd)?;
-        self.mm(
-            x,
-            self.c(cl.xn),
-            wl.w1,
-            self.c(cl.ff),
-            u,
-            m.n_ff,
-            m.n_embd,
-            false,
-        )?;
-        self.mm(
-            x,
-            self.c(cl.xn),
-            wl.w3,
-            self.c(cl.gate),
-            u,
-            m.n_ff,
-            m.n_embd,
-            false,
-        )?;
+        let attn = self.gemm_input(x, self.c(cl.attn), u, m.out_dim())?;
+        let out = GemmArgs {
+            w: self.w(wl.wo),
+            y: self.c(cl.x),
+            n: m.n_embd,
+            accumulate: true,
+            ..attn
+        };
+        self.mm(x, out)?;
+        x.rms_norm(&self.norm(wl.norm2, u))?;
+        let xn = self.gemm_input(x, self.c(cl.xn), u, m.n_embd)?;
+        let up = GemmArgs {
+            w: self.w(wl.w1),
+            y: self.c(cl.ff),
+            n: m.n_ff,
+            ..xn
+        };
+        self.mm(x, up)?;
+        let gate = GemmArgs {
+            w: self.w(wl.w3),
+            y: self.c(cl.gate),
+            ..up
+        };
+        self.mm(x, gate)?;
         x.swiglu(self.c(cl.ff), self.c(cl.gate), u * m.n_ff)?;
-        self.gemm_input(x, self.c(cl.ff), u, m.n_ff)?;
-        self.mm(
-            x,
-            self.c(cl.ff),
-            wl.w2,
-            self.c(cl.x),
-            u,
-            m.n_embd,
-            m.n_ff,
-            true,
-        )
+        let ff = self.gemm_input(x, self.c(cl.ff), u, m.n_ff)?;
+        let down = GemmArgs {
+            w: self.w(wl.w2),
+            y: self.c(cl.x),
+            n: m.n_embd,
+            accumulate: true,
+            ..ff
+        };
+        self.mm(x, down)
     }
 
     /// The hidden state of the last ubatch.

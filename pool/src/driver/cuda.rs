@@ -234,23 +234,6 @@ impl Driver for CudaDriver {
         self.vmm
     }
 
-    fn facts(&self) -> Option<super::DeviceFacts> {
-        use sys::CUdevice_attribute as A;
-        let get = |a| {
-            self.ctx
-                .attribute(a)
-                .ok()
-                .and_then(|v| u32::try_from(v).ok())
-        };
-        let multiprocessors = get(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let major = get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        Some(super::DeviceFacts {
-            multiprocessors: multiprocessors as usize,
-            compute_capability: 100 * major + 10 * minor,
-        })
-    }
-
     fn granularity(&self) -> Result<usize, DriverError> {
         if !self.vmm {
             return Err(DriverError::new(

@@ -148,10 +148,6 @@ impl Driver for LimitedDriver {
         self.inner.free_managed(ptr)
     }
 
-    fn facts(&self) -> Option<super::DeviceFacts> {
-        self.inner.facts()
-    }
-
     fn vmm_supported(&self) -> bool {
         self.inner.vmm_supported()
     }

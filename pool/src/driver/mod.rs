@@ -62,12 +62,6 @@ pub trait Driver: Send + Sync + fmt::Debug {
         &self.shared().epoch
     }
 
-    /// What kernels' launch choices read from the device (ggml's split and stream-k counts),
-    /// where the device can say: a real GPU does, the simulated device takes them as flags.
-    fn facts(&self) -> Option<DeviceFacts> {
-        None
-    }
-
     /// Whether device addresses are host addresses this process can read and write (the
     /// simulated device with backing). CPU executors need it.
     fn host_accessible(&self) -> bool {
@@ -130,13 +124,4 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// Use [`crate::sync::synchronize`] instead: it hands out the [`crate::SyncToken`] that
     /// purges require.
     fn synchronize_device(&self) -> Result<(), DriverError>;
-}
-
-/// What kernels' launch choices read from a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceFacts {
-    /// Streaming multiprocessors.
-    pub multiprocessors: usize,
-    /// Compute capability as ggml writes it: 900 for 9.0.
-    pub compute_capability: u32,
 }

@@ -8,6 +8,7 @@
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
 use crate::profile::Weights;
+use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::{self, FaParams};
 use cupool_kernels::fa::{KvHalf, Meta, Partial};
 use cupool_kernels::KvType;
@@ -151,35 +152,19 @@ impl Executor for CpuExecutor {
         Ok(())
     }
 
-    fn rms_norm(
-        &mut self,
-        x: u64,
-        w: u64,
-        y: u64,
-        rows: usize,
-        n: usize,
-        eps: f32,
-    ) -> Result<(), RuntimeError> {
+    fn rms_norm(&mut self, a: &NormArgs) -> Result<(), RuntimeError> {
+        let (rows, n) = (a.rows, a.n);
         let mut c = Call::new(&self.device);
-        let (x, w) = (c.input::<f32>(x, rows * n)?, c.input::<f16>(w, n)?);
-        cpu::rms_norm(x, w, c.output::<f32>(y, rows * n)?, n, eps);
+        let (x, w) = (c.input::<f32>(a.x, rows * n)?, c.input::<f16>(a.w, n)?);
+        cpu::rms_norm(x, w, c.output::<f32>(a.y, rows * n)?, n, a.eps);
         Ok(())
     }
 
-    fn matmul(
-        &mut self,
-        x: u64,
-        _x_f16: u64,
-        w: u64,
-        y: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError> {
+    fn matmul(&mut self, g: &GemmArgs, _x_f16: u64) -> Result<(), RuntimeError> {
+        let (m, n, k) = (g.m, g.n, g.k);
         let mut c = Call::new(&self.device);
-        let (x, w) = (c.input::<f32>(x, m * k)?, c.input::<f16>(w, k * n)?);
-        cpu::matmul(x, w, c.output::<f32>(y, m * n)?, m, n, k, accumulate);
+        let (x, w) = (c.input::<f32>(g.x, m * k)?, c.input::<f16>(g.w, k * n)?);
+        cpu::matmul(x, w, c.output::<f32>(g.y, m * n)?, m, n, k, g.accumulate);
         Ok(())
     }
 
@@ -190,22 +175,15 @@ impl Executor for CpuExecutor {
         Ok(())
     }
 
-    fn store_kv(
-        &mut self,
-        kv: KvType,
-        src: u64,
-        cache: u64,
-        rows: usize,
-        row_len: usize,
-        pos0: usize,
-    ) -> Result<(), RuntimeError> {
+    fn store_kv(&mut self, s: &KvStore) -> Result<(), RuntimeError> {
+        let (kv, n) = (s.kv, s.rows * s.row_len);
         let mut c = Call::new(&self.device);
-        let src = c.input::<f32>(src, rows * row_len)?;
-        let at = cache + (pos0 * kv.row_bytes(row_len)) as u64;
+        let src = c.input::<f32>(s.src, n)?;
         match kv {
-            KvType::F16 => cpu::store_f16(src, c.output::<f16>(at, rows * row_len)?),
+            KvType::F16 => cpu::store_f16(src, c.output::<f16>(s.dst(), n)?),
             KvType::Q8_0 => {
-                cpu::quantize_q8_0(src, c.output::<u8>(at, rows * kv.row_bytes(row_len))?)
+                let bytes = s.rows * kv.row_bytes(s.row_len);
+                cpu::quantize_q8_0(src, c.output::<u8>(s.dst(), bytes)?)
             }
         }
         Ok(())

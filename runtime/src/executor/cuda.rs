@@ -7,10 +7,10 @@ use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
 use crate::profile::Weights;
 use cudarc::driver::{result, CudaContext};
+use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::blas::Gemm;
 use cupool_kernels::cpu::FaParams;
 use cupool_kernels::cuda::{FaPtrs, KernelError, Kernels};
-use cupool_kernels::KvType;
 use half::f16;
 use std::sync::Arc;
 
@@ -99,33 +99,15 @@ impl Executor for CudaExecutor {
         Ok(self.k.embed(tokens, x, n_tokens, n_embd)?)
     }
 
-    fn rms_norm(
-        &mut self,
-        x: u64,
-        w: u64,
-        y: u64,
-        rows: usize,
-        n: usize,
-        eps: f32,
-    ) -> Result<(), RuntimeError> {
-        Ok(self.k.rms_norm(x, w, y, rows, n, eps)?)
+    fn rms_norm(&mut self, a: &NormArgs) -> Result<(), RuntimeError> {
+        Ok(self.k.rms_norm(a)?)
     }
 
-    fn matmul(
-        &mut self,
-        x: u64,
-        x_f16: u64,
-        w: u64,
-        y: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError> {
-        let Some(g) = &self.gemm else {
-            return Ok(self.k.matmul(x, w, y, m, n, k, accumulate)?);
+    fn matmul(&mut self, g: &GemmArgs, x_f16: u64) -> Result<(), RuntimeError> {
+        let Some(blas) = &self.gemm else {
+            return Ok(self.k.matmul(g)?);
         };
-        g.f16_f32(x_f16, w, y, m, n, k, accumulate)
+        blas.f16_f32(&GemmArgs { x: x_f16, ..*g })
             .map_err(|e| RuntimeError::Invalid(e.to_string()))
     }
 
@@ -155,20 +137,8 @@ impl Executor for CudaExecutor {
         Ok(self.k.swiglu(up, gate, n)?)
     }
 
-    fn store_kv(
-        &mut self,
-        kv: KvType,
-        src: u64,
-        cache: u64,
-        rows: usize,
-        row_len: usize,
-        pos0: usize,
-    ) -> Result<(), RuntimeError> {
-        match kv {
-            KvType::F16 => self.k.store_f16(src, cache, rows, row_len, pos0)?,
-            KvType::Q8_0 => self.k.quantize_q8_0(src, cache, rows, row_len, pos0)?,
-        }
-        Ok(())
+    fn store_kv(&mut self, s: &KvStore) -> Result<(), RuntimeError> {
+        Ok(self.k.store_kv(s)?)
     }
 
     fn dequantize_q8_0(

@@ -3,8 +3,8 @@
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
 use crate::profile::Weights;
+use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::FaParams;
-use cupool_kernels::KvType;
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -39,42 +39,16 @@ impl Executor for DryRun {
     fn embed(&mut self, _: u64, _: u64, _: usize, _: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn rms_norm(
-        &mut self,
-        _: u64,
-        _: u64,
-        _: u64,
-        _: usize,
-        _: usize,
-        _: f32,
-    ) -> Result<(), RuntimeError> {
+    fn rms_norm(&mut self, _: &NormArgs) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn matmul(
-        &mut self,
-        _: u64,
-        _: u64,
-        _: u64,
-        _: u64,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: bool,
-    ) -> Result<(), RuntimeError> {
+    fn matmul(&mut self, _: &GemmArgs, _: u64) -> Result<(), RuntimeError> {
         Ok(())
     }
     fn swiglu(&mut self, _: u64, _: u64, _: usize) -> Result<(), RuntimeError> {
         Ok(())
     }
-    fn store_kv(
-        &mut self,
-        _: KvType,
-        _: u64,
-        _: u64,
-        _: usize,
-        _: usize,
-        _: usize,
-    ) -> Result<(), RuntimeError> {
+    fn store_kv(&mut self, _: &KvStore) -> Result<(), RuntimeError> {
         Ok(())
     }
     fn dequantize_q8_0(&mut self, _: u64, _: u64, _: usize, _: usize) -> Result<(), RuntimeError> {

@@ -14,8 +14,8 @@ pub mod dry_run;
 use crate::error::RuntimeError;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::profile::Weights;
+use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::FaParams;
-use cupool_kernels::KvType;
 
 /// Which executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,16 +113,9 @@ pub trait Executor: Send {
         n_tokens: usize,
         n_embd: usize,
     ) -> Result<(), RuntimeError>;
-    /// RMS norm of `rows` rows of `n` floats at `x`, weighted by `n` halves at `w`, into `y`.
-    fn rms_norm(
-        &mut self,
-        x: u64,
-        w: u64,
-        y: u64,
-        rows: usize,
-        n: usize,
-        eps: f32,
-    ) -> Result<(), RuntimeError>;
+    /// RMS norm of `a.rows` rows of `a.n` floats at `a.x`, weighted by `a.n` halves at `a.w`,
+    /// into `a.y`.
+    fn rms_norm(&mut self, a: &NormArgs) -> Result<(), RuntimeError>;
     /// Makes the `rows×k` f32 matrix at `x` the input of the GEMMs that follow: an executor
     /// whose GEMM takes f16 inputs converts it into `x_f16` once, for every [`Executor::matmul`]
     /// on `x` until `x` changes.
@@ -135,20 +128,9 @@ pub trait Executor: Send {
     ) -> Result<(), RuntimeError> {
         Ok(())
     }
-    /// `y (+)= x · w`: `x` is `m×k` f32, `w` is `k×n` f16, `y` is `m×n` f32. `x_f16` holds `x`
-    /// as the last [`Executor::gemm_input`] on `x` left it.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul(
-        &mut self,
-        x: u64,
-        x_f16: u64,
-        w: u64,
-        y: u64,
-        m: usize,
-        n: usize,
-        k: usize,
-        accumulate: bool,
-    ) -> Result<(), RuntimeError>;
+    /// `y (+)= x · w`: `g.x` is `m×k` f32, `g.w` is `k×n` f16, `g.y` is `m×n` f32. `x_f16`
+    /// holds `g.x` as the last [`Executor::gemm_input`] on it left it.
+    fn matmul(&mut self, g: &GemmArgs, x_f16: u64) -> Result<(), RuntimeError>;
     /// The GEMM workspace for the ubatch that starts (`bytes` 0: none, as when it ends). The
     /// engine takes it from the pool; only an executor whose GEMMs use one (cuBLAS) keeps it.
     fn set_gemm_workspace(&mut self, _at: u64, _bytes: usize) -> Result<(), RuntimeError> {
@@ -156,18 +138,9 @@ pub trait Executor: Send {
     }
     /// SwiGLU in place over `n` floats: `up = silu(gate) · up`.
     fn swiglu(&mut self, up: u64, gate: u64, n: usize) -> Result<(), RuntimeError>;
-    /// Writes `rows` f32 rows of `row_len` at `src` into the `kv`-typed cache at `cache`,
-    /// starting at row `pos0`.
-    #[allow(clippy::too_many_arguments)]
-    fn store_kv(
-        &mut self,
-        kv: KvType,
-        src: u64,
-        cache: u64,
-        rows: usize,
-        row_len: usize,
-        pos0: usize,
-    ) -> Result<(), RuntimeError>;
+    /// Writes `s.rows` f32 rows of `s.row_len` at `s.src` into the `s.kv`-typed cache at
+    /// `s.cache`, starting at row `s.pos0`.
+    fn store_kv(&mut self, s: &KvStore) -> Result<(), RuntimeError>;
     /// Converts `rows` q8_0 rows of `row_len` values at `src` to halves at `dst`.
     fn dequantize_q8_0(
         &mut self,
