@@ -1,0 +1,205 @@
+//! The slow paths, under the pool's lock: growth (with flush-and-retry and the out-of-memory
+//! report), giving a block back, and releasing idle segments to the upstream.
+
+use super::oom;
+use super::{Ctx, State};
+use crate::block::Block;
+use crate::driver::DriverError;
+use crate::error::{OomReport, PoolError};
+use crate::owners::Parts;
+use crate::placement::{Fit, Placement};
+use crate::pool::{Purge, Released};
+use crate::sync::{synchronize, SyncToken};
+use crate::upstream::Upstream;
+use std::sync::atomic::Ordering;
+impl Ctx {
+    #[inline]
+    pub(super) fn block(&self, fit: Fit, size: usize) -> Block {
+        Block {
+            ptr: fit.addr,
+            size,
+            capacity: fit.capacity,
+            pool: self.id,
+            managed_fallback: false,
+        }
+    }
+
+    pub(super) fn publish<P: Placement, U: Upstream>(&self, g: &State<P, U>) {
+        self.reserved
+            .store(g.tracker.s.reserved_bytes, Ordering::Relaxed);
+    }
+
+    pub(super) fn sync<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+    ) -> Result<SyncToken, DriverError> {
+        let t = synchronize(self.driver.as_ref())?;
+        g.tracker.s.calls.syncs += 1;
+        Ok(t)
+    }
+
+    #[cold]
+    pub(super) fn grow<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        size: usize,
+    ) -> Result<Block, PoolError> {
+        if self.options.drop_smaller_on_grow
+            && !g.placement.idle(&Purge::SmallerThan(size)).is_empty()
+        {
+            let token = self.sync(g)?;
+            let r = self.release(g, &token, &Purge::SmallerThan(size))?;
+            tracing::debug!(pool = %self.kind, bytes = r.bytes, buffers = r.buffers, "released idle smaller buffers before growing");
+        }
+        let want = g.placement.grow_request(size);
+        let mut result = g.upstream.acquire(want, &mut g.tracker.s.calls);
+        if matches!(&result, Err(e) if e.is_oom())
+            && self.options.flush_and_retry
+            && !g.placement.idle(&Purge::All).is_empty()
+        {
+            let token = self.sync(g)?;
+            let r = self.release(g, &token, &Purge::All)?;
+            g.tracker.s.retries += 1;
+            tracing::warn!(pool = %self.kind, requested = size, flushed = r.bytes, "allocation failed; flushed the cache and retrying once");
+            result = g.upstream.acquire(want, &mut g.tracker.s.calls);
+        }
+        match result {
+            Ok(seg) => {
+                g.tracker.on_reserve(seg.len);
+                self.publish(g);
+                let fit = g.placement.take_new(seg, size);
+                g.tracker.on_alloc(size, fit.capacity);
+                tracing::trace!(pool = %self.kind, requested = size, bytes = seg.len, reserved = g.tracker.s.reserved_bytes, "grew");
+                Ok(self.block(fit, size))
+            }
+            Err(e) if e.is_oom() => {
+                g.tracker.s.ooms += 1;
+                let report = self.oom_report(g, size, e.to_string());
+                // The 1st, 2nd, 4th, 8th, ... of a pool: a replay or a caller retrying in a
+                // loop does not flood the log; every one is in the stats and the error.
+                if g.tracker.s.ooms.is_power_of_two() {
+                    tracing::warn!(pool = %self.kind, ooms_so_far = g.tracker.s.ooms, "{report}");
+                } else {
+                    tracing::debug!(pool = %self.kind, ooms_so_far = g.tracker.s.ooms, "{report}");
+                }
+                Err(PoolError::OutOfMemory(Box::new(report)))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(super) fn oom_report<P: Placement, U: Upstream>(
+        &self,
+        g: &State<P, U>,
+        requested: usize,
+        cause: String,
+    ) -> OomReport {
+        oom::report(
+            self.driver.as_ref(),
+            self.kind,
+            requested,
+            &g.tracker.snapshot(),
+            g.placement.stranded(requested),
+            cause,
+        )
+    }
+
+    /// Takes a block back; a segment the placement does not keep is released at once.
+    #[inline]
+    pub(super) fn give_back<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        p: Parts,
+        freed_at: u64,
+    ) {
+        g.tracker.on_free(p.size, p.capacity);
+        g.upstream.note_free();
+        let fit = Fit {
+            addr: p.ptr,
+            capacity: p.capacity,
+        };
+        if let Some(seg) = g.placement.give_back(fit, freed_at) {
+            match g.upstream.release(seg, &mut g.tracker.s.calls) {
+                Ok(()) => g.tracker.on_release(seg.len, false),
+                Err(e) => {
+                    tracing::error!(pool = %self.kind, error = %e, "the driver refused a free; kept for the next purge");
+                    g.pending.push(seg);
+                }
+            }
+            self.publish(g);
+        }
+    }
+
+    /// Releases what `what` names and `token` covers, after retrying refused releases. Stops
+    /// at the first refusal (the segments of a VMM range must go from the top down); what was
+    /// released until then is counted.
+    pub(super) fn release<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        token: &SyncToken,
+        what: &Purge,
+    ) -> Result<Released, PoolError> {
+        let mut out = Released::default();
+        let mut first_err = None;
+        for seg in std::mem::take(&mut g.pending) {
+            match g.upstream.release(seg, &mut g.tracker.s.calls) {
+                Ok(()) => {
+                    g.tracker.on_release(seg.len, true);
+                    out.bytes += seg.len;
+                    out.buffers += 1;
+                }
+                Err(e) => {
+                    g.pending.push(seg);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for idle in g.placement.idle(what) {
+            if !token.covers(idle.freed_at) {
+                out.deferred_bytes += idle.seg.len;
+                continue;
+            }
+            if let Err(e) = g.upstream.release(idle.seg, &mut g.tracker.s.calls) {
+                first_err.get_or_insert(e);
+                break;
+            }
+            g.placement.remove(&idle.seg);
+            g.tracker.on_release(idle.seg.len, true);
+            out.bytes += idle.seg.len;
+            out.buffers += 1;
+        }
+        if out.bytes > 0 {
+            g.tracker.s.purges += 1;
+        }
+        self.publish(g);
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(out),
+        }
+    }
+
+    /// Releases everything idle after a synchronize; once no block is live, everything.
+    /// Returns whether the core now holds nothing.
+    pub(super) fn release_all<P: Placement, U: Upstream>(&self, g: &mut State<P, U>) -> bool {
+        let token = match self.sync(g) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(pool = %self.kind, error = %e, "synchronize failed; idle memory is kept");
+                return false;
+            }
+        };
+        if let Err(e) = self.release(g, &token, &Purge::All) {
+            tracing::error!(pool = %self.kind, error = %e, "could not release every idle segment");
+        }
+        if g.tracker.s.live_blocks > 0
+            || !g.pending.is_empty()
+            || !g.placement.segments().is_empty()
+        {
+            return false;
+        }
+        if let Err(e) = g.upstream.close(&mut g.tracker.s.calls) {
+            tracing::error!(pool = %self.kind, error = %e, "could not release the pool's own resources");
+        }
+        true
+    }
+}
