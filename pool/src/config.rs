@@ -49,6 +49,7 @@ pub const ENV_NAMES: &[&str] = &[
 
 /// Which pool to build, and how.
 #[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct PoolConfig {
     /// The pool kind; `None` chooses vmm where supported, else legacy.
     pub kind: Option<PoolKind>,
@@ -120,16 +121,20 @@ impl PoolConfig {
             match c.kind {
                 None | Some(PoolKind::Managed) => c.kind = Some(PoolKind::Managed),
                 Some(k) => {
-                    return Err(PoolError::Conflict(format!(
-                        "GGML_POOL={k} conflicts with GGML_CUDA_POOL_USE_MANAGED=1: choose one pool"
-                    )))
+                    return Err(PoolError::Conflict {
+                        setting: format!("GGML_POOL={k}"),
+                        with: "GGML_CUDA_POOL_USE_MANAGED=1".into(),
+                        resolve: "choose one pool",
+                    })
                 }
             }
         }
         if c.no_vmm && c.kind == Some(PoolKind::Vmm) {
-            return Err(PoolError::Conflict(
-                "GGML_POOL=vmm conflicts with GGML_CUDA_NO_VMM=1: unset one of them".to_string(),
-            ));
+            return Err(PoolError::Conflict {
+                setting: "GGML_POOL=vmm".into(),
+                with: "GGML_CUDA_NO_VMM=1".into(),
+                resolve: "unset one of them",
+            });
         }
         c.fallback_managed = flag("GGML_CUDA_ALLOC_FALLBACK_MANAGED")?;
         c.allow_oversubscription = flag("CUPOOL_ALLOW_OVERSUBSCRIPTION")?;
@@ -164,9 +169,11 @@ impl PoolConfig {
     /// The kind this configuration gives on a device with or without VMM.
     pub fn resolve(&self, vmm_supported: bool) -> Result<PoolKind, PoolError> {
         match self.kind {
-            Some(PoolKind::Vmm) if !vmm_supported => Err(PoolError::Unsupported(
-                "GGML_POOL=vmm: this device does not support virtual memory management; use legacy or managed".into(),
-            )),
+            Some(PoolKind::Vmm) if !vmm_supported => Err(PoolError::Unsupported {
+                kind: PoolKind::Vmm,
+                lacks: "virtual memory management",
+                use_instead: "legacy or managed",
+            }),
             Some(k) => Ok(k),
             None if vmm_supported && !self.no_vmm => Ok(PoolKind::Vmm),
             None => Ok(PoolKind::Legacy),

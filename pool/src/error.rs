@@ -13,6 +13,7 @@ use std::fmt;
 
 /// Everything worth knowing when an allocation does not fit.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OomReport {
     /// Bytes asked for.
     pub requested: usize,
@@ -65,6 +66,7 @@ impl fmt::Display for OomReport {
 
 /// Why a pool operation failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PoolError {
     /// The request does not fit; the report has the whole picture.
     OutOfMemory(Box<OomReport>),
@@ -91,10 +93,33 @@ pub enum PoolError {
     Driver(DriverError),
     /// A configuration value is outside what it accepts.
     InvalidConfig(InvalidConfig),
-    /// Two settings contradict each other; the text says which and how to resolve it.
-    Conflict(String),
-    /// The chosen pool cannot run on this device; the text says why and what can.
-    Unsupported(String),
+    /// Two settings contradict each other.
+    Conflict {
+        /// One setting, as `NAME=value`.
+        setting: String,
+        /// The setting it contradicts, as `NAME=value`.
+        with: String,
+        /// How to resolve it.
+        resolve: &'static str,
+    },
+    /// The chosen pool kind cannot run on this device.
+    Unsupported {
+        /// The kind chosen.
+        kind: PoolKind,
+        /// What the device lacks.
+        lacks: &'static str,
+        /// The kinds it can run.
+        use_instead: &'static str,
+    },
+    /// Size classes need one pool more than bounds, all on one device.
+    SizeClasses {
+        /// Bounds given.
+        bounds: usize,
+        /// Pools given.
+        pools: usize,
+        /// Whether the pools are on more than one device.
+        mixed_devices: bool,
+    },
     /// No device with that index.
     NoSuchDevice {
         /// The index asked for.
@@ -122,7 +147,27 @@ impl fmt::Display for PoolError {
             ),
             PoolError::Driver(e) => write!(f, "driver error: {e}"),
             PoolError::InvalidConfig(e) => e.fmt(f),
-            PoolError::Conflict(s) | PoolError::Unsupported(s) => f.write_str(s),
+            PoolError::Conflict {
+                setting,
+                with,
+                resolve,
+            } => write!(f, "{setting} conflicts with {with}: {resolve}"),
+            PoolError::Unsupported {
+                kind,
+                lacks,
+                use_instead,
+            } => write!(
+                f,
+                "GGML_POOL={kind}: this device does not support {lacks}; use {use_instead}"
+            ),
+            PoolError::SizeClasses {
+                mixed_devices: true,
+                ..
+            } => f.write_str("the pools of size classes must share one device"),
+            PoolError::SizeClasses { bounds, pools, .. } => write!(
+                f,
+                "size classes need one pool more than bounds: {bounds} bounds, {pools} pools"
+            ),
             PoolError::NoSuchDevice { device, devices } => {
                 write!(f, "no device {device}: the devices are 0..{devices}")
             }
@@ -164,6 +209,7 @@ impl PoolError {
 
 /// A free that was refused; the block comes back so nothing is lost.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct FreeError {
     /// Why.
     pub error: PoolError,

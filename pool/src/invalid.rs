@@ -9,6 +9,7 @@ use std::fmt;
 
 /// See the module docs.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InvalidConfig {
     /// The field or variable, as the user wrote it (`LegacyConfig::slots`, `GGML_POOL`).
     pub field: &'static str,

@@ -29,6 +29,7 @@ pub enum Purge {
 
 /// What a purge did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Released {
     /// Bytes returned to the driver.
     pub bytes: usize,

@@ -3,6 +3,7 @@
 
 /// Driver calls a pool made, by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DriverCalls {
     /// Device allocations (cuMemAlloc).
     pub mallocs: u64,
@@ -83,6 +84,7 @@ impl DriverCalls {
 
 /// A pool's counters at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Bytes users asked for and still hold.
     pub live_bytes: usize,
@@ -143,6 +145,7 @@ impl PoolStats {
 
 /// One phase's numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PhaseStats {
     /// The name given when the phase began.
     pub name: String,

@@ -101,11 +101,11 @@ fn ggml_names_select_pools() {
 fn contradictions_are_errors() {
     assert!(matches!(
         env(&[("GGML_POOL", "vmm"), ("GGML_CUDA_NO_VMM", "1")]),
-        Err(PoolError::Conflict(_))
+        Err(PoolError::Conflict { .. })
     ));
     assert!(matches!(
         env(&[("GGML_POOL", "legacy"), ("GGML_CUDA_POOL_USE_MANAGED", "1")]),
-        Err(PoolError::Conflict(_))
+        Err(PoolError::Conflict { .. })
     ));
     let e = env(&[("GGML_POOL", "vmm")])
         .unwrap()

@@ -34,18 +34,20 @@ impl SizeClasses {
     /// ones to the last pool. The bounds must ascend strictly, there must be one pool more
     /// than bounds, and all pools must be on one device.
     pub fn new(bounds: Vec<usize>, pools: Vec<Arc<dyn Pool>>) -> Result<Self, PoolError> {
-        let invalid = |why: String| Err(PoolError::Conflict(why));
+        let invalid = |mixed_devices| {
+            Err(PoolError::SizeClasses {
+                bounds: bounds.len(),
+                pools: pools.len(),
+                mixed_devices,
+            })
+        };
         if pools.len() != bounds.len() + 1 {
-            return invalid(format!(
-                "size classes need one pool more than bounds: {} bounds, {} pools",
-                bounds.len(),
-                pools.len()
-            ));
+            return invalid(false);
         }
         check_bounds(&bounds)?;
         let device = pools[0].driver().ordinal();
         if pools.iter().any(|p| p.driver().ordinal() != device) {
-            return invalid("the pools of size classes must share one device".into());
+            return invalid(true);
         }
         Ok(Self { bounds, pools })
     }

@@ -79,6 +79,7 @@ impl CallKind {
 
 /// What went wrong in a driver call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// The device has no memory left for this request.
     OutOfMemory,
@@ -96,6 +97,7 @@ pub enum ErrorCode {
 
 /// A failed driver call: which call, what code, and a sentence of detail.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DriverError {
     /// The primitive that failed.
     pub call: CallKind,

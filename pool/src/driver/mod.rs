@@ -23,6 +23,7 @@ pub type DevicePtr = u64;
 
 /// Free and total memory of a device, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemInfo {
     /// Bytes the device can still hand out.
     pub free: usize,

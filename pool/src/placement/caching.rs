@@ -32,6 +32,7 @@ const ROUND_LARGE: usize = 2 << 20;
 
 /// The caching allocator's settings. [`Default`] is PyTorch's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CachingConfig {
     /// Blocks this large or larger are never split (PyTorch: unlimited, `usize::MAX`); at
     /// least 20 MiB, as PyTorch requires.

@@ -10,6 +10,7 @@ pub const MAX_CAPACITY: usize = 1 << 48;
 
 /// How the simulated card looks. [`super::SimDevice::new`] checks every field.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SimConfig {
     /// Device memory in bytes (up to [`MAX_CAPACITY`]).
     pub capacity: usize,
