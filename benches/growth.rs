@@ -36,11 +36,16 @@ fn grow(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
                 b.iter_custom(|iters| {
                     let mut total = Duration::ZERO;
                     for _ in 0..iters {
-                        let mut config = VmmConfig::default();
-                        config.reserve_bytes = Some(8 << 30);
-                        config.min_grow = min_grow;
-                        config.max_grow = max_grow;
-                        let pool = VmmPool::with_config(d.clone(), config).expect("valid settings");
+                        let pool = VmmPool::with_config(
+                            d.clone(),
+                            VmmConfig {
+                                reserve_bytes: Some(8 << 30),
+                                min_grow,
+                                max_grow,
+                                ..VmmConfig::default()
+                            },
+                        )
+                        .expect("valid settings");
                         // Reserve outside the timing: it happens once per pool, not per grow.
                         let first = pool.alloc(1).unwrap();
                         pool.free(first).unwrap();
