@@ -18,7 +18,11 @@ pub enum PurgePolicy {
 }
 
 impl PurgePolicy {
-    /// The names accepted on the command line.
+    /// Every policy.
+    pub const ALL: &'static [PurgePolicy] =
+        &[PurgePolicy::Never, PurgePolicy::Always, PurgePolicy::Auto];
+
+    /// The names accepted on the command line: [`PurgePolicy::ALL`]'s, comma-separated.
     pub const NAMES: &'static str = "never, always, auto";
 
     /// Its name.
@@ -30,14 +34,9 @@ impl PurgePolicy {
         }
     }
 
-    /// Parses a name.
+    /// Parses a name (exactly as [`PurgePolicy::name`] writes it).
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "never" => Some(PurgePolicy::Never),
-            "always" => Some(PurgePolicy::Always),
-            "auto" => Some(PurgePolicy::Auto),
-            _ => None,
-        }
+        Self::ALL.iter().copied().find(|p| p.name() == s)
     }
 }
 
@@ -87,6 +86,16 @@ impl AutoHeadroom {
 #[cfg(test)]
 mod tests {
     use super::AutoHeadroom as Headroom;
+    use super::PurgePolicy;
+
+    #[test]
+    fn the_names_are_every_policy_s() {
+        let names: Vec<_> = PurgePolicy::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(names.join(", "), PurgePolicy::NAMES);
+        for p in PurgePolicy::ALL {
+            assert_eq!(PurgePolicy::parse(p.name()), Some(*p));
+        }
+    }
 
     #[test]
     fn headroom_parses_and_decides_shortness() {
