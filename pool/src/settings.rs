@@ -262,6 +262,12 @@ mod tests {
                 || s.name.starts_with("GGML_CUDA_")
                 || s.name.starts_with("CUPOOL_");
             assert!(prefixed, "{}", s.name);
+            // The README's table joins front ends' defaults with `; `.
+            assert!(
+                s.read_by.iter().all(|r| !r.default.contains(';')),
+                "{}",
+                s.name
+            );
         }
     }
 

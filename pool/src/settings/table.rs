@@ -19,9 +19,9 @@ pub const SETTINGS: &[Setting] = &[
         accepts: Accepts::PoolKind,
         read_by: &[
             by(Library, "vmm where the device supports VMM, else legacy (logged)"),
-            by(Cli, "run and plan compare every configuration; replay takes --pool"),
+            by(Cli, "run and plan compare every configuration, replay takes --pool"),
             by(Libcupool, "vmm where the device supports VMM, else legacy"),
-            by(Shim, "unset or empty: ggml's own pools, libcupool is not loaded"),
+            by(Shim, "ggml's own pools, also when empty: libcupool is not loaded"),
             by(Python, "vmm (cupool.torch.install, cupool.cupy.install), direct (cupool.torch.mempool), libcupool's (cupool.init)"),
         ],
         keyword: Some("pool"),
