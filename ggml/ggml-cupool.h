@@ -5,6 +5,45 @@
 // own pools and libcupool is never loaded. With GGML_POOL=vmm|legacy|managed|torch|direct every
 // pool of every device and stream goes through libcupool, found at CUPOOL_LIB, beside the
 // executable, beside the library holding ggml-cuda, or on the loader's path.
+//
+// Environment (generated from cupool's settings table, pool/src/settings/table.rs, by its tests):
+//   GGML_POOL=vmm|legacy|managed|torch|direct: the pool kind: torch is PyTorch's caching policy (to
+//       replay traces), direct caches nothing (under a caching layer). Unset: ggml's own pools,
+//       also when empty: libcupool is not loaded.
+//   GGML_CUDA_NO_VMM=1|0|true|false|yes|no|on|off: never choose VMM automatically (ggml's name).
+//       Unset: off.
+//   GGML_CUDA_POOL_USE_MANAGED=1|0|true|false|yes|no|on|off: same as GGML_POOL=managed (ggml's
+//       name). Unset: off.
+//   GGML_CUDA_ALLOC_FALLBACK_MANAGED=1|0|true|false|yes|no|on|off: on device OOM, serve that
+//       allocation from managed memory (tagged, counted, warned). Unset: off.
+//   CUPOOL_ALLOW_OVERSUBSCRIPTION=1|0|true|false|yes|no|on|off: let managed memory exceed the
+//       device's free memory (can hang the GPU: opt in knowingly). Unset: off.
+//   CUPOOL_SIZE_CLASSES (byte bounds B1,B2,... strictly ascending, or none): a pool of its own per
+//       range of request sizes: up to B1 bytes, up to B2, ..., above. Unset: 1048576 for vmm (and
+//       an unset GGML_POOL), else none.
+//   CUPOOL_VMM_ROUND_LARGE (a power of two from 128 to 1073741824 (bytes)): the VMM pool rounds
+//       requests above 1 MiB up to this power of two. Unset: 2097152 (the 2 MiB granule, for a
+//       framework's traffic).
+//   CUPOOL_DEVICE=cuda|sim|auto: libcupool's devices: every CUDA device, simulated cards, or cuda
+//       if present (auto). Unset: auto.
+//   CUPOOL_SIM_GIB (a number of GiB above 0 and up to 262144): each simulated card's memory. Unset:
+//       16.
+//   CUPOOL_SIM_DEVICES (1 to 64): how many simulated cards. Unset: 1.
+//   CUPOOL_PURGE=never|always|auto: at an engine's prefill ubatch boundary (cupool_ubatch_end,
+//       llama.cpp's shim): keep the cache, return it all, or return what the last ubatch did not
+//       reuse when the device is short; never also takes no out-of-memory retry. Unset: auto.
+//   CUPOOL_AUTO_HEADROOM (ubatch, inf, or a number of MiB (0 or more)): when auto counts the device
+//       short: free memory below twice what the last ubatch held at once (ubatch), below a number
+//       of MiB (0: only before an out-of-memory retry), or always (inf). Unset: ubatch.
+//   CUPOOL_LOG (a log filter (RUST_LOG's syntax), or off): libcupool's log filter: info prints each
+//       ubatch's peaks and what its boundary returned; off silences it. Unset: RUST_LOG's filter,
+//       else warnings and errors.
+//   CUPOOL_TRACE (a file path): llama.cpp's shim records the pool's traffic here (JSON lines with
+//       ggml's names, for repro-prefill replay). Unset: no recording.
+//   CUPOOL_LIB (the path of libcupool.so (for the Python package, the file or its folder)): where
+//       llama.cpp's shim and the Python package find libcupool. Unset: beside the executable,
+//       beside the library holding ggml-cuda, then the loader's path.
+// (end of the generated list)
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Writes docs/benchmarks.md from the outputs of scripts/bench-gpu.sh (a folder) and the
-footprint suite, which it runs here (deterministic, simulated device)."""
+"""Writes docs/benchmarks.md from the outputs of scripts/bench-gpu.sh (a folder: a path, or the
+name of a run folder under data/) and the footprint suite, which it runs here (deterministic,
+simulated device)."""
 import json, os, re, statistics, subprocess, sys, tempfile
 
-src = sys.argv[1]
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+src = sys.argv[1]
+if not os.path.isdir(src) and os.path.isdir(os.path.join(root, "data", src)):
+    src = os.path.join(root, "data", src)
 
 
 def read(name):

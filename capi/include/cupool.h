@@ -53,6 +53,14 @@ enum cupool_status cupool_shutdown(void);
 // How many devices the open library has, or -1 (with the error text set).
 int32_t cupool_device_count(void);
 
+// Every setting libcupool, the Rust library, `repro-prefill`, llama.cpp's shim and the Python
+// package read, as a NUL-terminated JSON object: `{"front_ends": [...], "settings": [{"name",
+// "accepts", "choices", "defaults", "read_by", "keyword", "env_only", "doc"}, ...]}`, one
+// entry per environment variable with what it accepts, each front end's default, and what it
+// does. The string is static: valid for the life of the process, never to be freed. Needs no
+// `cupool_init`. Returns null on failure.
+const char *cupool_settings_json(void);
+
 // Allocates `size` bytes on `device` for `stream` (an opaque stream handle; one pool per
 // device × stream). Writes the usable bytes to `actual` if it is not null. Returns null on
 // failure.

@@ -1,38 +1,22 @@
 //! The configuration string of `cupool_init`: `NAME=VALUE` pairs, separated by spaces, commas
 //! or semicolons, with the names of the environment variables (a null string reads the
-//! environment itself):
-//!
-//! | name | values |
-//! |---|---|
-//! | `GGML_POOL` | `vmm`, `legacy`, `managed`, `torch`, `direct` (unset: vmm where supported, else legacy) |
-//! | `GGML_CUDA_NO_VMM`, `GGML_CUDA_POOL_USE_MANAGED`, `GGML_CUDA_ALLOC_FALLBACK_MANAGED`, `CUPOOL_ALLOW_OVERSUBSCRIPTION` | booleans |
-//! | `CUPOOL_DEVICE` | `cuda` (every CUDA device), `sim` (simulated cards), `auto` (the default: cuda if present) |
-//! | `CUPOOL_SIM_GIB` | each simulated card's memory in GiB (default 16) |
-//! | `CUPOOL_SIM_DEVICES` | how many simulated cards (default 1) |
-//! | `CUPOOL_SIZE_CLASSES` | byte bounds of size classes with a pool each, or `none` (here `1048576` by default for vmm) |
-//! | `CUPOOL_PURGE` | at an engine's ubatch boundary (`cupool_ubatch_end`): `never` (keep every cached buffer; no out-of-memory retry either), `always` (synchronize, return every idle buffer), `auto` (the default: return what the ubatch just ended would not reuse, when the device is short: `CUPOOL_AUTO_HEADROOM`) |
-//! | `CUPOOL_AUTO_HEADROOM` | when `auto` returns memory at a boundary: while the device has less free than this. `ubatch` (the default: twice what the ubatch just ended held at once), a number of MiB (0: never at boundaries, only before an out-of-memory retry), or `inf` (at every boundary with something to return) |
-//! | `CUPOOL_VMM_ROUND_LARGE` | the VMM pool rounds requests above 1 MiB up to this power of two (here 2 MiB by default, for PyTorch's traffic) |
+//! environment itself). The names, what they accept and libcupool's defaults are the rows of
+//! cupool's settings table that libcupool reads (`cupool_pool::settings`, returned by
+//! `cupool_settings_json`); the defaults that differ from the library's are below.
 
 use crate::status::{CupoolStatus, Failure};
+use cupool_pool::settings::{FrontEnd, SETTINGS};
 use cupool_pool::AutoHeadroom as Headroom;
 use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
 use std::collections::HashMap;
 
-/// The library's own names; the pool's ([`cupool_pool::config::ENV_NAMES`]) come too.
-const OWN_NAMES: &[&str] = &[
-    "CUPOOL_DEVICE",
-    "CUPOOL_SIM_GIB",
-    "CUPOOL_SIM_DEVICES",
-    "CUPOOL_PURGE",
-    "CUPOOL_AUTO_HEADROOM",
-];
-
-fn names() -> impl Iterator<Item = &'static str> {
-    cupool_pool::config::ENV_NAMES
+/// The configuration's names: the settings libcupool reads, less those it reads from the
+/// environment only (`CUPOOL_LOG`). The pool's ([`cupool_pool::config::ENV_NAMES`]) come first.
+pub(crate) fn names() -> impl Iterator<Item = &'static str> {
+    SETTINGS
         .iter()
-        .chain(OWN_NAMES)
-        .copied()
+        .filter(|s| s.is_read_by(FrontEnd::Libcupool) && !s.env_only)
+        .map(|s| s.name)
 }
 
 /// The VMM pool's rounding of large requests unless configured: the 2 MiB granule. A

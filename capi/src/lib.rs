@@ -11,7 +11,8 @@
 //!
 //! Layers: `status.rs` (codes, last error, the panic guard), `config.rs` (the configuration
 //! string), `state.rs` (the process-wide library state: devices, one pool per device × stream,
-//! the live blocks by address), `api.rs` (the C functions), `torch.rs` (PyTorch's
+//! the live blocks by address), `api/` (the C functions, by idea: opening, closing and the
+//! settings table; memory; releases; stats; recording), `torch.rs` (PyTorch's
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
 //! `repro-prefill replay`), `boundary.rs` (an engine's ubatch boundary: `CUPOOL_PURGE`, per-ubatch
 //! peaks).

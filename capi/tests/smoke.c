@@ -7,6 +7,8 @@
 
 int main(void) {
     CHECK(cupool_api_version() == CUPOOL_API_VERSION);
+    const char *settings = cupool_settings_json();
+    CHECK(settings != NULL && strstr(settings, "\"name\":\"GGML_POOL\"") != NULL);
     CHECK(cupool_init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 GGML_POOL=legacy") == CUPOOL_STATUS_OK);
     size_t actual = 0;
     void *p = cupool_alloc(0, 0, 1 << 20, &actual);

@@ -1,17 +1,9 @@
 //! Choosing and building a pool: from code ([`PoolConfig`]) or from the environment.
 //!
-//! | variable | meaning |
-//! |---|---|
-//! | `GGML_POOL=vmm\|legacy\|managed\|torch\|direct` | the pool kind; unset: vmm where the device supports VMM, else legacy |
-//! | `GGML_CUDA_NO_VMM=1` | never use VMM (ggml's name) |
-//! | `GGML_CUDA_POOL_USE_MANAGED=1` | same as `GGML_POOL=managed` (ggml's name) |
-//! | `GGML_CUDA_ALLOC_FALLBACK_MANAGED=1` | on device OOM, serve that allocation from managed memory |
-//! | `CUPOOL_ALLOW_OVERSUBSCRIPTION=1` | let managed memory exceed the device's free memory |
-//! | `CUPOOL_SIZE_CLASSES=B1,B2,...` | a pool of its own for each size class: requests up to B1 bytes, up to B2, ..., above (default: none) |
-//! | `CUPOOL_VMM_ROUND_LARGE=BYTES` | the VMM pool rounds requests above 1 MiB up to this power of two (default 128) |
-//!
-//! Boolean variables accept `1/0`, `true/false`, `yes/no`, `on/off`; anything else is an
-//! error naming the variable, the value and what is accepted.
+//! The variables [`PoolConfig::from_env`] reads ([`ENV_NAMES`]), what they accept and their
+//! defaults are rows of the settings table, [`crate::settings`]. Boolean variables accept
+//! `1/0`, `true/false`, `yes/no`, `on/off`; anything else is an error naming the variable, the
+//! value and what is accepted.
 
 use crate::adaptors::{ManagedFallback, SizeClasses};
 use crate::driver::Driver;
@@ -23,10 +15,11 @@ use crate::pool::Pool;
 use crate::pools::{
     DirectPool, LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, TorchPool, VmmPool,
 };
+use crate::settings::{self, FrontEnd};
 use crate::upstream::vmm::VmmConfig;
 use std::sync::Arc;
 
-const BOOL_VALUES: &str = "1, 0, true, false, yes, no, on, off";
+pub(crate) const BOOL_VALUES: &str = "1, 0, true, false, yes, no, on, off";
 
 fn parse_bool(var: &'static str, value: &str) -> Result<bool, InvalidConfig> {
     match value.trim().to_ascii_lowercase().as_str() {
@@ -36,16 +29,10 @@ fn parse_bool(var: &'static str, value: &str) -> Result<bool, InvalidConfig> {
     }
 }
 
-/// The environment variables [`PoolConfig::from_env`] reads.
-pub const ENV_NAMES: &[&str] = &[
-    "GGML_POOL",
-    "GGML_CUDA_NO_VMM",
-    "GGML_CUDA_POOL_USE_MANAGED",
-    "GGML_CUDA_ALLOC_FALLBACK_MANAGED",
-    "CUPOOL_ALLOW_OVERSUBSCRIPTION",
-    "CUPOOL_SIZE_CLASSES",
-    "CUPOOL_VMM_ROUND_LARGE",
-];
+/// The environment variables [`PoolConfig::from_env`] reads: the settings table's rows that
+/// the library reads ([`FrontEnd::Library`]), in its order.
+pub const ENV_NAMES: &[&str] =
+    &settings::names_read_by::<{ settings::count_read_by(FrontEnd::Library) }>(FrontEnd::Library);
 
 /// Which pool to build, and how.
 #[derive(Clone, Debug, Default, PartialEq)]

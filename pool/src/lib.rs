@@ -14,6 +14,7 @@
 //! - [`adaptors`]: behaviour by wrapping any [`Pool`]: phases, managed fallback, size classes;
 //! - [`trace`]: allocation traces: the recorder (an adaptor), the parser and the replay;
 //! - [`config`] and [`registry`]: `GGML_POOL` selection, one pool per (device, stream);
+//!   [`settings`]: the table of every setting cupool's front ends read;
 //! - [`PoolBuffer`]: typed RAII buffers that are cudarc kernel arguments.
 //!
 //! ```
@@ -53,6 +54,7 @@ pub mod pools;
 mod purge_policy;
 pub mod rate_limit;
 pub mod registry;
+pub mod settings;
 mod stats;
 pub mod sync;
 pub mod trace;

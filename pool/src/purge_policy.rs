@@ -21,7 +21,7 @@ impl PurgePolicy {
     /// Every policy, in the order of [`PurgePolicy::NAMES`].
     pub const ALL: [PurgePolicy; 3] = [PurgePolicy::Never, PurgePolicy::Always, PurgePolicy::Auto];
 
-    /// The names accepted on the command line.
+    /// The names accepted on the command line: [`PurgePolicy::ALL`]'s, comma-separated.
     pub const NAMES: &'static str = "never, always, auto";
 
     /// Its name.
@@ -33,14 +33,9 @@ impl PurgePolicy {
         }
     }
 
-    /// Parses a name.
+    /// Parses a name (exactly as [`PurgePolicy::name`] writes it).
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "never" => Some(PurgePolicy::Never),
-            "always" => Some(PurgePolicy::Always),
-            "auto" => Some(PurgePolicy::Auto),
-            _ => None,
-        }
+        Self::ALL.iter().copied().find(|p| p.name() == s)
     }
 }
 
@@ -90,6 +85,16 @@ impl AutoHeadroom {
 #[cfg(test)]
 mod tests {
     use super::AutoHeadroom as Headroom;
+    use super::PurgePolicy;
+
+    #[test]
+    fn the_names_are_every_policy_s() {
+        let names: Vec<_> = PurgePolicy::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(names.join(", "), PurgePolicy::NAMES);
+        for p in PurgePolicy::ALL {
+            assert_eq!(PurgePolicy::parse(p.name()), Some(p));
+        }
+    }
 
     #[test]
     fn headroom_parses_and_decides_shortness() {

@@ -38,8 +38,8 @@ OPTIONS = {
 
 
 def config_string(pool=None, **options):
-    """The C API's configuration string for ``pool`` (vmm, legacy, managed, torch) and the
-    keywords of ``OPTIONS``; an unknown keyword is a ``TypeError`` naming the accepted ones."""
+    """The C API's configuration string for ``pool`` (vmm, legacy, managed, torch, direct) and
+    the keywords of ``OPTIONS``; an unknown keyword is a ``TypeError`` naming the accepted ones."""
     config = {}
     if pool is not None:
         config["GGML_POOL"] = pool

@@ -100,6 +100,22 @@ def test_bad_configuration_names_the_accepted_values():
     assert not cupool.is_initialized()
 
 
+def test_the_keywords_and_pool_kinds_are_the_settings_table():
+    lib = _lib.load()
+    lib.cupool_settings_json.restype, lib.cupool_settings_json.argtypes = ctypes.c_char_p, []
+    table = json.loads(lib.cupool_settings_json())
+    keywords = {s["keyword"]: s["name"] for s in table["settings"] if s["keyword"]}
+    assert keywords.pop("pool") == "GGML_POOL"
+    assert cupool.OPTIONS == keywords
+    kinds = next(s["choices"] for s in table["settings"] if s["name"] == "GGML_POOL")
+    import cupool.torch as cupool_torch
+    for kind in kinds:
+        for doc in (cupool.config_string.__doc__, cupool_torch.install.__doc__):
+            assert kind in doc, f"{kind} is missing from {doc!r}"
+        cupool.init(pool=kind, device="sim", sim_gib=1)
+        cupool.shutdown()
+
+
 def test_pytorch_entry_points_from_eight_threads(sim):
     errors = []
 

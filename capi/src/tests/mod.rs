@@ -3,3 +3,4 @@
 
 mod api;
 mod header;
+mod settings;

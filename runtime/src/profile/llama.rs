@@ -31,7 +31,7 @@
 //! Occupancy: ggml reads it from the compiled kernel (`cudaOccupancyMaxActiveBlocksPerMultiprocessor`).
 //! [`Device::occupancy`] gives it; by default the profile takes what that call returned for
 //! d99724f2's kernels built for sm_90 on an H100 (`scripts/llama/fattn_occupancy.cu`,
-//! docs/data/h100-2026-11-22-fattn-occupancy): 2 blocks per SM for every MMA configuration
+//! data/h100-2026-11-22-fattn-occupancy): 2 blocks per SM for every MMA configuration
 //! used (its launch bound), and for the vector kernel 2 (head 128, q8_0 cache), 3 (head 128,
 //! f16 cache) or 4 (head 64, q8_0 cache). Other devices and heads: the kernel's launch bound
 //! (the blocks per SM its configuration asks the compiler to fit; 1 for the vector kernel).

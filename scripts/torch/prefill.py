@@ -1,7 +1,7 @@
 """One allocator, one process: HF transformers prefill of a long prompt in chunks with the
 default DynamicCache, then greedy decode. Prints one JSON line of measurements.
 
-    python3 bench/torch/prefill.py --allocator cupool --model phi3 --prompt 20000 --chunk 512
+    python3 scripts/torch/prefill.py --allocator cupool --model phi3 --prompt 20000 --chunk 512
 
 Allocators: native, expandable (expandable_segments:True), async (backend:cudaMallocAsync),
 cupool (installed as PyTorch's allocator), cupool-mempool (a torch.cuda.MemPool over cupool).

@@ -1,5 +1,5 @@
 """Markdown tables from the benchmarks' JSON lines: median over the repetitions, [min, max] in
-brackets. Usage: python3 bench/torch/report.py prefill-*.jsonl"""
+brackets. Usage: python3 scripts/torch/report.py prefill-*.jsonl"""
 import json
 import statistics
 import sys

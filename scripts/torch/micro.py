@@ -1,7 +1,7 @@
 """torch.empty + del through one allocator, at several sizes, from 1 and 8 threads. Prints one
 JSON line: median nanoseconds per allocate-and-free pair for each size and thread count.
 
-    python3 bench/torch/micro.py --allocator cupool
+    python3 scripts/torch/micro.py --allocator cupool
 """
 import argparse
 import json

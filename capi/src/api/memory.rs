@@ -1,0 +1,155 @@
+//! Allocating and freeing: the pool of a device × stream, the out-of-memory retry, and the
+//! checks on what is given back.
+
+use super::text_arg;
+use crate::state::{self, with_stream};
+use crate::status::{guard, status, CupoolStatus, Failure};
+use cupool_pool::{Purge, PurgePolicy};
+use std::ffi::{c_char, c_void};
+
+/// Allocates from the pool of `device` × `stream`. When the device is out of memory, the idle
+/// memory of all its pools (other streams' included) goes back to the driver after a
+/// synchronize, and the allocation is tried once more, unless `CUPOOL_PURGE=never`.
+pub(crate) fn alloc_on(
+    device: i32,
+    stream: u64,
+    size: usize,
+    name: Option<&str>,
+) -> Result<(u64, usize), Failure> {
+    match try_alloc(device, stream, size, name) {
+        Err(mut f) if f.status == CupoolStatus::OutOfMemory => {
+            if state::lib()?.purge == PurgePolicy::Never {
+                f.text.push_str("\n(CUPOOL_PURGE=never: the cache was neither purged at ubatch boundaries nor before this failure; CUPOOL_PURGE=auto, the default, returns what a growing request outgrew)");
+                return Err(f);
+            }
+            let released = super::release::purge_device(device, &Purge::All)?;
+            if released == 0 {
+                return Err(f);
+            }
+            tracing::info!(
+                device,
+                size,
+                released,
+                "out of memory: trimmed every pool of the device and retrying"
+            );
+            try_alloc(device, stream, size, name)
+        }
+        r => r,
+    }
+}
+
+fn try_alloc(
+    device: i32,
+    stream: u64,
+    size: usize,
+    name: Option<&str>,
+) -> Result<(u64, usize), Failure> {
+    with_stream(device, stream, true, |s| {
+        let b = s.pool.alloc(size)?;
+        let (ptr, capacity) = (b.ptr(), b.capacity());
+        s.live.lock().insert(ptr, (size, b));
+        s.usage.lock().alloc(size);
+        crate::record::alloc(s.device, stream, ptr, size, name);
+        Ok((ptr, capacity))
+    })
+}
+
+pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result<(), Failure> {
+    with_stream(device, stream, false, |s| {
+        let mut live = s.live.lock();
+        match live.remove(&ptr) {
+            None => Err(Failure::new(
+                CupoolStatus::UnknownPointer,
+                format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
+            )),
+            // ggml frees with the usable size the allocation reported, PyTorch with the size it
+            // asked for: both name the block.
+            Some((asked, b)) if asked != size && b.capacity() != size => {
+                let usable = b.capacity();
+                live.insert(ptr, (asked, b));
+                Err(Failure::new(
+                    CupoolStatus::SizeMismatch,
+                    format!("{ptr:#x} was allocated with {asked} bytes ({usable} usable) but freed with {size}: pass the size it was allocated with, or the usable size cupool reported"),
+                ))
+            }
+            Some((asked, b)) => {
+                drop(live);
+                s.usage.lock().free(asked);
+                crate::record::free(s.device, ptr);
+                s.pool.free(b).map_err(|e| Failure::from(e.error))
+            }
+        }
+    })
+}
+
+/// Allocates `size` bytes on `device` for `stream` (an opaque stream handle; one pool per
+/// device × stream). Writes the usable bytes to `actual` if it is not null. Returns null on
+/// failure.
+///
+/// # Safety
+/// `actual` is null or points to writable memory for one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_alloc(
+    device: i32,
+    stream: u64,
+    size: usize,
+    actual: *mut usize,
+) -> *mut c_void {
+    guard(
+        |_| std::ptr::null_mut(),
+        || {
+            let (ptr, capacity) = alloc_on(device, stream, size, None)?;
+            if !actual.is_null() {
+                // SAFETY: the caller passes null or a writable size_t.
+                unsafe { actual.write(capacity) };
+            }
+            Ok(ptr as *mut c_void)
+        },
+    )
+}
+
+/// `cupool_alloc`, naming what is allocated: a recording writes `name` beside the allocation
+/// (null: no name). llama.cpp's shim passes the ggml op or buffer the memory is for.
+///
+/// # Safety
+/// `actual` is null or points to writable memory for one `size_t`; `name` is null or a
+/// NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_alloc_named(
+    device: i32,
+    stream: u64,
+    size: usize,
+    actual: *mut usize,
+    name: *const c_char,
+) -> *mut c_void {
+    guard(
+        |_| std::ptr::null_mut(),
+        || {
+            let name = if name.is_null() {
+                None
+            } else {
+                // SAFETY: checked non-null; the caller passes a NUL-terminated string.
+                Some(unsafe { text_arg(name, "the name") }?)
+            };
+            let (ptr, capacity) = alloc_on(device, stream, size, name)?;
+            if !actual.is_null() {
+                // SAFETY: the caller passes null or a writable size_t.
+                unsafe { actual.write(capacity) };
+            }
+            Ok(ptr as *mut c_void)
+        },
+    )
+}
+
+/// Returns `ptr`, allocated on `device` for `stream` with `size` bytes (the size asked for, or
+/// the usable size the allocation wrote to `actual`). A pointer cupool did not hand out there,
+/// a second free or another size is refused and changes nothing.
+#[no_mangle]
+pub extern "C" fn cupool_free(
+    device: i32,
+    stream: u64,
+    ptr: *mut c_void,
+    size: usize,
+) -> CupoolStatus {
+    status(|| free_on(device, stream, ptr as u64, size))
+}

@@ -1,0 +1,51 @@
+//! Statistics: as JSON, and their peaks reset.
+
+use crate::state;
+use crate::status::{guard, status, CupoolStatus};
+use std::ffi::c_char;
+
+/// Sets the peaks of `device`'s statistics (every device when -1) to the current values.
+#[no_mangle]
+pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {
+    status(|| {
+        let lib = state::lib()?;
+        let d = if device == -1 {
+            None
+        } else {
+            Some(lib.check_device(device)?)
+        };
+        lib.pools_of(d).iter().for_each(|s| s.pool.reset_peaks());
+        Ok(())
+    })
+}
+
+/// Writes `device`'s statistics (every device when -1) as a NUL-terminated JSON object into
+/// `buf` (`cap` bytes; truncated if too small) and returns the JSON's length without the NUL,
+/// so a call with a null `buf` asks for the size. Returns 0 on failure.
+///
+/// # Safety
+/// `buf` is null or points to `cap` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cupool_stats_json(device: i32, buf: *mut c_char, cap: usize) -> usize {
+    guard(
+        |_| 0,
+        || {
+            let lib = state::lib()?;
+            let d = if device == -1 {
+                None
+            } else {
+                Some(lib.check_device(device)?)
+            };
+            let json = crate::stats::json(&lib.pools_of(d));
+            if !buf.is_null() && cap > 0 {
+                let n = json.len().min(cap - 1);
+                // SAFETY: `buf` has `cap` writable bytes; `n + 1 <= cap`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), n);
+                    buf.add(n).write(0);
+                }
+            }
+            Ok(json.len())
+        },
+    )
+}

@@ -1,0 +1,161 @@
+//! The rows of the settings table. The order is the order of `config::ENV_NAMES` and of the
+//! names libcupool lists in its errors: the library's settings first.
+
+use super::Accepts::{self, Bool, OneOf, Text};
+use super::FrontEnd::{Cli, Libcupool, Library, Python, Shim};
+use super::{Reader, Setting};
+
+const fn by(front_end: super::FrontEnd, default: &'static str) -> Reader {
+    Reader { front_end, default }
+}
+
+/// Off everywhere the library's settings are read.
+const OFF: &[Reader] = &[by(Library, "off"), by(Cli, "off"), by(Libcupool, "off")];
+
+/// Every setting; see the module docs.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: "GGML_POOL",
+        accepts: Accepts::PoolKind,
+        read_by: &[
+            by(Library, "vmm where the device supports VMM, else legacy (logged)"),
+            by(Cli, "run and plan compare every configuration, replay takes --pool"),
+            by(Libcupool, "vmm where the device supports VMM, else legacy"),
+            by(Shim, "ggml's own pools, also when empty: libcupool is not loaded"),
+            by(Python, "vmm (cupool.torch.install, cupool.cupy.install), direct (cupool.torch.mempool), libcupool's (cupool.init)"),
+        ],
+        keyword: Some("pool"),
+        env_only: false,
+        doc: "the pool kind: `torch` is PyTorch's caching policy (to replay traces), `direct` caches nothing (under a caching layer)",
+    },
+    Setting {
+        name: "GGML_CUDA_NO_VMM",
+        accepts: Bool,
+        read_by: OFF,
+        keyword: Some("no_vmm"),
+        env_only: false,
+        doc: "never choose VMM automatically (ggml's name)",
+    },
+    Setting {
+        name: "GGML_CUDA_POOL_USE_MANAGED",
+        accepts: Bool,
+        read_by: OFF,
+        keyword: None,
+        env_only: false,
+        doc: "same as `GGML_POOL=managed` (ggml's name)",
+    },
+    Setting {
+        name: "GGML_CUDA_ALLOC_FALLBACK_MANAGED",
+        accepts: Bool,
+        read_by: &[
+            by(Library, "off"),
+            by(Cli, "off (--fallback-managed turns it on)"),
+            by(Libcupool, "off"),
+        ],
+        keyword: Some("fallback_managed"),
+        env_only: false,
+        doc: "on device OOM, serve that allocation from managed memory (tagged, counted, warned)",
+    },
+    Setting {
+        name: "CUPOOL_ALLOW_OVERSUBSCRIPTION",
+        accepts: Bool,
+        read_by: OFF,
+        keyword: Some("allow_oversubscription"),
+        env_only: false,
+        doc: "let managed memory exceed the device's free memory (can hang the GPU: opt in knowingly)",
+    },
+    Setting {
+        name: "CUPOOL_SIZE_CLASSES",
+        accepts: Text("byte bounds B1,B2,... strictly ascending, or none"),
+        read_by: &[
+            by(Library, "none"),
+            by(Cli, "none (replay --size-classes overrides)"),
+            by(Libcupool, "1048576 for vmm (and an unset GGML_POOL), else none"),
+        ],
+        keyword: Some("size_classes"),
+        env_only: false,
+        doc: "a pool of its own per range of request sizes: up to B1 bytes, up to B2, ..., above",
+    },
+    Setting {
+        name: "CUPOOL_VMM_ROUND_LARGE",
+        accepts: Text("a power of two from 128 to 1073741824 (bytes)"),
+        read_by: &[
+            by(Library, "128"),
+            by(Cli, "128 (replay --round-large overrides)"),
+            by(Libcupool, "2097152 (the 2 MiB granule, for a framework's traffic)"),
+        ],
+        keyword: Some("vmm_round_large"),
+        env_only: false,
+        doc: "the VMM pool rounds requests above 1 MiB up to this power of two",
+    },
+    Setting {
+        name: "CUPOOL_DEVICE",
+        accepts: OneOf(&["cuda", "sim", "auto"]),
+        read_by: &[
+            by(Libcupool, "auto"),
+            by(Python, "cuda (cupool.torch, cupool.cupy), libcupool's (cupool.init)"),
+        ],
+        keyword: Some("device"),
+        env_only: false,
+        doc: "libcupool's devices: every CUDA device, simulated cards, or cuda if present (auto)",
+    },
+    Setting {
+        name: "CUPOOL_SIM_GIB",
+        accepts: Text("a number of GiB above 0 and up to 262144"),
+        read_by: &[by(Libcupool, "16")],
+        keyword: Some("sim_gib"),
+        env_only: false,
+        doc: "each simulated card's memory",
+    },
+    Setting {
+        name: "CUPOOL_SIM_DEVICES",
+        accepts: Text("1 to 64"),
+        read_by: &[by(Libcupool, "1")],
+        keyword: Some("sim_devices"),
+        env_only: false,
+        doc: "how many simulated cards",
+    },
+    Setting {
+        name: "CUPOOL_PURGE",
+        accepts: Accepts::PurgePolicy,
+        read_by: &[by(Libcupool, "auto")],
+        keyword: Some("purge"),
+        env_only: false,
+        doc: "at an engine's prefill ubatch boundary (cupool_ubatch_end, llama.cpp's shim): keep the cache, return it all, or return what the last ubatch did not reuse when the device is short; `never` also takes no out-of-memory retry",
+    },
+    Setting {
+        name: "CUPOOL_AUTO_HEADROOM",
+        accepts: Text("ubatch, inf, or a number of MiB (0 or more)"),
+        read_by: &[by(Libcupool, "ubatch")],
+        keyword: Some("auto_headroom"),
+        env_only: false,
+        doc: "when `auto` counts the device short: free memory below twice what the last ubatch held at once (`ubatch`), below a number of MiB (0: only before an out-of-memory retry), or always (`inf`)",
+    },
+    Setting {
+        name: "CUPOOL_LOG",
+        accepts: Text("a log filter (RUST_LOG's syntax), or off"),
+        read_by: &[by(Libcupool, "RUST_LOG's filter, else warnings and errors")],
+        keyword: None,
+        env_only: true,
+        doc: "libcupool's log filter: `info` prints each ubatch's peaks and what its boundary returned; `off` silences it",
+    },
+    Setting {
+        name: "CUPOOL_TRACE",
+        accepts: Text("a file path"),
+        read_by: &[by(Shim, "no recording")],
+        keyword: None,
+        env_only: true,
+        doc: "llama.cpp's shim records the pool's traffic here (JSON lines with ggml's names, for repro-prefill replay)",
+    },
+    Setting {
+        name: "CUPOOL_LIB",
+        accepts: Text("the path of libcupool.so (for the Python package, the file or its folder)"),
+        read_by: &[
+            by(Shim, "beside the executable, beside the library holding ggml-cuda, then the loader's path"),
+            by(Python, "beside the package, then the checkout's target/release"),
+        ],
+        keyword: None,
+        env_only: true,
+        doc: "where llama.cpp's shim and the Python package find libcupool",
+    },
+];
