@@ -66,11 +66,11 @@ impl SizeClasses {
 }
 
 /// What size-class bounds must be: above 0 and strictly ascending.
-pub const BOUNDS_ACCEPTED: &str =
+pub(crate) const BOUNDS_ACCEPTED: &str =
     "none, or byte sizes above 0, strictly ascending, separated by commas (e.g. 1048576,67108864)";
 
 /// Checks size-class bounds (the one check, for [`SizeClasses::new`] and the configuration).
-pub fn check_bounds(bounds: &[usize]) -> Result<(), InvalidConfig> {
+pub(crate) fn check_bounds(bounds: &[usize]) -> Result<(), InvalidConfig> {
     if bounds.first() == Some(&0) || bounds.windows(2).any(|w| w[0] >= w[1]) {
         return Err(InvalidConfig::new(
             "CUPOOL_SIZE_CLASSES",

@@ -60,12 +60,12 @@ impl CachingConfig {
 }
 
 /// A request's size as PyTorch rounds it.
-pub fn round_size(size: usize) -> usize {
+pub(crate) fn round_size(size: usize) -> usize {
     size.max(MIN_BLOCK).next_multiple_of(MIN_BLOCK)
 }
 
 /// The segment PyTorch asks the driver for when no free block holds a rounded request.
-pub fn segment_size(rounded: usize) -> usize {
+pub(crate) fn segment_size(rounded: usize) -> usize {
     if rounded <= SMALL_SIZE {
         SMALL_BUFFER
     } else if rounded < MIN_LARGE_ALLOC {

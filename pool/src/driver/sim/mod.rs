@@ -13,7 +13,8 @@ mod ledger;
 mod memory;
 
 pub use config::{SimConfig, MAX_CAPACITY};
-pub use ledger::{CallRecord, Ledger};
+pub use ledger::CallRecord;
+pub(crate) use ledger::Ledger;
 
 use super::{
     CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
