@@ -1,12 +1,13 @@
 //! Everything a run is configured with.
 
+use crate::engine_kind::EngineKind;
 use crate::error::RuntimeError;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
-use crate::profile::{EngineKind, EngineModel, Weights};
 use cupool_kernels::{KvType, QK8_0};
 use cupool_pool::{AutoHeadroom, PoolConfig};
+use cupool_profiles::{EngineModel, Weights};
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
 /// it bounds the planner's search and every buffer the runtime sizes from the context.

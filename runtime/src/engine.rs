@@ -7,12 +7,12 @@
 
 use crate::budget::{Budget, Projection};
 use crate::config::RunConfig;
+use crate::engine_kind::EngineKind;
 use crate::error::RuntimeError;
 use crate::executor::{DeviceBuffers, Executor};
 use crate::layer::{Model, Ubatch};
 use crate::planner::{self, PlanTarget};
 use crate::policy::PurgePolicy;
-use crate::profile::{Device, EngineKind, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use crate::report::{RunReport, UbatchRow};
 use crate::scratch::Scratch;
 use cupool_kernels::fa;
@@ -20,6 +20,7 @@ use cupool_pool::adaptors::{label, Phases};
 use cupool_pool::driver::Driver;
 use cupool_pool::trace::Recorder;
 use cupool_pool::{synchronize, OomReport, Pool, PoolBuffer, Purge};
+use cupool_profiles::{Device, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -7,11 +7,11 @@
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
-use crate::profile::Weights;
 use cupool_kernels::cpu::{self, FaParams};
 use cupool_kernels::fa::{KvHalf, Meta, Partial};
 use cupool_kernels::KvType;
 use cupool_pool::driver::sim::SimDevice;
+use cupool_profiles::Weights;
 use half::f16;
 use std::mem::size_of;
 use std::sync::Arc;
