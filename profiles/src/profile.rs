@@ -75,9 +75,9 @@ impl Profile {
     /// reserves it for the worst-case graph, in which every row asks for logits, so it holds
     /// the f32 logits of all rows beside the final norm's input and output when the output
     /// matrix runs. The runtime takes the larger of this and its own compute layout. Against
-    /// ik_llama.cpp's logged buffers at `-ub 512` (profiles/tests/data): llama3-8b 266.50 MiB and
-    /// qwen3-30b-a3b 304.75 MiB exactly (this stage is their peak); phi3-mini's 80.00 MiB and
-    /// deepseek-v3's 388.13 MiB peak inside a layer instead.
+    /// ik_llama.cpp's logged buffers at `-ub 512` (profiles/tests/data): llama3-8b 266.50 MiB
+    /// and qwen3-30b-a3b 304.75 MiB exactly (this stage is their peak); phi3-mini's 80.00 MiB
+    /// and deepseek-v3's 388.13 MiB peak inside a layer instead.
     pub fn output_stage_bytes(self, m: &EngineModel, n_ubatch: usize) -> usize {
         (m.n_vocab + 2 * m.n_embd) * n_ubatch * 4
     }

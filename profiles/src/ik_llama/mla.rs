@@ -17,8 +17,9 @@
 //! The "new" MMA kernel launches `occupancy × nsm'` stream-k blocks, where `nsm'` is the
 //! largest power of two of at most the SMs, halved for one token over at most 4096 positions,
 //! doubled for 32 tokens or more over 4096 or more (`fattn-new-mma.cu`); ggml reads the
-//! occupancy from the device. Recorded on an H200 (profiles/tests/data/h200-2026-11-22-moe): for heads of
-//! 576, 4 blocks per SM over 16 columns, 2 over 32, 1 over 64; 2 for heads of 192 over 64.
+//! occupancy from the device. Recorded on an H200 (profiles/tests/data/h200-2026-11-22-moe):
+//! for heads of 576, 4 blocks per SM over 16 columns, 2 over 32, 1 over 64; 2 for heads of 192
+//! over 64.
 
 use super::ggml::{mmq_x, MatMul, MMQ_TAIL, MMQ_Y, MMVQ_MAX_BATCH};
 use crate::graph;

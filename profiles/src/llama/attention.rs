@@ -13,9 +13,9 @@ const KV_MAX_FROM: usize = 1024;
 const CC_ADA: u32 = 890;
 
 impl Llama {
-    /// Flash attention of `n` tokens over a padded KV length of `n_kv` (`ggml_cuda_flash_attn_ext`):
-    /// a quantized cache's f16 copies where the version takes them from the pool, then the
-    /// kernel's own buffers; `None` where it takes nothing.
+    /// Flash attention of `n` tokens over a padded KV length of `n_kv`
+    /// (`ggml_cuda_flash_attn_ext`): a quantized cache's f16 copies where the version takes
+    /// them from the pool, then the kernel's own buffers; `None` where it takes nothing.
     pub(super) fn flash_attn_ext(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
         let mut held = Vec::with_capacity(4);
         if self.v.kv_f16_from_pool() && self.kv != KvType::F16 {
