@@ -4,7 +4,9 @@
 //! - [`pool`]: the allocator (usable alone as `cupool-pool`);
 //! - [`runtime`]: the compact inference runtime;
 //! - [`kernels`]: the NVRTC kernels and their CPU references;
-//! - [`trace`]: allocation traces (record, parse and replay; the pool crate's).
+//! - [`trace`]: allocation traces (record, parse and replay; the pool crate's);
+//! - [`profiles`]: what real engines ask of their pools, op by op, and [`predict`], their
+//!   replay (usable alone as `cupool-profiles`).
 //!
 //! The `repro-prefill` command line is its own crate (`cli/`), so depending on this library
 //! pulls in no argument parser, plotting or terminal code. The fuzz entry points are behind
@@ -14,12 +16,13 @@
 
 pub use cupool_kernels as kernels;
 pub use cupool_pool as pool;
+pub use cupool_profiles as profiles;
 pub use cupool_runtime as runtime;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod predict;
 pub use cupool_pool::trace;
+pub use cupool_profiles::predict;
 
 /// The README's example, compiled and run as a test (it falls back to the simulated device).
 #[doc = include_str!("../README.md")]

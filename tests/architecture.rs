@@ -434,3 +434,69 @@ fn no_source_file_is_over_400_lines() {
     }
     assert!(long.is_empty(), "split these by idea:\n{}", long.join("\n"));
 }
+
+/// The `a|b|c` lists of names in the docs and the command line's sources (markdown escapes
+/// the bars as `\|`).
+fn bar_lists(text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.replace("\\|", "|");
+        for run in line.split(|c: char| !(c.is_ascii_alphanumeric() || "_-|.".contains(c))) {
+            let names: Vec<String> = run
+                .split('|')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+            if names.len() >= 2 && run.contains('|') {
+                out.push(names);
+            }
+        }
+    }
+    out
+}
+
+/// Adding an engine profile: every list of engine names in the README, the docs and the CLI
+/// names it, and the profiles' table in docs/repro-prefill.md has its row.
+#[test]
+fn every_list_of_engines_names_every_profile() {
+    use cupool::profiles::Profile;
+    // As the command line spells them (`ik-llama` for `ik_llama`).
+    let names: Vec<String> = Profile::ALL
+        .iter()
+        .map(|p| p.name().replace('_', "-"))
+        .collect();
+    let mut files = vec![root().join("README.md")];
+    for dir in ["docs", "cli/src"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "md" || e == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let mut stale = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for list in bar_lists(&text) {
+            let named = names
+                .iter()
+                .filter(|n| list.iter().any(|l| l == *n))
+                .count();
+            if named >= 2 && named < names.len() {
+                stale.push(format!("{}: {}", f.display(), list.join("|")));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "lists missing an engine profile:\n{}",
+        stale.join("\n")
+    );
+    let table = std::fs::read_to_string(root().join("docs/repro-prefill.md")).unwrap();
+    for n in &names {
+        assert!(
+            table.contains(&format!("| `{n}`")),
+            "docs/repro-prefill.md has no row for the {n} profile"
+        );
+    }
+}

@@ -90,7 +90,7 @@ pub fn engine() -> impl TypedValueParser<Value = Engine> {
             value.alias(alias)
         }
     });
-    let values = std::iter::once(PossibleValue::new(cupool).help(CUPOOL_HELP)).chain(profiles);
+    let values = std::iter::once(PossibleValue::new(cupool).help(OWN_ENGINE_HELP)).chain(profiles);
     table("engine", values, |s| {
         if s == EngineKind::Cupool.name() {
             Some(Engine::Cupool)
@@ -101,7 +101,7 @@ pub fn engine() -> impl TypedValueParser<Value = Engine> {
 }
 
 /// `--engine cupool` in `--help`.
-const CUPOOL_HELP: &str = "cupool's runtime: the flash-attention scratch and the GEMM workspace";
+const OWN_ENGINE_HELP: &str = "cupool's runtime: the flash-attention scratch and the GEMM workspace";
 
 /// An engine profile in `--help` (a new profile needs its line: the match is exhaustive).
 fn engine_help(p: Profile) -> &'static str {

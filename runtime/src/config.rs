@@ -1,12 +1,13 @@
 //! Everything a run is configured with.
 
+use crate::engine_kind::EngineKind;
 use crate::error::RuntimeError;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
-use crate::profile::{EngineKind, EngineModel, Weights};
 use cupool_kernels::{KvType, QK8_0};
 use cupool_pool::{AutoHeadroom, PoolConfig};
+use cupool_profiles::{EngineModel, Weights};
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
 /// it bounds the planner's search and every buffer the runtime sizes from the context.
@@ -47,7 +48,7 @@ pub struct RunConfig {
     /// Whose pool traffic the run takes (an engine profile plans on the dry-run executor only).
     pub engine: EngineKind,
     /// Blocks per SM of the engine's flash-attention kernel (mainline profiles; `None`: as
-    /// measured on compute capability 9.0, else its launch bound, see [`crate::profile::llama`]).
+    /// measured on compute capability 9.0, else its launch bound, see [`cupool_profiles::llama`]).
     pub fa_occupancy: Option<usize>,
     /// The GEMM workspace each ubatch of cupool's engine takes from the pool (cuBLAS uses it on
     /// a GPU; every executor takes it, so plans match runs). 0: none.
@@ -150,7 +151,7 @@ impl RunConfig {
 
     /// The compute buffer: cupool's layout, or with an engine profile at least what the
     /// engine's worst-case graph holds when its output matrix runs
-    /// ([`crate::profile::Profile::output_stage_bytes`]).
+    /// ([`cupool_profiles::Profile::output_stage_bytes`]).
     pub fn compute_bytes(&self) -> usize {
         let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
         match (self.engine, EngineModel::preset(&self.model.name)) {
@@ -164,7 +165,7 @@ impl RunConfig {
     /// What the engine profile holds beside cupool's compute buffer for a context of `n_ctx`:
     /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]), mainline's K/V
     /// copies in it, and the cuBLAS workspace outside the pool
-    /// ([`crate::profile::Profile::outside_pool_bytes`]).
+    /// ([`cupool_profiles::Profile::outside_pool_bytes`]).
     pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
         match (self.engine, EngineModel::preset(&self.model.name)) {
             (EngineKind::Profile { profile, cc }, Some(m)) => {

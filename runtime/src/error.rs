@@ -3,6 +3,7 @@
 use cupool_kernels::cuda::KernelError;
 use cupool_pool::driver::DriverError;
 use cupool_pool::{OomReport, PoolError};
+use cupool_profiles::ProfileError;
 use std::fmt;
 
 /// Why the runtime could not do what was asked.
@@ -121,5 +122,12 @@ impl From<DriverError> for RuntimeError {
 impl From<KernelError> for RuntimeError {
     fn from(e: KernelError) -> Self {
         RuntimeError::Kernel(e)
+    }
+}
+
+/// A profile's refusal is a bad setting of the run: its message, as is.
+impl From<ProfileError> for RuntimeError {
+    fn from(e: ProfileError) -> Self {
+        RuntimeError::Invalid(e.to_string())
     }
 }

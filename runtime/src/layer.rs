@@ -5,7 +5,6 @@
 use crate::error::RuntimeError;
 use crate::executor::{DeviceBuffers, Executor, FaBuffers};
 use crate::model::ModelShape;
-use crate::profile::Weights;
 use crate::scratch::Scratch;
 use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::FaParams;
@@ -13,6 +12,7 @@ use cupool_kernels::fa::KvHalf;
 use cupool_kernels::KvType;
 use cupool_pool::adaptors::label;
 use cupool_pool::{Pool, PoolBuffer};
+use cupool_profiles::Weights;
 use std::sync::Arc;
 
 const EPS: f32 = 1e-6;

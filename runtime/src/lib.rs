@@ -16,6 +16,7 @@
 mod budget;
 pub mod config;
 mod engine;
+mod engine_kind;
 mod error;
 pub mod executor;
 mod fast_forward;

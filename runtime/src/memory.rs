@@ -2,8 +2,8 @@
 //! KV cache for the whole context, and the compute buffer for the worst-case ubatch.
 
 use crate::model::ModelShape;
-use crate::profile::Weights;
 use cupool_kernels::KvType;
+use cupool_profiles::Weights;
 
 const ALIGN: usize = 256;
 

@@ -304,10 +304,11 @@ pub fn startup_plan(cfg: &RunConfig, driver: &dyn Driver) -> Result<Plan, Runtim
 #[cfg(test)]
 mod fast_forward_tests {
     use super::*;
+    use crate::engine_kind::EngineKind;
     use crate::model::ModelShape;
     use crate::policy::PurgePolicy;
-    use crate::profile::{EngineKind, Profile, Weights};
     use cupool_pool::{PoolConfig, PoolKind};
+    use cupool_profiles::{Profile, Weights};
     use proptest::prelude::*;
 
     fn shape(n_layer: usize) -> ModelShape {

@@ -4,11 +4,12 @@
 //! for one layer's requests, without an engine.
 
 use crate::config::RunConfig;
+use crate::engine_kind::EngineKind;
 use crate::error::RuntimeError;
 use crate::fast_forward::FastForward;
-use crate::profile::{Device, EngineKind, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use cupool_pool::adaptors::label;
 use cupool_pool::{Pool, PoolBuffer};
+use cupool_profiles::{Device, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use std::sync::Arc;
 
 /// An engine profile's requests, op by op (the dry-run executor computes nothing): each op

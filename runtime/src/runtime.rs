@@ -34,7 +34,9 @@ impl Runtime {
         exec: Box<dyn Executor>,
     ) -> Result<Self, RuntimeError> {
         cfg.validate()?;
-        if cfg.engine != crate::profile::EngineKind::Cupool && exec.kind() != ExecutorKind::DryRun {
+        if cfg.engine != crate::engine_kind::EngineKind::Cupool
+            && exec.kind() != ExecutorKind::DryRun
+        {
             return Err(RuntimeError::Invalid(format!(
                 "the {} engine profile predicts the engine's pool traffic on the dry-run executor (plan, or a run on the simulated device without --compute); the {} executor runs cupool's own kernels: use --engine cupool",
                 cfg.engine.name(),

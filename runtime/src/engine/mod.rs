@@ -9,11 +9,11 @@ mod ubatch;
 
 use crate::budget::{Budget, Projection};
 use crate::config::RunConfig;
+use crate::engine_kind::EngineKind;
 use crate::error::RuntimeError;
 use crate::executor::{DeviceBuffers, Executor};
 use crate::fast_forward::FastForward;
 use crate::layer::Model;
-use crate::profile::EngineKind;
 use crate::report::{RunReport, UbatchRow};
 use cupool_kernels::fa;
 use cupool_pool::adaptors::Phases;

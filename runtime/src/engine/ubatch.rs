@@ -4,13 +4,13 @@
 use super::Engine;
 use crate::error::RuntimeError;
 use crate::layer::{Model, Ubatch};
-use crate::profile::{Profile, Setup, UbatchShape};
 use crate::profiled;
 use crate::report::UbatchRow;
 use crate::scratch::Scratch;
 use cupool_kernels::fa;
 use cupool_pool::adaptors::label;
 use cupool_pool::{synchronize, Boundary, OomReport, Pool, PoolBuffer, Purge};
+use cupool_profiles::{Profile, Setup, UbatchShape};
 use std::sync::Arc;
 use std::time::Instant;
 

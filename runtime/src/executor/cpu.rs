@@ -7,12 +7,12 @@
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
-use crate::profile::Weights;
 use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::{self, FaParams};
 use cupool_kernels::fa::{KvHalf, Meta, Partial};
 use cupool_kernels::KvType;
 use cupool_pool::driver::sim::SimDevice;
+use cupool_profiles::Weights;
 use half::f16;
 use std::mem::size_of;
 use std::sync::Arc;

@@ -5,12 +5,12 @@
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
-use crate::profile::Weights;
 use cudarc::driver::{result, CudaContext};
 use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::blas::Gemm;
 use cupool_kernels::cpu::FaParams;
 use cupool_kernels::cuda::{FaPtrs, KernelError, Kernels};
+use cupool_profiles::Weights;
 use half::f16;
 use std::sync::Arc;
 

@@ -2,9 +2,9 @@
 
 use super::{Executor, ExecutorKind, FaBuffers};
 use crate::error::RuntimeError;
-use crate::profile::Weights;
 use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::FaParams;
+use cupool_profiles::Weights;
 
 /// See the module docs.
 #[derive(Debug, Default)]

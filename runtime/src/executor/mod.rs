@@ -13,9 +13,9 @@ pub mod dry_run;
 
 use crate::error::RuntimeError;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
-use crate::profile::Weights;
 use cupool_kernels::args::{GemmArgs, KvStore, NormArgs};
 use cupool_kernels::cpu::FaParams;
+use cupool_profiles::Weights;
 
 /// Which executor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

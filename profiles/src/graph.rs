@@ -2,7 +2,9 @@
 //! then a dense feed-forward or the experts), shared by every profile: the engines differ in
 //! what each op takes from the pool, not in which ops run.
 
-use super::{Arch, EngineModel, Mla, Moe, OpCall, UbatchShape};
+use crate::model::{Arch, EngineModel, Mla, Moe};
+use crate::op::OpCall;
+use crate::setup::UbatchShape;
 
 /// What one engine's kernels take from the pool for the ops of a layer. A `None` is an op
 /// whose kernel takes nothing (ggml's vector kernels, for instance).

@@ -1,15 +1,15 @@
 //! What a real engine asks of its pool for a prefill, from its profile
-//! ([`cupool_runtime::profile`]), replayed through a pool on the simulated device: the peak
+//! ([`Profile`]), replayed through a pool on the simulated device: the peak
 //! reserve, the driver traffic and, on a card of given free memory, the token where the engine
 //! runs out.
 
+use crate::error::ProfileError;
+use crate::events::trace_events;
+use crate::profile::Profile;
+use crate::setup::{Setup, UbatchShape};
+use crate::sweep::{sweep_step, KV_PADDING};
 use cupool_pool::trace::{replay, Op, ReplayReport, TraceError};
 use cupool_pool::{PoolConfig, PurgePolicy};
-use cupool_runtime::profile::{sweep_step, trace_events, Profile, Setup, UbatchShape};
-use cupool_runtime::RuntimeError;
-
-/// The KV padding of llama.cpp with flash attention.
-const KV_PADDING: usize = cupool_runtime::profile::KV_PADDING;
 
 /// Which requests, in which order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub struct EngineTrace {
 
 /// The engine's requests as a trace: a phase per prefill ubatch (the decodes of a sweep share
 /// their step's phase), each ending at the engine's ubatch boundary.
-pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
+pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, ProfileError> {
     let EngineRun {
         profile,
         setup,
@@ -77,7 +77,7 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
             ubatch,
         } => {
             if batch == 0 || batch % ubatch.max(1) != 0 {
-                return Err(RuntimeError::Invalid(format!(
+                return Err(ProfileError::Schedule(format!(
                     "batch {batch} with ubatch {ubatch}: accepted is a batch that is a whole number of ubatches"
                 )));
             }
@@ -86,7 +86,7 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, RuntimeError> {
         Schedule::Sweep { steps, ubatch } => (steps, ubatch),
     };
     if ubatch == 0 || count == 0 {
-        return Err(RuntimeError::Invalid(format!(
+        return Err(ProfileError::Schedule(format!(
             "{schedule:?}: accepted are 1 or more tokens (steps) and a ubatch of 1 or more"
         )));
     }
@@ -189,7 +189,7 @@ impl EngineTrace {
 #[derive(Debug)]
 pub enum PredictError {
     /// The profile refused the model or schedule.
-    Profile(RuntimeError),
+    Profile(ProfileError),
     /// The replay failed.
     Replay(TraceError),
 }
@@ -205,8 +205,8 @@ impl std::fmt::Display for PredictError {
 
 impl std::error::Error for PredictError {}
 
-impl From<RuntimeError> for PredictError {
-    fn from(e: RuntimeError) -> Self {
+impl From<ProfileError> for PredictError {
+    fn from(e: ProfileError) -> Self {
         Self::Profile(e)
     }
 }
@@ -220,9 +220,10 @@ impl From<TraceError> for PredictError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::EngineModel;
+    use crate::setup::{Device, Weights};
     use cupool_kernels::KvType;
     use cupool_pool::PoolKind;
-    use cupool_runtime::profile::{Device, EngineModel, Weights};
 
     fn legacy() -> PoolConfig {
         PoolConfig::default().kind(PoolKind::Legacy)

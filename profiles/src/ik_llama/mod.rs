@@ -26,7 +26,7 @@
 //!   feed-forward and the output matrix (ggml skips ops on empty tensors).
 //!
 //! - **experts** (mixture-of-experts models, q8_0): `MOE_FUSED_UP_GATE` with the down projection
-//!   fused in (`ggml_cuda_moe_up_gate_unary`, `mmq_id.cu`); see `MatMul::fused_experts`. The
+//!   fused in (`ggml_cuda_moe_up_gate_unary`, `mmq_id.cu`); see `ggml::MatMul::fused_experts`. The
 //!   router is an f32 matrix multiply and the top-k selection, neither of which takes pool memory.
 //!
 //! Not modelled, refused with a message: f16 experts and ubatches of more than 32 tokens per
@@ -35,31 +35,27 @@
 //! case for, single-token attention that goes to the vector kernel (an f16 cache with head
 //! dimension 64 or 128 and no GQA), and devices before Ampere.
 
-use super::graph::{self, LayerOps};
-pub use super::UbatchShape;
-use super::{Arch, Device, EngineModel, Mla, Moe, OpCall, OpKind, Request, Setup, Weights};
-use crate::error::RuntimeError;
+mod attention;
+mod ggml;
+mod mla;
+
+use crate::error::ProfileError;
+use crate::graph::{self, LayerOps};
+use crate::model::{Arch, EngineModel, Mla, Moe};
+use crate::op::OpCall;
+pub use crate::setup::UbatchShape;
+use crate::setup::{Device, Setup, Weights};
 use cupool_kernels::KvType;
+use ggml::MatMul;
 
 /// The commit this profile models.
 pub const COMMIT: &str = "8337e4cd";
 
-/// Bytes of MMQ's q8_1 block of 128 values (`block_q8_1_mmq`).
-const Q8_1_MMQ_BLOCK: usize = 144;
-/// MMQ's largest column tile and its row tile on NVIDIA GPUs with int8 tensor cores.
-const MMQ_X_MAX: usize = 128;
-pub(super) const MMQ_Y: usize = 128;
-/// The tail MMQ's q8_1 activations carry: a block for each of the largest tile's columns.
-pub(super) const MMQ_TAIL: usize = MMQ_X_MAX * Q8_1_MMQ_BLOCK;
-/// MMVQ serves batches up to this many columns.
-pub(super) const MMVQ_MAX_BATCH: usize = 8;
-/// The flash-attention mask lets KV tiles be skipped from this batch size on.
-const KV_MIN_MAX_FROM: usize = 1024;
 /// Head dimensions the MMA flash-attention kernel has a case for.
 const MMA_HEAD_DIMS: [usize; 7] = [64, 80, 96, 112, 128, 192, 256];
 
-fn invalid(what: String) -> RuntimeError {
-    RuntimeError::Invalid(format!("the ik_llama ({COMMIT}) profile: {what}"))
+fn invalid(what: String) -> ProfileError {
+    ProfileError::unsupported("ik_llama", COMMIT, what)
 }
 
 /// ik_llama.cpp takes MMQ's expert path up to this many tokens per expert of the model
@@ -72,7 +68,7 @@ fn check(
     kv: KvType,
     u: UbatchShape,
     dev: Device,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ProfileError> {
     let UbatchShape {
         n_tokens,
         n_kv,
@@ -129,7 +125,7 @@ fn check(
 
 /// The requests of layer `l` of a ubatch (the last layer's feed-forward runs on the output rows
 /// only, and not at all without any).
-pub fn layer(s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, RuntimeError> {
+pub fn layer(s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, ProfileError> {
     check(&s.model, s.weights, s.kv, u, s.dev)?;
     Ok(graph::layer(&Ik::of(s), &s.model, u, l))
 }
@@ -170,11 +166,11 @@ impl LayerOps for Ik {
     }
 
     fn mla_attention(&self, m: &EngineModel, mla: Mla, n: usize, n_kv: usize) -> Vec<OpCall> {
-        super::ik_mla::attention(&self.mm(), self.kv, self.dev, m, mla, n, n_kv)
+        mla::attention(&self.mm(), self.kv, self.dev, m, mla, n, n_kv)
     }
 
     fn attention(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
-        Some(flash_attention(m, self.kv, n, n_kv, self.dev))
+        Some(attention::flash_attention(m, self.kv, n, n_kv, self.dev))
     }
 
     fn experts(&self, m: &EngineModel, moe: Moe, n: usize) -> Vec<OpCall> {
@@ -203,173 +199,8 @@ impl Ik {
     }
 
     fn mm(&self) -> MatMul {
-        MatMul {
-            weights: self.weights,
-            dev: self.dev,
-        }
+        MatMul::new(self.weights, self.dev)
     }
-}
-
-/// The matrix-multiply paths of one weight type on one device.
-pub(super) struct MatMul {
-    weights: Weights,
-    dev: Device,
-}
-
-const MUL_MAT: &str = "MUL_MAT";
-const FUSED_UP_GATE: &str = "FUSED_UP_GATE";
-const MOE: &str = "MOE_FUSED_UP_GATE";
-
-impl MatMul {
-    /// `n` columns of `input` values through a matrix of `output` rows.
-    pub(super) fn single(&self, input: usize, output: usize, n: usize) -> OpCall {
-        match self.weights {
-            Weights::F16 => OpCall::new(
-                OpKind::MatMul,
-                vec![req(MUL_MAT, n * input * 2), req(MUL_MAT, n * output * 2)],
-                vec![],
-            ),
-            Weights::Q8_0 => self.quantized(MUL_MAT, input, 1, n),
-        }
-    }
-
-    /// `launches` matrices over the same activations, quantized once (Q, K and V).
-    pub(super) fn shared_input(&self, input: usize, launches: usize, n: usize) -> OpCall {
-        self.quantized(MUL_MAT, input, launches, n)
-    }
-
-    /// Gate and up as one op: an f32 result of `n × n_ff` held beside the activations.
-    fn fused_up_gate(&self, input: usize, n_ff: usize, n: usize) -> OpCall {
-        let mut c = self.quantized(FUSED_UP_GATE, input, 2, n);
-        c.held.insert(0, req(FUSED_UP_GATE, n * n_ff * 4));
-        c
-    }
-
-    /// `MOE_FUSED_UP_GATE` (`ggml_cuda_moe_up_gate_unary`) with the down projection that
-    /// follows it fused in. Up to 8 tokens: the activations quantized for MMVQ, then the
-    /// up/gate result quantized for the down projection. Beyond, on MMQ's expert path: the
-    /// routing ids (`ids_src1`, `ids_dst`, `expert_bounds` in one buffer) and the activations
-    /// quantized once per routed row held over the op; inside it, first the up and gate results
-    /// (f32, a stream-k fixup per launch), then the down projection's own ids and quantized
-    /// input (`ggml_cuda_mul_mat_q_id` without precomputed ones) and its fixup.
-    fn fused_experts(&self, e: usize, moe: Moe, n: usize) -> OpCall {
-        let used = moe.n_expert_used;
-        let rows = n * used;
-        if n <= MMVQ_MAX_BATCH {
-            return OpCall::new(
-                OpKind::MatMul,
-                vec![req(MOE, graph::q8_1_bytes(e, n))],
-                vec![req(MOE, graph::q8_1_bytes(moe.n_ff_exp, rows))],
-            );
-        }
-        let tail = MMQ_X_MAX * Q8_1_MMQ_BLOCK;
-        let fixup = |out: usize| self.id_fixup(out, moe.n_expert, n);
-        let up_gate = OpCall::new(
-            OpKind::MatMul,
-            vec![req(MOE, rows * moe.n_ff_exp * 4); 2],
-            [fixup(moe.n_ff_exp), fixup(moe.n_ff_exp)]
-                .into_iter()
-                .flatten()
-                .collect(),
-        );
-        let down = OpCall::new(
-            OpKind::MatMul,
-            vec![
-                req(MOE, rows * 4),
-                req(MOE, rows * 4),
-                req(MOE, (moe.n_expert + 1) * 4),
-                req(MOE, graph::q8_1_bytes(moe.n_ff_exp, rows) + tail),
-            ],
-            fixup(e).into_iter().collect(),
-        );
-        let mut op = OpCall::new(
-            OpKind::MatMul,
-            vec![
-                req(MOE, (2 * rows + moe.n_expert + 1) * 4),
-                req(MOE, graph::q8_1_bytes(e, rows) + tail),
-            ],
-            vec![],
-        );
-        op.nested = vec![up_gate, down];
-        op
-    }
-
-    /// The stream-k fixup of one MMQ expert launch (`launch_mul_mat_q_id`): `nsm` blocks, and
-    /// a buffer only when they do not divide the tiles (column tiles × row tiles × experts).
-    fn id_fixup(&self, out: usize, n_expert: usize, n: usize) -> Option<Request> {
-        let x = mmq_x(n);
-        let tiles = n.div_ceil(x) * out.div_ceil(MMQ_Y) * n_expert;
-        (tiles % self.dev.nsm != 0).then(|| req(MOE, self.dev.nsm * x * MMQ_Y * 4))
-    }
-
-    fn quantized(&self, name: &'static str, input: usize, launches: usize, n: usize) -> OpCall {
-        let act = graph::q8_1_bytes(input, n);
-        if n <= MMVQ_MAX_BATCH {
-            return OpCall::new(OpKind::MatMul, vec![req(name, act)], vec![]);
-        }
-        let fixup = self.dev.nsm * mmq_x(n) * MMQ_Y * 4;
-        OpCall::new(
-            OpKind::MatMul,
-            vec![req(name, act + MMQ_X_MAX * Q8_1_MMQ_BLOCK)],
-            vec![req(name, fixup); launches],
-        )
-    }
-}
-
-/// MMQ's column tile for `n` columns: the smallest (in steps of 8, of 16 from 48 on) that needs
-/// no more passes over the columns than the largest tile.
-pub(super) fn mmq_x(n: usize) -> usize {
-    let mut best = (usize::MAX, 0);
-    let mut x = 8;
-    while x <= MMQ_X_MAX && best.0 > 1 {
-        let granularity = if x >= 48 { 16 } else { 8 };
-        if x % granularity == 0 {
-            let parts = n.div_ceil(x);
-            if parts < best.0 {
-                best = (parts, x);
-            }
-        }
-        x += 8;
-    }
-    best.1
-}
-
-fn flash_attention(m: &EngineModel, kv: KvType, n: usize, n_kv: usize, dev: Device) -> OpCall {
-    let mut held = Vec::with_capacity(4);
-    if kv == KvType::Q8_0 {
-        held.push(req("K_f16", n_kv * m.kv_dim() * 2));
-        held.push(req("V_f16", n_kv * m.kv_dim() * 2));
-    }
-    let gqa = m.n_head / m.n_head_kv;
-    let ncols2 = [8, 4, 2, 1].into_iter().find(|c| gqa % c == 0).unwrap_or(1);
-    let ncols1 = [8, 16, 32, 64]
-        .into_iter()
-        .map(|c| c / ncols2)
-        .find(|&c| n <= c)
-        .unwrap_or(64 / ncols2)
-        .max(1);
-    let ntiles_x = n.div_ceil(ncols1);
-    if n >= KV_MIN_MAX_FROM {
-        held.push(req("KV_min_max", ntiles_x * 8));
-    }
-    let ntiles = ntiles_x * (m.n_head / ncols2);
-    let max_blocks = if n > 1 { 2 * dev.nsm } else { dev.nsm };
-    let waves = ntiles.div_ceil(max_blocks);
-    let efficiency = 100 * ntiles / (max_blocks * waves);
-    let blocks = if efficiency < 75 || n > 2048 {
-        max_blocks
-    } else {
-        ntiles
-    };
-    held.push(req(
-        "dst_tmp_meta",
-        blocks * ncols1 * ncols2 * (4 + m.head_dim) * 4 * 8,
-    ));
-    OpCall::new(OpKind::FlashAttention, held, vec![])
-}
-
-pub(super) fn req(name: &'static str, bytes: usize) -> Request {
-    Request { name, bytes }
 }
 
 #[cfg(test)]
@@ -385,7 +216,7 @@ mod tests {
         n_kv: usize,
         n_outputs: usize,
         dev: Device,
-    ) -> Result<Vec<OpCall>, RuntimeError> {
+    ) -> Result<Vec<OpCall>, ProfileError> {
         let s = Setup {
             model: m.clone(),
             weights,
@@ -397,23 +228,14 @@ mod tests {
             n_kv,
             n_outputs,
         };
-        super::super::Profile::IkLlama.ubatch(&s, u)
-    }
-
-    #[test]
-    fn mmq_tiles_follow_the_engine_s_search() {
-        assert_eq!(mmq_x(512), 128);
-        assert_eq!(mmq_x(1), 8);
-        assert_eq!(mmq_x(100), 112); // one pass: the first tile of at least 100 in steps of 16
-        assert_eq!(mmq_x(129), 80); // two passes: 80 is the first tile that needs only two
-        assert_eq!(mmq_x(40), 40);
+        crate::profile::Profile::IkLlama.ubatch(&s, u)
     }
 
     #[test]
     fn bad_inputs_are_refused_with_what_is_accepted() {
         let m = EngineModel::preset("llama3-8b").unwrap();
         let dev = Device::H100_SXM;
-        let err = |r: Result<Vec<OpCall>, RuntimeError>| r.unwrap_err().to_string();
+        let err = |r: Result<Vec<OpCall>, ProfileError>| r.unwrap_err().to_string();
         let e = err(ubatch(&m, Weights::F16, KvType::Q8_0, 512, 256, 1, dev));
         assert!(e.contains("KV length of at least"), "{e}");
         let e = err(ubatch(

@@ -17,12 +17,15 @@
 //! The "new" MMA kernel launches `occupancy × nsm'` stream-k blocks, where `nsm'` is the
 //! largest power of two of at most the SMs, halved for one token over at most 4096 positions,
 //! doubled for 32 tokens or more over 4096 or more (`fattn-new-mma.cu`); ggml reads the
-//! occupancy from the device. Recorded on an H200 (data/h200-2026-11-22-moe): for heads of
-//! 576, 4 blocks per SM over 16 columns, 2 over 32, 1 over 64; 2 for heads of 192 over 64.
+//! occupancy from the device. Recorded on an H200 (profiles/tests/data/h200-2026-11-22-moe):
+//! for heads of 576, 4 blocks per SM over 16 columns, 2 over 32, 1 over 64; 2 for heads of 192
+//! over 64.
 
-use super::graph;
-use super::ik_llama::{mmq_x, req, MatMul, MMQ_TAIL, MMQ_Y, MMVQ_MAX_BATCH};
-use super::{Device, EngineModel, Mla, OpCall, OpKind, Request};
+use super::ggml::{mmq_x, MatMul, MMQ_TAIL, MMQ_Y, MMVQ_MAX_BATCH};
+use crate::graph;
+use crate::model::{EngineModel, Mla};
+use crate::op::{req, OpCall, OpKind, Request};
+use crate::setup::Device;
 use cupool_kernels::KvType;
 
 /// Ubatches of at least this many tokens take the decompressing prompt path.

@@ -1,0 +1,161 @@
+//! The engines profiled ([`Profile`]): which commit each models, what each asks of the pool
+//! for a ubatch, and the device memory each takes beside its pool (startup reservations, the
+//! compute buffer's lower bound, cuBLAS's workspace).
+
+use crate::error::ProfileError;
+use crate::model::EngineModel;
+use crate::op::OpCall;
+use crate::setup::{Setup, UbatchShape, Weights};
+use crate::{ik_llama, llama};
+use cupool_kernels::KvType;
+
+/// A real engine, at the commit its profile models.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// ik_llama.cpp 8337e4cd (the seeds' engine; K/V f16 copies from the pool).
+    #[default]
+    IkLlama,
+    /// llama.cpp before PR #23907 (b8833, the Windows 7 report): K/V f16 copies from the pool.
+    LlamaB8833,
+    /// llama.cpp after PR #23907 (ggml d99724f2): K/V f16 copies in the compute buffer, legacy
+    /// pool flushes and retries on OOM (PR #22155).
+    Llama,
+}
+
+impl Profile {
+    /// Every profile.
+    pub const ALL: [Profile; 3] = [Self::IkLlama, Self::LlamaB8833, Self::Llama];
+
+    /// `ik_llama`, `llama-b8833` or `llama`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::IkLlama => "ik_llama",
+            Self::LlamaB8833 => "llama-b8833",
+            Self::Llama => "llama",
+        }
+    }
+
+    /// The upstream commit (or release) it models.
+    pub fn commit(self) -> &'static str {
+        match self {
+            Self::IkLlama => ik_llama::COMMIT,
+            Self::LlamaB8833 => llama::Version::B8833.commit(),
+            Self::Llama => llama::Version::D99724f2.commit(),
+        }
+    }
+
+    /// By name (`ik-llama` and `llama_b8833` too).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.replace('-', "_").as_str() {
+            "ik_llama" => Some(Self::IkLlama),
+            "llama_b8833" => Some(Self::LlamaB8833),
+            "llama" => Some(Self::Llama),
+            _ => None,
+        }
+    }
+
+    /// Whether the engine's legacy pool flushes its cache and retries once when the device is
+    /// out of memory (ggml PR #22155): mainline's does; ik_llama.cpp's has no such path, and
+    /// `llama-b8833` is modelled as the report's build, which died in the legacy pool's malloc.
+    pub fn legacy_flush_and_retry(self) -> bool {
+        self == Self::Llama
+    }
+
+    /// Bytes the engine's startup reservation adds to the compute buffer for flash attention
+    /// over a context of `n_ctx` (mainline after #23907: the f16 copies of a quantized cache).
+    pub fn startup_extra_bytes(self, m: &EngineModel, kv: KvType, n_ctx: usize) -> usize {
+        match self {
+            Self::IkLlama => 0,
+            Self::LlamaB8833 => llama::startup_extra_bytes(llama::Version::B8833, m, kv, n_ctx),
+            Self::Llama => llama::startup_extra_bytes(llama::Version::D99724f2, m, kv, n_ctx),
+        }
+    }
+
+    /// A lower bound of the engine's compute buffer for ubatches of `n_ubatch` tokens: ggml
+    /// reserves it for the worst-case graph, in which every row asks for logits, so it holds
+    /// the f32 logits of all rows beside the final norm's input and output when the output
+    /// matrix runs. The runtime takes the larger of this and its own compute layout. Against
+    /// ik_llama.cpp's logged buffers at `-ub 512` (profiles/tests/data): llama3-8b 266.50 MiB
+    /// and qwen3-30b-a3b 304.75 MiB exactly (this stage is their peak); phi3-mini's 80.00 MiB
+    /// and deepseek-v3's 388.13 MiB peak inside a layer instead.
+    pub fn output_stage_bytes(self, m: &EngineModel, n_ubatch: usize) -> usize {
+        (m.n_vocab + 2 * m.n_embd) * n_ubatch * 4
+    }
+
+    /// Device memory the engine takes outside its pool and its startup buffers, which no
+    /// reservation of its own counts: the workspace cuBLAS allocates with the handle ggml
+    /// creates on the first cuBLAS call of a (device, stream), 32 MiB on Hopper and newer and
+    /// 4 MiB before (cuBLAS's defaults). Taken where the engine calls cuBLAS: f16 weights
+    /// (above 16 tokens on mainline, always on ik_llama.cpp), an f32 router (mixture of
+    /// experts), MLA's decompression.
+    pub fn outside_pool_bytes(self, m: &EngineModel, weights: Weights, cc: u32) -> usize {
+        let cublas = weights == Weights::F16 || m.moe.is_some() || m.mla.is_some();
+        match (cublas, cc >= 900) {
+            (false, _) => 0,
+            (true, true) => 32 << 20,
+            (true, false) => 4 << 20,
+        }
+    }
+
+    /// The requests of layer `l` of ubatch `u`.
+    pub fn layer(self, s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, ProfileError> {
+        match self.version() {
+            None => ik_llama::layer(s, u, l),
+            Some(v) => llama::layer(v, s, u, l),
+        }
+    }
+
+    /// The output matrix's requests (none without an output row or where its kernel takes
+    /// nothing).
+    pub fn output(self, s: &Setup, u: UbatchShape) -> Option<OpCall> {
+        match self.version() {
+            None => ik_llama::output(s, u),
+            Some(v) => llama::output(v, s, u),
+        }
+    }
+
+    /// The requests of a whole ubatch: every layer, then the output matrix.
+    pub fn ubatch(self, s: &Setup, u: UbatchShape) -> Result<Vec<OpCall>, ProfileError> {
+        let mut calls = Vec::with_capacity(s.model.n_layer * 8 + 1);
+        for l in 0..s.model.n_layer {
+            calls.extend(self.layer(s, u, l)?);
+        }
+        calls.extend(self.output(s, u));
+        Ok(calls)
+    }
+
+    fn version(self) -> Option<llama::Version> {
+        match self {
+            Self::IkLlama => None,
+            Self::LlamaB8833 => Some(llama::Version::B8833),
+            Self::Llama => Some(llama::Version::D99724f2),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cublas_workspace_counts_where_the_engine_calls_cublas() {
+        let phi = EngineModel::preset("phi3-mini").unwrap();
+        let qwen = EngineModel::preset("qwen3-30b-a3b").unwrap();
+        let ds = EngineModel::preset("deepseek-v3").unwrap();
+        for p in Profile::ALL {
+            assert_eq!(p.outside_pool_bytes(&phi, Weights::F16, 900), 32 << 20);
+            assert_eq!(p.outside_pool_bytes(&phi, Weights::F16, 860), 4 << 20);
+            // q8_0 dense layers run MMQ/MMVQ only; the router of experts is f32 (cuBLAS), and
+            // MLA decompresses its cache through cuBLAS.
+            assert_eq!(p.outside_pool_bytes(&phi, Weights::Q8_0, 900), 0);
+            assert_eq!(p.outside_pool_bytes(&qwen, Weights::Q8_0, 900), 32 << 20);
+            assert_eq!(p.outside_pool_bytes(&ds, Weights::Q8_0, 900), 32 << 20);
+        }
+        assert_eq!(Profile::parse("ik-llama"), Some(Profile::IkLlama));
+        assert_eq!(Profile::parse("llama_b8833"), Some(Profile::LlamaB8833));
+        assert_eq!(Profile::parse("vllm"), None);
+        assert!(Profile::ALL
+            .iter()
+            .all(|p| Profile::parse(p.name()) == Some(*p)));
+    }
+}
