@@ -101,7 +101,8 @@ pub fn engine() -> impl TypedValueParser<Value = Engine> {
 }
 
 /// `--engine cupool` in `--help`.
-const OWN_ENGINE_HELP: &str = "cupool's runtime: the flash-attention scratch and the GEMM workspace";
+const OWN_ENGINE_HELP: &str =
+    "cupool's runtime: the flash-attention scratch and the GEMM workspace";
 
 /// An engine profile in `--help` (a new profile needs its line: the match is exhaustive).
 fn engine_help(p: Profile) -> &'static str {
