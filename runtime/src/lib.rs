@@ -9,7 +9,7 @@
 //! the reserved budget, and applies the purge policy at prefill boundaries. [`plan`] predicts
 //! the pool's need before the run by dry-running the whole context.
 //!
-//! Inside: `engine.rs` is the ubatch loop; `layer.rs` is the transformer, written once over
+//! Inside: `engine/` is the ubatch loop; `layer.rs` is the transformer, written once over
 //! the kernels an [`executor::Executor`] provides (CUDA, CPU reference, or none for dry runs).
 #![warn(missing_docs)]
 
