@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -36,6 +37,19 @@ struct cupool_api {
 cupool_api api;
 bool       recording = false;
 thread_local const char * current_label = nullptr;
+
+constexpr double MiB = 1024.0 * 1024.0;
+
+// What the start-up report needs to know of each device: the memory held for first computes
+// now, and what ggml's buffers took since llama.cpp announced its context.
+struct device_ledger {
+    std::atomic<size_t> held{ 0 };
+    std::atomic<size_t> since_context{ 0 };
+    std::atomic<size_t> buffers{ 0 };  // every ggml buffer allocated, for the hold's measurement
+};
+
+device_ledger          ledgers[GGML_CUDA_MAX_DEVICES];
+std::atomic<uint32_t>  context_cells{ 0 };
 
 [[noreturn]] void fail(const std::string & what) {
     fprintf(stderr, "cupool: %s\n", what.c_str());
@@ -223,4 +237,207 @@ ggml_cupool_label::ggml_cupool_label(const char * name) : prev(current_label) {
 
 ggml_cupool_label::~ggml_cupool_label() {
     current_label = prev;
+}
+
+// ---- the start-up hold ----
+
+namespace {
+
+// The allowance above the cuBLAS workspace for what a context's first computes take lazily:
+// kernel modules (CUDA loads a kernel's module at its first launch), cuBLAS's handle and its
+// own kernels, CUDA graphs. Measured by the hold itself (the line each context prints at its
+// end) on an H100 with mainline 0c1e5709: 164 MiB with the workspace for an f16 model (cuBLAS
+// GEMMs), 66 MiB for a q8_0 one (MMQ, no cuBLAS); 144 covers the first
+// (data/h100-2026-11-24-mainline-hold).
+constexpr size_t HOLD_ALLOWANCE_MIB = 144;
+
+// The cuBLAS workspace mainline ggml-cuda allocates with each handle (common.cuh,
+// cublas_handle(): 32 MiB from compute capability 9.0, Hopper, on; 4 MiB before).
+size_t cublas_workspace(int device) {
+    return ggml_cuda_info().devices[device].cc >= 900 ? 32u << 20 : 4u << 20;
+}
+
+// CUPOOL_HOLD: auto (unset), off, or MiB. Read once; a bad value stops start-up.
+struct hold_setting {
+    bool   automatic = true;
+    size_t bytes     = 0;  // when not automatic
+};
+
+const hold_setting & hold_config() {
+    static const hold_setting s = [] {
+        hold_setting h;
+        const char * v = getenv("CUPOOL_HOLD");
+        if (v == nullptr || v[0] == '\0' || strcmp(v, "auto") == 0) {
+            return h;
+        }
+        h.automatic = false;
+        if (strcmp(v, "off") == 0) {
+            return h;
+        }
+        char *       end = nullptr;
+        const double mib = strtod(v, &end);
+        if (end == v || *end != '\0' || !(mib >= 0.0) || mib > 1048576.0) {
+            fail(std::string("CUPOOL_HOLD=") + v +
+                 " is not accepted: use auto (the cuBLAS workspace plus an allowance for kernel modules), off, or"
+                 " a number of MiB from 0 to 1048576");
+        }
+        h.bytes = (size_t) (mib * MiB);
+        return h;
+    }();
+    return s;
+}
+
+size_t hold_size(int device) {
+    const hold_setting & h = hold_config();
+    return h.automatic ? cublas_workspace(device) + (HOLD_ALLOWANCE_MIB << 20) : h.bytes;
+}
+
+// The device's pools' reserve, read from libcupool's statistics.
+size_t pool_reserved(int device) {
+    char         buf[4096];
+    const size_t n = api.stats_json(device, buf, sizeof(buf));
+    if (n == 0 || n >= sizeof(buf)) {
+        return 0;
+    }
+    const char * key = strstr(buf, "\"reserved_bytes.all.current\":");
+    return key == nullptr ? 0 : (size_t) strtoull(key + strlen("\"reserved_bytes.all.current\":"), nullptr, 10);
+}
+
+size_t device_free(int device) {
+    ggml_cuda_set_device(device);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return 0;
+    }
+    return free;
+}
+
+// How many computes after the first are measured: the lazily made things come with the first
+// prompt and the first single-token step; later computes make none.
+constexpr unsigned HOLD_SAMPLES = 64;
+
+} // namespace
+
+bool ggml_cupool_hold::take(int dev) {
+    if (!ggml_cupool_enabled()) {
+        return true;
+    }
+    ggml_cupool_startup();
+    const size_t want = hold_size(dev);
+    device            = dev; // measured from the first compute on, even with nothing held
+    if (want == 0) {
+        return true;
+    }
+    ggml_cuda_set_device(dev);
+    void * p = nullptr;
+    if (cudaMalloc(&p, want) != cudaSuccess) {
+        device = -1;
+        (void) cudaGetLastError();
+        fprintf(stderr,
+                "cupool: start-up: device %d cannot spare the %.1f MiB a context's first compute takes outside"
+                " ggml's buffers (cuBLAS workspace, kernel modules, graphs): %.1f MiB free. Without this check"
+                " the context would start and die at its first compute. Free memory on the device or use a"
+                " smaller model or context (CUPOOL_HOLD sizes the hold).\n",
+                dev, want / MiB, device_free(dev) / MiB);
+        fflush(stderr);
+        return false;
+    }
+    ptr   = p;
+    bytes = want;
+    ledgers[dev].held += want;
+    return true;
+}
+
+void ggml_cupool_hold::release() {
+    if (device < 0) {
+        return;
+    }
+    if (!released) {
+        released = true;
+        if (ptr != nullptr) {
+            ggml_cuda_set_device(device);
+            CUDA_CHECK(cudaFree(ptr));
+            ptr = nullptr;
+            ledgers[device].held -= bytes;
+        }
+        base    = device_free(device);
+        pool_at = pool_reserved(device) + ledgers[device].buffers.load();
+        return;
+    }
+    if (samples >= HOLD_SAMPLES) {
+        return;
+    }
+    ++samples;
+    const size_t now   = device_free(device);
+    const size_t owned = pool_reserved(device) + ledgers[device].buffers.load();
+    // What left the device since the hold went back, less what pools and buffers took.
+    const long long t = (long long) base - (long long) now - ((long long) owned - (long long) pool_at);
+    if (t > (long long) taken) {
+        taken = (size_t) t;
+    }
+}
+
+ggml_cupool_hold::~ggml_cupool_hold() {
+    if (device < 0) {
+        return;
+    }
+    if (!released) { // never computed
+        if (ptr != nullptr) {
+            ggml_cuda_set_device(device);
+            (void) cudaFree(ptr);
+            ledgers[device].held -= bytes;
+        }
+        return;
+    }
+    // No measurement here: the context's cuBLAS handles and buffers may be gone already.
+    fprintf(stderr,
+            "cupool: device %d: this context's computes took %.1f MiB outside ggml's buffers and pools"
+            " (held for them at start-up: %.1f MiB)%s\n",
+            device, taken / MiB, bytes / MiB, taken > bytes ? ": CUPOOL_HOLD should be larger" : "");
+}
+
+void ggml_cupool_context(uint32_t n_ctx) {
+    context_cells = n_ctx;
+    for (device_ledger & l : ledgers) {
+        l.since_context = 0;
+    }
+}
+
+void ggml_cupool_buffer(int device, size_t size, bool ok) {
+    if (!ggml_cupool_enabled() || device < 0 || device >= GGML_CUDA_MAX_DEVICES) {
+        return;
+    }
+    device_ledger & l = ledgers[device];
+    if (ok) {
+        l.since_context += size;
+        l.buffers += size;
+        return;
+    }
+    const size_t free  = device_free(device);
+    const size_t held  = l.held.load();
+    const size_t made  = l.since_context.load();
+    const uint32_t ctx = context_cells.load();
+    fprintf(stderr,
+            "cupool: start-up: device %d cannot allocate a ggml buffer of %.1f MiB: %.1f MiB free, %.1f MiB of it"
+            " held for what the first compute takes outside ggml's buffers (cuBLAS workspace %.1f MiB, kernel"
+            " modules and the rest).",
+            device, size / MiB, (free + held) / MiB, held / MiB, (held ? cublas_workspace(device) : 0) / MiB);
+    if (held > 0 && free + held >= size) {
+        fprintf(stderr, " Without that hold this context would start and then die at its first compute.");
+    }
+    if (ctx > 0) {
+        // The KV cache and the compute buffer both grow with the context; what this context has
+        // already allocated could go to a smaller one.
+        const double scale = (double) (free + made) / (double) (made + size);
+        const uint32_t fit = (uint32_t) (ctx * scale) / 256 * 256;
+        fprintf(stderr, " This context (-c %u) allocated %.1f MiB of buffers before this one; ", ctx, made / MiB);
+        if (made > 0) {
+            fprintf(stderr, "about -c %u fits (its buffers scaled to the room).", fit);
+        } else {
+            fprintf(stderr, "at most -c %u fits (the buffers still to come not counted).", fit);
+        }
+    }
+    fprintf(stderr, "\n");
+    fflush(stderr);
 }

@@ -40,6 +40,11 @@
 //       else warnings and errors.
 //   CUPOOL_TRACE (a file path): llama.cpp's shim records the pool's traffic here (JSON lines with
 //       ggml's names, for repro-prefill replay). Unset: no recording.
+//   CUPOOL_HOLD (auto, off, or a number of MiB (0 to 1048576)): mainline llama.cpp's shim holds
+//       this much device memory from a context's creation to its first compute, for what that
+//       compute takes outside ggml's buffers (cuBLAS workspace, kernel modules): a context that
+//       leaves no room fails at start-up with cupool's report. Unset: auto: the cuBLAS workspace
+//       (32 MiB from compute capability 9.0, else 4) plus 144 MiB.
 //   CUPOOL_LIB (the path of libcupool.so (for the Python package, the file or its folder)): where
 //       llama.cpp's shim and the Python package find libcupool. Unset: beside the executable,
 //       beside the library holding ggml-cuda, then the loader's path.
@@ -72,6 +77,45 @@ size_t ggml_cupool_ubatch_end();
 // CUDA graphs captured before then may hold freed pool addresses: they must be recaptured
 // before they are replayed. Always false when GGML_POOL is unset.
 bool ggml_cupool_graphs_stale(int device, uint64_t * seen);
+
+// Device memory held for what a context's first computes take outside every ggml buffer and pool:
+// the cuBLAS handle and its workspace, the kernel modules CUDA loads lazily, CUDA graphs. ggml
+// makes them in the middle of the first compute, after the KV cache and the compute buffer were
+// allocated, so a context that was created can still die at its first compute. Taken when the
+// backend is created (before the context's buffers), given back just before its first compute: a
+// context whose buffers leave no room for it fails at start-up, with cupool's report, instead.
+// CUPOOL_HOLD sizes it: auto (the cuBLAS workspace ggml will allocate plus an allowance for the
+// rest), off, or a number of MiB. With GGML_POOL unset nothing is held.
+struct ggml_cupool_hold {
+    // Holds the memory for `device`. False, after printing why and what would fit, when the device
+    // cannot spare it: the backend must not start.
+    bool take(int device);
+    // Gives the memory back (the first compute); later calls measure what the lazily made things
+    // took, for the report at the context's end.
+    void release();
+    ggml_cupool_hold() = default;
+    ~ggml_cupool_hold();
+    ggml_cupool_hold(const ggml_cupool_hold &) = delete;
+    ggml_cupool_hold & operator=(const ggml_cupool_hold &) = delete;
+
+    int      device   = -1;    // -1: GGML_POOL unset, nothing held or measured
+    bool     released = false; // the first compute came
+    void *   ptr      = nullptr;
+    size_t   bytes    = 0;     // held
+    size_t   base     = 0;     // device free memory right after the hold was given back
+    size_t   pool_at  = 0;     // the device's pool reserve then
+    size_t   taken    = 0;     // the most taken outside buffers and pools since, measured
+    unsigned samples  = 0;     // computes measured so far
+};
+
+// A ggml buffer of `size` bytes on `device` was (ok) or could not be (!ok) allocated. A failure
+// while GGML_POOL is set prints cupool's start-up report: what was needed, what was free, what is
+// held for the first compute and the context that would fit.
+void ggml_cupool_buffer(int device, size_t size, bool ok);
+
+// llama.cpp's context is about to allocate its buffers for `n_ctx` cells (for the fitting context
+// in a start-up report).
+void ggml_cupool_context(uint32_t n_ctx);
 
 // Names this thread's pool allocations in a recording while in scope (the innermost wins).
 struct ggml_cupool_label {

@@ -1,28 +1,38 @@
 #!/usr/bin/env python3
-"""Writes ggml/ik_llama.cpp.patch: the edits that put cupool's shim into ik_llama.cpp.
+"""Writes the patches that put cupool's shim into ik_llama.cpp and mainline llama.cpp.
 
-    python3 ggml/make-patch.py SOURCE.tar.gz > ggml/ik_llama.cpp.patch
-    python3 ggml/make-patch.py --mainline GGML_CUDA.tar.gz > ggml/ggml-cuda-mainline.patch
+    python3 ggml/make-patch.py IK_LLAMA.tar.gz > ggml/ik_llama.cpp.patch
+    python3 ggml/make-patch.py --mainline LLAMA_CPP.tar.gz > ggml/llama.cpp.patch
+    python3 ggml/make-patch.py [--mainline] --excerpt ggml/upstream/NAME.tar.gz TARBALL
+
+--excerpt writes just the engine files a patch touches (unchanged), which the repository keeps
+in ggml/upstream/ so that its tests check both patches without the engines' whole trees.
 
 Each edit is anchored on text that must occur exactly once in its file, so a change upstream
 fails here, by name, instead of producing a patch that applies wrongly. The shim itself
 (ggml-cupool.h, ggml-cupool.cu, cupool.h) is copied into ggml/src/ggml-cuda/ by
-scripts/llama/build.sh; the patch only touches ik_llama.cpp's own files:
+scripts/llama/build.sh; the patches only touch the engines' own files.
 
+ik_llama.cpp:
 - ggml-cuda/common.cuh: includes the shim's header; a release count per backend context;
 - ggml-cuda.cu: opens libcupool at start-up when GGML_POOL is set, makes
   new_pool_for_device return the shim's pool, names each op's pool allocations, and adds
   ggml_backend_cuda_ubatch_end() (the boundary), and recaptures CUDA graphs captured before pool
   memory went back to the driver;
 - include/ggml-cuda.h: declares ggml_backend_cuda_ubatch_end();
-- the flash-attention launchers: name their K/V conversion and split-KV buffers;
+- the flash-attention launchers: name their pool buffers;
 - src/llama.cpp: calls the boundary after each prefill ubatch of llama_decode_internal.
 
-With --mainline, the same shim goes into mainline ggml's CUDA backend (the ggml-cuda sources
-after PR #23907, whose pool interface is ik_llama.cpp's with a stream number): the pool hook, the
-start-up check, the op names and the graph recapture. Mainline keeps CUDA graphs per backend context with no
-registry of contexts, and its ubatch loop (llama-context.cpp) is not in those sources: the
-boundary is not wired there.
+Mainline llama.cpp (after PR #23907; the pool interface is ik_llama.cpp's with a stream number):
+the same pool hook, start-up check, op and buffer names and graph recapture, and
+- the start-up hold: each CUDA backend context holds, from its creation to its first compute,
+  the memory that compute takes outside every buffer (cuBLAS workspace, kernel modules), and a
+  ggml buffer that does not fit prints cupool's report (what was needed, free, held, the context
+  that fits);
+- ggml_backend_cupool_ubatch_end / ggml_backend_cupool_context, reached through the CUDA
+  registry's get_proc_address (so a backend loaded at run time works too);
+- src/llama-context.cpp: announces each context's size before its buffers and calls the boundary
+  after each prefill ubatch of llama_context::decode.
 """
 import difflib
 import re
@@ -171,7 +181,8 @@ def edit_fattn(t: str) -> str:
 
 
 def mainline_edits() -> dict:
-    cu = "src/ggml-cuda/ggml-cuda.cu"
+    """The shim in mainline llama.cpp (the whole tree: ggml/ and src/)."""
+    cu = "ggml/src/ggml-cuda/ggml-cuda.cu"
 
     def edit_cu(t: str) -> str:
         t = insert_after(
@@ -194,12 +205,18 @@ def mainline_edits() -> dict:
         )
         t = insert_after(
             t,
+            "    cudaError_t err = ggml_cuda_device_malloc(&dev_ptr, size, buft_ctx->device);\n",
+            "    ggml_cupool_buffer(buft_ctx->device, size, err == cudaSuccess); // cupool: its start-up report\n",
+            cu,
+        )
+        t = insert_after(
+            t,
             "    graph_key = ggml_cuda_graph_get_key(cgraph);\n",
             "\n"
             "    // cupool: memory of this device's pools went back to the driver since the last compute\n"
-            "    // (a trim before an out-of-memory retry): a graph captured before then may hold freed\n"
-            "    // pool addresses. Forgetting its properties runs it directly, then recaptures it and\n"
-            "    // updates the executable in place.\n"
+            "    // (a ubatch-boundary purge, a trim before an out-of-memory retry): a graph captured\n"
+            "    // before then may hold freed pool addresses. Forgetting its properties runs it directly,\n"
+            "    // then recaptures it and updates the executable in place.\n"
             "    if (ggml_cupool_graphs_stale(cuda_ctx->device, &cuda_ctx->cupool_releases)) {\n"
             "        for (auto & kv : cuda_ctx->cuda_graphs) {\n"
             "            kv.second->uid = 0;\n"
@@ -209,17 +226,107 @@ def mainline_edits() -> dict:
             "    }\n",
             cu,
         )
-        return insert_after(
+        t = insert_after(
+            t,
+            "static enum ggml_status ggml_backend_cuda_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph) {\n"
+            "    ggml_backend_cuda_context * cuda_ctx = (ggml_backend_cuda_context *) backend->context;\n",
+            "    cuda_ctx->cupool_hold.release(); // cupool: the first compute gets the memory held for it\n",
+            cu,
+        )
+        t = insert_after(
             t,
             "static bool ggml_cuda_compute_forward(ggml_backend_cuda_context & ctx, struct ggml_tensor * dst) {\n",
             "    GGML_CUPOOL_LABEL(ggml_op_desc(dst)); // names this op's pool allocations in a cupool trace\n",
             cu,
         )
+        t = insert_before(
+            t,
+            "static void * ggml_backend_cuda_reg_get_proc_address(ggml_backend_reg_t reg, const char * name) {\n",
+            "// cupool (GGML_POOL set): the end of a prefill ubatch, where the pools apply CUPOOL_PURGE\n"
+            "// (returns the bytes given back), and the context llama.cpp is about to allocate buffers for\n"
+            "// (for cupool's start-up report). llama.cpp finds them through get_proc_address, so they\n"
+            "// work with backends loaded at run time too.\n"
+            "static size_t ggml_backend_cupool_ubatch_end(void) {\n"
+            "    return ggml_cupool_ubatch_end();\n"
+            "}\n\n"
+            "static void ggml_backend_cupool_context(uint32_t n_ctx) {\n"
+            "    ggml_cupool_context(n_ctx);\n"
+            "}\n\n",
+            cu,
+        )
+        t = insert_before(
+            t,
+            "    if (strcmp(name, \"ggml_backend_get_features\") == 0) {\n",
+            "    if (strcmp(name, \"ggml_backend_cupool_ubatch_end\") == 0) {\n"
+            "        return (void *)ggml_backend_cupool_ubatch_end;\n"
+            "    }\n"
+            "    if (strcmp(name, \"ggml_backend_cupool_context\") == 0) {\n"
+            "        return (void *)ggml_backend_cupool_context;\n"
+            "    }\n",
+            cu,
+        )
+        return insert_after(
+            t,
+            "        GGML_LOG_ERROR(\"%s: failed to allocate context\\n\", __func__);\n"
+            "        return nullptr;\n"
+            "    }\n",
+            "\n"
+            "    // cupool: hold what the first compute takes outside ggml's buffers (GGML_POOL set), so\n"
+            "    // that a context whose buffers leave no room for it fails now, not at that compute\n"
+            "    if (!ctx->cupool_hold.take(device)) {\n"
+            "        delete ctx;\n"
+            "        return nullptr;\n"
+            "    }\n",
+            cu,
+        )
 
     def edit_common(t: str) -> str:
-        return common_edits(t, "src/ggml-cuda/common.cuh")
+        p = "ggml/src/ggml-cuda/common.cuh"
+        t = common_edits(t, p)
+        return insert_after(
+            t,
+            "    int curr_stream_no = 0;\n",
+            "    ggml_cupool_hold cupool_hold; // cupool: held from creation to the first compute (GGML_POOL)\n",
+            p,
+        )
 
-    return {cu: edit_cu, "src/ggml-cuda/common.cuh": edit_common}
+    def edit_context(t: str) -> str:
+        p = "src/llama-context.cpp"
+        t = insert_before(
+            t,
+            "llama_context::llama_context(\n",
+            "// A function cupool's shim adds to ggml-cuda (GGML_POOL), or null: no CUDA backend, or one\n"
+            "// without the shim. Looked up through the backend registry, like set_n_threads.\n"
+            "static void * llama_cupool_fn(const char * name) {\n"
+            "    ggml_backend_reg_t reg = ggml_backend_reg_by_name(\"CUDA\");\n"
+            "    return reg ? ggml_backend_reg_get_proc_address(reg, name) : nullptr;\n"
+            "}\n\n",
+            p,
+        )
+        t = insert_before(
+            t,
+            "    // init the memory module\n",
+            "    // cupool: the buffers allocated from here on are this context's (its start-up report)\n"
+            "    if (auto * note = (void (*)(uint32_t)) llama_cupool_fn(\"ggml_backend_cupool_context\")) {\n"
+            "        note(cparams.n_ctx);\n"
+            "    }\n\n",
+            p,
+        )
+        return insert_after(
+            t,
+            "        const auto * res = process_ubatch(ubatch, ctx_type_to_graph_type(cparams.ctx_type), mctx.get(), status);\n",
+            "\n"
+            "        // cupool: the end of a prefill ubatch; the pools apply CUPOOL_PURGE (GGML_POOL set)\n"
+            "        if (ubatch.n_tokens > 1) {\n"
+            "            static auto * ubatch_end = (size_t (*)(void)) llama_cupool_fn(\"ggml_backend_cupool_ubatch_end\");\n"
+            "            if (ubatch_end) {\n"
+            "                ubatch_end();\n"
+            "            }\n"
+            "        }\n",
+            p,
+        )
+
+    return {cu: edit_cu, "ggml/src/ggml-cuda/common.cuh": edit_common, "src/llama-context.cpp": edit_context}
 
 
 def main() -> None:
@@ -227,6 +334,9 @@ def main() -> None:
     mainline = args[:1] == ["--mainline"]
     if mainline:
         args = args[1:]
+    excerpt = None
+    if args[:1] == ["--excerpt"] and len(args) == 3:
+        excerpt, args = args[1], args[2:]
     if len(args) != 1:
         sys.exit(__doc__)
     with tempfile.TemporaryDirectory() as d:
@@ -234,18 +344,33 @@ def main() -> None:
             tar.extractall(d, filter="data")
         root = Path(d)
         if mainline:
-            write_diff(root, mainline_edits())
-            return
-        edits = {
-            CUDA_CU: edit_ggml_cuda,
-            "ggml/src/ggml-cuda/common.cuh": edit_common,
-            "ggml/include/ggml-cuda.h": edit_header,
-            "src/llama.cpp": edit_llama,
-        }
+            edits = mainline_edits()
+        else:
+            edits = {
+                CUDA_CU: edit_ggml_cuda,
+                "ggml/src/ggml-cuda/common.cuh": edit_common,
+                "ggml/include/ggml-cuda.h": edit_header,
+                "src/llama.cpp": edit_llama,
+            }
         for f in sorted((root / "ggml/src/ggml-cuda").glob("fattn*.cu*")):
             if any(FA_BUFFER.match(line) for line in f.read_text().split("\n")):
                 edits[str(f.relative_to(root))] = edit_fattn
-        write_diff(root, edits)
+        if excerpt:
+            write_excerpt(root, sorted(edits), excerpt)
+        else:
+            write_diff(root, edits)
+
+
+def write_excerpt(root: Path, files: list, out: str) -> None:
+    """Writes the engine's files the patch touches, unchanged, as a small tarball: the
+    repository keeps these (ggml/upstream/) so that CI checks the patches without the engines'
+    whole trees."""
+    with tarfile.open(out, "w:gz") as tar:
+        for rel in files:
+            info = tar.gettarinfo(str(root / rel), arcname=rel)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with open(root / rel, "rb") as f:
+                tar.addfile(info, f)
 
 
 def write_diff(root: Path, edits: dict) -> None:

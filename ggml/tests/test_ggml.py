@@ -4,8 +4,10 @@ run on the GPU machine parse what libcupool prints, and the model generator writ
 gguf-py reads back.
 
 Run: CUPOOL_LIB=target/release python3 -m pytest -c python/pytest.ini ggml/tests
-The engine tarball is read from ../shared/third_party (or CUPOOL_ENGINE_TARBALL); tests that need
-it, numpy or `patch` skip with the reason when they are missing.
+The patches are checked against the engine files they touch, kept in ggml/upstream/; where an
+engine's whole tarball is at hand (CUPOOL_ENGINE_TARBALL, CUPOOL_MAINLINE_TARBALL, or a
+third_party/ folder beside the checkout), those files are checked against it too. Tests that need
+numpy skip with the reason when it is missing.
 """
 import glob
 import importlib.util
@@ -27,7 +29,7 @@ def tarball(pattern="ik_llama.cpp-*.tar.gz", env="CUPOOL_ENGINE_TARBALL"):
     path = os.environ.get(env) or next(
         iter(sorted(glob.glob(os.path.join(ROOT, "..", "shared", "third_party", pattern)))), None)
     if not path or not os.path.exists(path):
-        pytest.skip(f"no {pattern} here (../shared/third_party or {env})")
+        pytest.skip(f"no {pattern} here (a third_party/ folder beside the checkout, or {env})")
     return path
 
 
@@ -38,22 +40,43 @@ def module(rel):
     return m
 
 
-@pytest.mark.parametrize("pattern,env,flags,patch", [
-    ("ik_llama.cpp-*.tar.gz", "CUPOOL_ENGINE_TARBALL", [], "ik_llama.cpp.patch"),
-    ("ggml-cuda-*.tar.gz", "CUPOOL_MAINLINE_TARBALL", ["--mainline"], "ggml-cuda-mainline.patch"),
-])
-def test_the_patch_is_current_and_applies(tmp_path, pattern, env, flags, patch):
-    src = tarball(pattern, env)
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "ggml", "make-patch.py"), *flags, src],
-                         capture_output=True, text=True, check=True).stdout
+ENGINES = [
+    # the engine's files the patch touches (kept in ggml/upstream/), the whole tree's tarball,
+    # make-patch's flags, the patch
+    ("ik_llama.cpp-8337e4cd.tar.gz", "CUPOOL_ENGINE_TARBALL", [], "ik_llama.cpp.patch"),
+    ("llama.cpp-0c1e5709.tar.gz", "CUPOOL_MAINLINE_TARBALL", ["--mainline"], "llama.cpp.patch"),
+]
+
+
+def make_patch(flags, src, *more):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "ggml", "make-patch.py"), *flags, *more, src],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("name,env,flags,patch", ENGINES)
+def test_the_patch_is_current_and_applies(tmp_path, name, env, flags, patch):
+    src = os.path.join(ROOT, "ggml", "upstream", name)
+    out = make_patch(flags, src)
     with open(os.path.join(ROOT, "ggml", patch)) as f:
-        assert out == f.read(), f"ggml/{patch} is stale: python3 ggml/make-patch.py {' '.join(flags)} TARBALL > ggml/{patch}"
+        assert out == f.read(), f"ggml/{patch} is stale: python3 ggml/make-patch.py {' '.join(flags)} {src} > ggml/{patch}"
     if shutil.which("patch") is None:
-        pytest.skip("no patch program")
+        pytest.fail("the patch program is needed to check that the patches apply (apt-get install patch)")
     with tarfile.open(src) as t:
         t.extractall(tmp_path, filter="data")
     with open(os.path.join(ROOT, "ggml", patch)) as f:
         subprocess.run(["patch", "-p1", "--dry-run", "-s"], cwd=tmp_path, stdin=f, check=True)
+
+
+@pytest.mark.parametrize("name,env,flags,patch", ENGINES)
+def test_the_kept_files_are_the_engine_s(tmp_path, name, env, flags, patch):
+    """Where the engine's whole tarball is at hand, the files kept in ggml/upstream/ are its own."""
+    whole = tarball(name, env)
+    kept = tmp_path / "kept.tar.gz"
+    make_patch(flags, whole, "--excerpt", str(kept))
+    with tarfile.open(kept) as a, tarfile.open(os.path.join(ROOT, "ggml", "upstream", name)) as b:
+        ours = {m.name: a.extractfile(m).read() for m in a.getmembers()}
+        kept_here = {m.name: b.extractfile(m).read() for m in b.getmembers()}
+    assert ours == kept_here, f"ggml/upstream/{name} differs from the engine's tree: regenerate it with --excerpt"
 
 
 def test_the_shim_calls_only_what_the_header_declares():
@@ -151,3 +174,32 @@ def test_generated_models_read_back(tmp_path, preset, qtype, want, count):
     for name, t in want.items():
         assert tensors[name] == t, name
     assert len(tensors) == count
+
+
+def test_the_mainline_tables_in_the_docs_are_their_data_s():
+    """docs/llama-cpp.md's mainline tables are what scripts/llama/hold-report.py makes of the runs
+    kept in data/: a table edited by hand, or data changed without the table, fails here."""
+    folder = "data/h100-2026-11-24-mainline-hold"
+    report = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "hold-report.py"), folder],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    docs = open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
+    blocks = re.findall(r"<!-- (hold-[\w-]+): begin.*?<!-- \1: end -->", report, re.S)
+    assert blocks == ["hold-outcomes", "hold-taken", "hold-speed"]
+    for m in re.finditer(r"<!-- (hold-[\w-]+): begin.*?<!-- \1: end -->", report, re.S):
+        assert m.group(0) in docs, f"docs/llama-cpp.md's {m.group(1)} table differs from {folder}: " \
+                                   f"python3 scripts/llama/hold-report.py {folder}"
+
+
+def test_seed_classifies_where_a_mainline_run_ended():
+    seed = module("scripts/llama/seed.py")
+    assert seed.failure_phase("anything", 0) is None
+    assert seed.failure_phase("cupool: start-up: device 0 cannot allocate a ggml buffer of 324.6 MiB", 1) == "start-up"
+    assert seed.failure_phase("llama_bench: error: failed to create context with model 'm'", 1) == "start-up"
+    died = "ggml-cuda.cu:109: CUDA error\n...(_ZN13llama_context13graph_computeEP11ggml_cgraphb+0xa1)"
+    assert seed.failure_phase(died, -6) == "compute"
+    assert seed.failure_phase("CUDA error: out of memory\n  in function cublas_handle", -6) == "compute"
+    assert seed.failure_phase("Segmentation fault", -11) == "other"
+    line = ("cupool: device 0: this context's computes took 164.0 MiB outside ggml's buffers and pools"
+            " (held for them at start-up: 176.0 MiB)")
+    assert seed.HOLD.search(line).groups() == ("164.0", "176.0")
+    assert seed.FITS.search("...; about -c 20992 fits (its buffers").group(1) == "20992"

@@ -32,6 +32,24 @@ UBATCH = re.compile(
 )
 STATS = re.compile(r"^cupool: device (\d+) stats (\{.*\})$")
 OOM = re.compile(r"out of memory|out of device memory|allocating \d+ bytes failed", re.I)
+# Mainline's start-up hold: what a context's computes took outside buffers and pools, what was
+# held for them, and the context cupool's start-up report says fits.
+HOLD = re.compile(r"this context's computes took ([\d.]+) MiB outside ggml's buffers and pools \(held for them at start-up: ([\d.]+) MiB\)")
+FITS = re.compile(r"(?:about|at most) -c (\d+) fits")
+START_FAILED = re.compile(r"cupool: start-up:|failed to create context|failed to initialize")
+
+
+def failure_phase(out: str, rc) -> str | None:
+    """Where a run that did not complete stopped: at start-up (context creation) or in a compute."""
+    if rc == 0:
+        return None
+    if START_FAILED.search(out):
+        return "start-up"
+    # ggml aborts on a CUDA error inside a compute (an out-of-memory loading a kernel's module
+    # shows only as "CUDA error" without -v), after the graph was handed to the backend
+    if OOM.search(out) or ("CUDA error" in out and "graph_compute" in out):
+        return "compute"
+    return "other"
 
 
 def parse_run(spec: str) -> dict:
@@ -75,7 +93,7 @@ def run_one(a, r: dict) -> dict:
             env["CUPOOL_TRACE"] = str(Path(a.out) / f"{r['name']}.trace.jsonl")
     common = ["-m", a.model, "-b", "2048", "-ub", "512", "-fa", "1", "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99"]
     if a.bench == "llama-bench":
-        cmd = [str(Path(a.bin) / "llama-bench"), *common, "-p", str(a.prompt), "-n", "0", "-r", str(a.reps),
+        cmd = [str(Path(a.bin) / "llama-bench"), *common, "-p", str(a.prompt), "-n", str(a.gen), "-r", str(a.reps),
                "-o", "json"]
     else:
         cmd = [str(Path(a.bin) / "llama-sweep-bench"), *common, "-c", str(a.ctx), "-n", "1",
@@ -115,7 +133,13 @@ def run_one(a, r: dict) -> dict:
     pp_tokens = sum(x["pp"] for x in rows)
     pp_seconds = sum(x["t_pp"] for x in rows)
     oom = bool(OOM.search(out)) and rc != 0
+    holds = [(float(m.group(1)), float(m.group(2))) for m in HOLD.finditer(out)]
+    fits = FITS.search(out)
     res = dict(r, rc=rc, seconds=round(time.time() - t0, 1), oom=oom, env=a.env,
+               failed_at=failure_phase(out, rc),
+               hold_taken_mib=max((h[0] for h in holds), default=None),
+               hold_mib=holds[0][1] if holds else None,
+               fits_ctx=int(fits.group(1)) if fits else None,
                last_n_kv=rows[-1]["n_kv"] if rows else None,
                prefill_tok_s=round(pp_tokens / pp_seconds, 1) if pp_seconds else None,
                rows=[{k: x.get(k) for k in ("n_kv", "t_pp", "speed_pp", "vram_delta_mib")} for x in rows],
@@ -123,6 +147,10 @@ def run_one(a, r: dict) -> dict:
     if a.bench == "llama-bench":
         res.update(bench_result(stdout, a.prompt))
     tail = "OOM after n_kv=%s" % res["last_n_kv"] if oom else "rc=%s" % rc
+    if res["failed_at"]:
+        tail += f", failed at {res['failed_at']}" + (f" (fits: -c {res['fits_ctx']})" if res["fits_ctx"] else "")
+    if res["hold_taken_mib"] is not None:
+        tail += f", computes took {res['hold_taken_mib']} MiB outside buffers (held {res['hold_mib']})"
     print(f"seed: {r['name']}: {tail}, {res['prefill_tok_s']} tok/s, {len(rows)} rows, {res['seconds']} s", flush=True)
     return res
 
@@ -159,6 +187,7 @@ def main() -> None:
     ap.add_argument("--bench", choices=["sweep", "llama-bench"], default="sweep")
     ap.add_argument("--prompt", type=int, default=16384, help="llama-bench: prompt tokens")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench: repetitions")
+    ap.add_argument("--gen", type=int, default=0, help="llama-bench: tokens generated after the prompt test")
     ap.add_argument("--env", type=env_pair, action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("runs", nargs="+")
     a = ap.parse_args()

@@ -298,6 +298,7 @@ const NOT_SETTINGS: &[&str] = &[
     "CUPOOL_FOOTPRINT_OUT",
     "CUPOOL_PREFILL_LAYERS",
     "GGML_CUDA_DISABLE_GRAPHS",
+    "GGML_CUDA_MAX_DEVICES",
 ];
 
 #[test]

@@ -148,6 +148,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "llama.cpp's shim records the pool's traffic here (JSON lines with ggml's names, for repro-prefill replay)",
     },
     Setting {
+        name: "CUPOOL_HOLD",
+        accepts: Text("auto, off, or a number of MiB (0 to 1048576)"),
+        read_by: &[by(Shim, "auto: the cuBLAS workspace (32 MiB from compute capability 9.0, else 4) plus 144 MiB")],
+        keyword: None,
+        env_only: true,
+        doc: "mainline llama.cpp's shim holds this much device memory from a context's creation to its first compute, for what that compute takes outside ggml's buffers (cuBLAS workspace, kernel modules): a context that leaves no room fails at start-up with cupool's report",
+    },
+    Setting {
         name: "CUPOOL_LIB",
         accepts: Text("the path of libcupool.so (for the Python package, the file or its folder)"),
         read_by: &[
