@@ -100,6 +100,8 @@ def run_one(a, r: dict) -> dict:
                "--output-format", "jsonl", "--sweep-memory"]
     if r["devices"] > 1:
         cmd += ["-sm", "layer"]
+    if a.verbose:
+        cmd.append("-v")  # the engine's buffer sizes (model, KV, compute) in the log
     ballasts = [start_ballast(Path(a.bin), r["card_gib"], d) for d in range(r["devices"])] if r["card_gib"] else []
     t0 = time.time()
     try:
@@ -188,6 +190,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=16384, help="llama-bench: prompt tokens")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench: repetitions")
     ap.add_argument("--gen", type=int, default=0, help="llama-bench: tokens generated after the prompt test")
+    ap.add_argument("--verbose", action="store_true", help="run the engine with -v (its buffer sizes in the log)")
     ap.add_argument("--env", type=env_pair, action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("runs", nargs="+")
     a = ap.parse_args()
