@@ -51,6 +51,13 @@ struct device_ledger {
 device_ledger          ledgers[GGML_CUDA_MAX_DEVICES];
 std::atomic<uint32_t>  context_cells{ 0 };
 
+// With CUPOOL_LOG at info or finer, one line per device at each stage of a run (CUDA set up,
+// model loaded, context created, each prefill ubatch): the device's free memory and the pools'
+// reserve, so that what lies outside the pools can be measured run by run (seed.py reads them).
+void memory_lines(const char * stage);
+void memory_line(int device, const char * stage);
+bool memory_log();
+
 [[noreturn]] void fail(const std::string & what) {
     fprintf(stderr, "cupool: %s\n", what.c_str());
     fflush(stderr);
@@ -198,6 +205,7 @@ void ggml_cupool_startup() {
     atexit(at_exit);
     fprintf(stderr, "cupool: GGML_POOL=%s: ggml's pools go through libcupool (%d devices)\n", getenv("GGML_POOL"),
             api.device_count());
+    memory_lines("cuda-init");
 }
 
 std::unique_ptr<ggml_cuda_pool> ggml_cupool_new_pool(int device, int stream_no) {
@@ -214,6 +222,7 @@ size_t ggml_cupool_ubatch_end() {
         fprintf(stderr, "cupool: the ubatch boundary failed: %s\n", api.last_error());
         GGML_ABORT("cupool: ubatch boundary failed (see above)");
     }
+    memory_lines("ubatch");
     return released;
 }
 
@@ -363,6 +372,9 @@ void ggml_cupool_hold::release() {
         }
         base    = device_free(device);
         pool_at = pool_reserved(device) + ledgers[device].buffers.load();
+        if (memory_log()) {
+            memory_line(device, "context-created");
+        }
         return;
     }
     if (samples >= HOLD_SAMPLES) {
@@ -402,7 +414,42 @@ void ggml_cupool_context(uint32_t n_ctx) {
     for (device_ledger & l : ledgers) {
         l.since_context = 0;
     }
+    if (ggml_cupool_enabled()) {
+        memory_lines("model-loaded");
+    }
 }
+
+namespace {
+
+bool memory_log() {
+    static const bool on = [] {
+        const char * v = getenv("CUPOOL_LOG");
+        return v != nullptr && (strstr(v, "info") || strstr(v, "debug") || strstr(v, "trace"));
+    }();
+    return on;
+}
+
+void memory_line(int device, const char * stage) {
+    size_t free = 0, total = 0;
+    ggml_cuda_set_device(device);
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return;
+    }
+    fprintf(stderr, "cupool: memory device=%d stage=%s free_mib=%.1f total_mib=%.1f pool_reserved_mib=%.1f buffers_mib=%.1f\n",
+            device, stage, free / MiB, total / MiB, pool_reserved(device) / MiB, ledgers[device].buffers.load() / MiB);
+}
+
+void memory_lines(const char * stage) {
+    if (!memory_log()) {
+        return;
+    }
+    for (int d = 0; d < ggml_cuda_info().device_count; ++d) {
+        memory_line(d, stage);
+    }
+}
+
+} // namespace
 
 void ggml_cupool_buffer(int device, size_t size, bool ok) {
     if (!ggml_cupool_enabled() || device < 0 || device >= GGML_CUDA_MAX_DEVICES) {

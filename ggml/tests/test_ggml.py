@@ -203,3 +203,6 @@ def test_seed_classifies_where_a_mainline_run_ended():
             " (held for them at start-up: 176.0 MiB)")
     assert seed.HOLD.search(line).groups() == ("164.0", "176.0")
     assert seed.FITS.search("...; about -c 20992 fits (its buffers").group(1) == "20992"
+    m = seed.MEMORY.search("cupool: memory device=0 stage=model-loaded free_mib=4661.4 total_mib=81079.0 "
+                           "pool_reserved_mib=0.0 buffers_mib=7100.6\n")
+    assert m.groups() == ("0", "model-loaded", "4661.4", "81079.0", "0.0", "7100.6")

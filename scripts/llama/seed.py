@@ -36,6 +36,8 @@ OOM = re.compile(r"out of memory|out of device memory|allocating \d+ bytes faile
 # held for them, and the context cupool's start-up report says fits.
 HOLD = re.compile(r"this context's computes took ([\d.]+) MiB outside ggml's buffers and pools \(held for them at start-up: ([\d.]+) MiB\)")
 FITS = re.compile(r"(?:about|at most) -c (\d+) fits")
+MEMORY = re.compile(r"^cupool: memory device=(\d+) stage=([\w-]+) free_mib=([\d.]+) total_mib=([\d.]+) "
+                    r"pool_reserved_mib=([\d.]+) buffers_mib=([\d.]+)$", re.M)
 START_FAILED = re.compile(r"cupool: start-up:|failed to create context|failed to initialize")
 
 
@@ -136,12 +138,15 @@ def run_one(a, r: dict) -> dict:
     pp_seconds = sum(x["t_pp"] for x in rows)
     oom = bool(OOM.search(out)) and rc != 0
     holds = [(float(m.group(1)), float(m.group(2))) for m in HOLD.finditer(out)]
+    memory = [dict(device=int(m.group(1)), stage=m.group(2), free_mib=float(m.group(3)), total_mib=float(m.group(4)),
+                   pool_reserved_mib=float(m.group(5)), buffers_mib=float(m.group(6))) for m in MEMORY.finditer(out)]
     fits = FITS.search(out)
     res = dict(r, rc=rc, seconds=round(time.time() - t0, 1), oom=oom, env=a.env,
                failed_at=failure_phase(out, rc),
                hold_taken_mib=max((h[0] for h in holds), default=None),
                hold_mib=holds[0][1] if holds else None,
                fits_ctx=int(fits.group(1)) if fits else None,
+               memory=memory,
                last_n_kv=rows[-1]["n_kv"] if rows else None,
                prefill_tok_s=round(pp_tokens / pp_seconds, 1) if pp_seconds else None,
                rows=[{k: x.get(k) for k in ("n_kv", "t_pp", "speed_pp", "vram_delta_mib")} for x in rows],
