@@ -206,3 +206,26 @@ def test_seed_classifies_where_a_mainline_run_ended():
     m = seed.MEMORY.search("cupool: memory device=0 stage=model-loaded free_mib=4661.4 total_mib=81079.0 "
                            "pool_reserved_mib=0.0 buffers_mib=7100.6\n")
     assert m.groups() == ("0", "model-loaded", "4661.4", "81079.0", "0.0", "7100.6")
+
+
+def shim_formats():
+    """The shim's fprintf formats, their adjacent C string literals joined."""
+    shim = open(os.path.join(ROOT, "ggml", "ggml-cupool.cu")).read()
+    out = []
+    for m in re.finditer(r'fprintf\(stderr,\s*((?:"(?:[^"\\]|\\.)*"\s*)+)', shim):
+        out.append("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(1))).replace("\\n", "\n"))
+    return out
+
+
+def sample(fmt):
+    """What a format prints, with stand-in values of each conversion's kind."""
+    return re.sub(r"%(?:\.1f|d|u|s|zu|llu|p)", lambda m: {"%s": "start-up"}.get(m.group(0), "42.5" if "f" in m.group(0) else "42"), fmt)
+
+
+def test_seed_reads_the_lines_the_shim_prints():
+    seed = module("scripts/llama/seed.py")
+    printed = "".join(sample(f) for f in shim_formats())
+    assert seed.MEMORY.search(printed), "the shim's memory line no longer matches seed.MEMORY"
+    assert seed.HOLD.search(printed), "the shim's hold line no longer matches seed.HOLD"
+    assert seed.FITS.search(printed), "the shim's start-up report no longer matches seed.FITS"
+    assert seed.START_FAILED.search(printed)
