@@ -33,3 +33,25 @@ pub fn driver_calls(r: &ReplayReport) -> String {
         r.driver_mallocs, r.driver_frees, r.driver_maps, r.driver_unmaps
     )
 }
+
+/// A CSV field: as it is, or quoted (with its quotes doubled) when it holds a comma, a quote
+/// or a line break, so that a model's or a configuration's name cannot shift the columns.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_field;
+
+    #[test]
+    fn a_csv_field_is_quoted_only_when_it_must_be() {
+        assert_eq!(csv_field("legacy/never"), "legacy/never");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+    }
+}

@@ -231,9 +231,8 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
         )
     })?;
     c.budget = a.budget;
-    let weights = cupool::runtime::profile::Weights::parse(&a.weight_type)
-        .ok_or_else(|| format!("--weight-type {:?}: accepted are f16, q8_0", a.weight_type))?;
-    c.weight_type = weights;
+    c.weight_type =
+        crate::values::weight_type(a.weight_type.as_deref(), &a.model, a.engine.profile())?;
     c.engine = match a.engine.profile() {
         None => cupool::runtime::profile::EngineKind::Cupool,
         Some(profile) => cupool::runtime::profile::EngineKind::Profile { profile, cc: 900 },

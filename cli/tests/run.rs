@@ -530,3 +530,25 @@ fn run_and_plan_take_an_engine_profile_s_traffic() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("f16, q8_0"));
 }
+
+#[test]
+fn with_quiet_the_comparison_s_expected_out_of_memory_is_its_result_not_an_error() {
+    // legacy/never runs out at token 7680: a row of the table, not a log line.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["--device", "sim", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OOM at token 7680"));
+    // Without --quiet it is logged as a warning, never as an error.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["--device", "sim"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WARN run ended: out of memory"), "{err}");
+    assert!(!err.contains("ERROR"), "{err}");
+}

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 /// Replays the trace and prints the pool's report.
 pub fn replay(a: ReplayArgs) -> ExitCode {
-    crate::init_logging(a.quiet, false);
+    crate::log::init(a.quiet, false);
     let text = match std::fs::read_to_string(&a.trace) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {

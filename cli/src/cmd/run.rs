@@ -15,7 +15,7 @@ use std::process::ExitCode;
 pub fn run(a: RunArgs) -> ExitCode {
     // A comparison runs when no pool is chosen; the choice is checked again below.
     let comparison = pool_choice(&a).is_ok_and(|(_, chosen)| !chosen);
-    let user_log = crate::init_logging(a.quiet, comparison);
+    let user_log = crate::log::init(a.quiet, comparison);
     let prompt = a.prompt_tokens(false);
     let model = match scenario::model_from_args(&a) {
         Ok(m) => m,
@@ -252,7 +252,7 @@ fn run_csv(outcomes: &[Outcome]) -> String {
             for u in &r.ubatches {
                 s.push_str(&format!(
                     "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6}\n",
-                    o.label,
+                    output::csv_field(&o.label),
                     r.pool.name(),
                     r.purge.name(),
                     r.budget_mode.name(),
