@@ -38,10 +38,7 @@ pub fn write(
     card: Option<usize>,
     title: &str,
 ) -> Result<(), String> {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
+    let format = format_of(path)?;
     let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
     // Registering twice (a second plot in one process) is harmless; a bad font is a bug.
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
@@ -50,23 +47,42 @@ pub fn write(
     if series.is_empty() {
         return Err("nothing to plot: no configuration ran".into());
     }
-    match ext.as_deref() {
-        Some("png") => draw(
+    match format {
+        Format::Png => draw(
             BitMapBackend::new(path, SIZE).into_drawing_area(),
             &series,
             title,
         ),
-        Some("svg") => draw(
+        Format::Svg => draw(
             SVGBackend::new(path, SIZE).into_drawing_area(),
             &series,
             title,
         ),
+    }
+    .map_err(|e| err(&e))
+}
+
+/// The plot's file format, chosen by the file's extension.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Format {
+    Png,
+    Svg,
+}
+
+/// The format `--plot path` asks for, or why the name is refused: checked before any run.
+pub fn format_of(path: &Path) -> Result<Format, String> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("png") => Ok(Format::Png),
+        Some("svg") => Ok(Format::Svg),
         _ => Err(format!(
             "--plot {}: the file name must end in .png or .svg (the format follows it)",
             path.display()
         )),
     }
-    .map_err(|e| err(&e))
 }
 
 fn series(outcomes: &[Outcome], card: Option<usize>) -> Vec<Series> {

@@ -19,6 +19,11 @@ pub fn predict(a: PredictArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return usage(e),
     };
+    if let Some(path) = &a.trace_out {
+        if let Err(e) = super::output_path("--trace-out", path) {
+            return usage(e);
+        }
+    }
     let vram = match a.vram.map(scenario::gib_bytes).transpose() {
         Ok(v) => v,
         Err(e) => return usage(e),
