@@ -1,6 +1,7 @@
 //! Output that more than one subcommand prints: the scenario in the JSON of `run` and `plan`
 //! (the documented contract, docs/repro-prefill.md) and a replay's driver calls in the tables of
-//! `replay` and `predict`. What one subcommand alone prints is in its file under `cmd/`.
+//! `replay` and `predict`, the MiB of `run`'s table and its plot, and CSV fields. What one
+//! subcommand alone prints is in its file under `cmd/`.
 
 use crate::scenario::static_bytes;
 use cupool::runtime::RunConfig;
@@ -32,6 +33,12 @@ pub fn driver_calls(r: &ReplayReport) -> String {
         "{} mallocs, {} frees, {} maps, {} unmaps",
         r.driver_mallocs, r.driver_frees, r.driver_maps, r.driver_unmaps
     )
+}
+
+/// Bytes in MiB as the tables and the plot's legend print them (`840.0 MiB`): one function,
+/// so that the two cannot disagree.
+pub fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
 
 /// A CSV field: as it is, or quoted (with its quotes doubled) when it holds a comma, a quote

@@ -6,6 +6,7 @@ use super::{fail, output_path, pool_choice, usage, EXIT_ERROR, EXIT_OOM};
 use crate::cli::{ComputeArg, DeviceArg};
 use crate::cli::{FormatArg, RunArgs};
 use crate::estimate::Estimate;
+use crate::output::mib;
 use crate::scenario::{self, Device, Outcome};
 use crate::{output, plot, stdout};
 use cupool::runtime::RunReport;
@@ -198,10 +199,6 @@ fn budget_summary(outcomes: &[Outcome]) -> Option<String> {
         over.len(),
         ran.len()
     ))
-}
-
-fn mib(b: usize) -> String {
-    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
 
 /// One configuration's run in the JSON output.
