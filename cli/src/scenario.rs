@@ -15,7 +15,7 @@ use cupool::runtime::{
 use std::sync::Arc;
 
 pub const GIB: f64 = (1u64 << 30) as f64;
-/// Phi-3-mini's weights in f16: with a 20k q8_0 KV cache it fills a 12 GiB card like the report's.
+/// Phi-3-mini's weights in f16: with a 20k q8_0 KV cache it fills a 12 GiB card as in the OOM report.
 const SCENARIO_WEIGHTS: f64 = 7_640_000_000.0;
 
 /// A driver and the executor that runs on it.
