@@ -88,7 +88,7 @@ sim = {k: v for k, v in hot.items() if k.startswith("hot_path/sim/")}
 if sim:
     w(f"\nOn the simulated device (host only) the same pairs cost {min(sim.values())}–{max(sim.values())} ns.")
 w("\nFor context, PyTorch's caching allocator was measured at 330–480 ns a pair from C++ on an H200 "
-  "(design brief §7); that comparison is not part of this run.\n")
+  "(a measurement outside this repository's benchmarks); that comparison is not part of this run.\n")
 
 w("## 2. VMM growth\n")
 w("`benches/growth.rs` (criterion): a fresh pool grows to 512 MiB in 1 MiB requests; cost per MiB mapped "

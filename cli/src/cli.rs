@@ -5,6 +5,7 @@ use crate::values::{self, Engine};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cupool::kernels::KvType;
 use cupool::pool::{PoolKind, PurgePolicy};
+use cupool::runtime::profile::Profile;
 use cupool::runtime::BudgetMode;
 use std::path::PathBuf;
 
@@ -48,10 +49,12 @@ pub enum Command {
         mut_arg("budget", |a| a.hide(true)),
         mut_arg("fallback_managed", |a| a.hide(true)),
         mut_arg("plot", |a| a.hide(true)),
-        mut_arg("trace", |a| a.hide(true))
+        mut_arg("trace", |a| a.hide(true)),
+        mut_arg("yes", |a| a.hide(true))
     )]
     Plan(RunArgs),
-    /// Replay an allocation trace (JSON lines) through a pool on the simulated device.
+    /// Replay an allocation trace (JSON lines, plain or gzipped) through a pool on the simulated
+    /// device.
     #[command(allow_negative_numbers = true)]
     Replay(ReplayArgs),
     /// Predict what a real engine asks of its pool for a prefill (its profile's requests, op by
@@ -64,8 +67,8 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct PredictArgs {
     /// The engine (and commit) whose requests to predict.
-    #[arg(long, value_parser = values::engine(), default_value = "ik-llama")]
-    pub engine: Engine,
+    #[arg(long, value_parser = values::engine_profile(), default_value = "ik-llama")]
+    pub engine: Profile,
     /// Model preset: phi3-mini, llama3-8b; qwen3-30b-a3b, deepseek-v3 (q8_0 weights).
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
@@ -73,9 +76,10 @@ pub struct PredictArgs {
     /// head chunks whose f32 K/V fits it; 0: no limit (llama-bench's default).
     #[arg(long, default_value_t = 256)]
     pub amb: usize,
-    /// Weight type: f16 (cuBLAS) or q8_0 (MMQ, MMVQ).
-    #[arg(long, default_value = "f16")]
-    pub weight_type: String,
+    /// Weight type: f16 (cuBLAS) or q8_0 (MMQ, MMVQ) (default: f16; q8_0 for the
+    /// mixture-of-experts presets, whose f16 experts the profiles do not model).
+    #[arg(long)]
+    pub weight_type: Option<String>,
     /// KV cache type.
     #[arg(long, value_parser = values::kv_type(), default_value = "q8_0")]
     pub kv_type: KvType,
@@ -113,10 +117,10 @@ pub struct PredictArgs {
     /// Write the predicted requests to this file as a trace (`replay` reads it).
     #[arg(long)]
     pub trace_out: Option<PathBuf>,
-    /// Output format (table or json).
+    /// Output format (csv: a header line and one row).
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,
-    /// Only errors on stderr.
+    /// Only the result and errors on stderr (a predicted out-of-memory is a result).
     #[arg(long)]
     pub quiet: bool,
 }
@@ -193,9 +197,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub fa_occupancy: Option<usize>,
     /// The weights' type: f16 or q8_0 (cupool's runtime converts q8_0 to f16 for each GEMM, in
-    /// a pool buffer; an engine profile takes its engine's path).
-    #[arg(long, default_value = "f16")]
-    pub weight_type: String,
+    /// a pool buffer; an engine profile takes its engine's path). Default: f16; with an engine
+    /// profile, q8_0 for the mixture-of-experts presets, whose f16 experts no profile models.
+    #[arg(long)]
+    pub weight_type: Option<String>,
     /// Context length.
     #[arg(long, default_value_t = 20480)]
     pub ctx: usize,
@@ -233,7 +238,8 @@ pub struct RunArgs {
     /// Serve allocations from managed memory when the device is full.
     #[arg(long)]
     pub fallback_managed: bool,
-    /// Output format.
+    /// Output format (csv: run, a row per ubatch of each configuration; plan, a header line
+    /// and one row).
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,
     /// Write the timeline of the pool's memory to this file: PNG or SVG, by its extension.
@@ -242,14 +248,18 @@ pub struct RunArgs {
     /// Record the pool's allocation trace (JSON lines).
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Only errors on stderr.
+    /// Start a --compute cpu run estimated to take longer than 10 minutes (refused without it).
+    #[arg(long)]
+    pub yes: bool,
+    /// Only the result and errors on stderr: no notes, no progress, no warnings, and an
+    /// out-of-memory that a configuration runs into is a result, not an error.
     #[arg(long)]
     pub quiet: bool,
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
-    /// The trace file.
+    /// The trace file: JSON lines, or JSON lines compressed with gzip (`.jsonl.gz`).
     pub trace: PathBuf,
     /// Pool (torch: PyTorch's native caching allocator, to see what it would reserve).
     #[arg(long, value_parser = values::pool_kind(), ignore_case = true, default_value = "vmm")]

@@ -44,18 +44,64 @@ pub fn human(seconds: f64) -> String {
     }
 }
 
-/// The note printed before a `--compute cpu` run of `configs` configurations.
-pub fn note(m: &ModelShape, prompt: usize, configs: usize) -> String {
-    let flops = prefill_flops(m, prompt);
-    let rate = cpu_rate();
-    let each = flops / rate;
-    format!(
-        "note: --compute cpu runs the reference maths on this CPU: {} per configuration, {} in all ({:.3} TFLOP each at {:.1} GFLOP/s measured now); --compute dry-run measures the memory alone, at once",
-        human(each),
-        human(each * configs as f64),
-        flops / 1e12,
-        rate / 1e9
-    )
+/// Above this many seconds of estimated CPU time in all, a `--compute cpu` run starts only
+/// with `--yes`: ten minutes is past what anyone waits for by accident.
+pub const CONFIRM_ABOVE_SECONDS: f64 = 600.0;
+
+/// How long a `--compute cpu` run of `configs` configurations will take on this CPU.
+pub struct Estimate {
+    /// Floating-point operations of one configuration's prefill.
+    pub flops: f64,
+    /// The reference maths' speed here, in FLOP/s.
+    pub rate: f64,
+    /// Seconds per configuration, and in all.
+    pub each: f64,
+    pub total: f64,
+}
+
+impl Estimate {
+    /// Measures this CPU (about 50 ms) and estimates the run.
+    pub fn measure(m: &ModelShape, prompt: usize, configs: usize) -> Self {
+        Self::at_rate(m, prompt, configs, cpu_rate())
+    }
+
+    /// The estimate at `rate` FLOP/s.
+    pub fn at_rate(m: &ModelShape, prompt: usize, configs: usize, rate: f64) -> Self {
+        let flops = prefill_flops(m, prompt);
+        let each = flops / rate;
+        Self {
+            flops,
+            rate,
+            each,
+            total: each * configs as f64,
+        }
+    }
+
+    /// The note printed before the run starts.
+    pub fn note(&self) -> String {
+        format!(
+            "note: --compute cpu runs the reference maths on this CPU: {} per configuration, {} in all ({:.3} TFLOP each at {:.1} GFLOP/s measured now); --compute dry-run measures the memory alone, at once",
+            human(self.each),
+            human(self.total),
+            self.flops / 1e12,
+            self.rate / 1e9
+        )
+    }
+
+    /// Whether the run may start: at most [`CONFIRM_ABOVE_SECONDS`] in all, or confirmed by
+    /// `--yes`; else what it would take and how to go on.
+    pub fn allows(&self, yes: bool) -> Result<(), String> {
+        if yes || self.total <= CONFIRM_ABOVE_SECONDS {
+            return Ok(());
+        }
+        Err(format!(
+            "--compute cpu would take {} in all ({} per configuration at {:.1} GFLOP/s measured now), over the {} that starts without asking: add --yes to start it anyway, or use --compute dry-run (the memory alone, at once), a smaller --prompt or shape, or one --pool",
+            human(self.total),
+            human(self.each),
+            self.rate / 1e9,
+            human(CONFIRM_ABOVE_SECONDS)
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -74,5 +120,24 @@ mod tests {
         assert_eq!(human(600.0), "about 10 minutes");
         assert_eq!(human(7200.0), "about 2.0 hours");
         assert!(cpu_rate() > 1e6);
+    }
+
+    #[test]
+    fn a_run_over_ten_minutes_needs_yes() {
+        let m = ModelShape::preset("phi3-mini").unwrap();
+        // The rate that makes 1000 tokens take exactly the threshold, in all.
+        let rate = prefill_flops(&m, 1000) / CONFIRM_ABOVE_SECONDS;
+        let at = |prompt, configs| Estimate::at_rate(&m, prompt, configs, rate);
+        assert!(at(1000, 1).allows(false).is_ok(), "at the threshold");
+        assert!(at(999, 1).allows(false).is_ok());
+        for (prompt, configs) in [(1001, 1), (600, 2), (20000, 6)] {
+            let e = at(prompt, configs);
+            let refused = e.allows(false).unwrap_err();
+            assert!(
+                refused.contains(&human(e.total)) && refused.contains("--yes"),
+                "{refused}"
+            );
+            assert!(e.allows(true).is_ok());
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Output that more than one subcommand prints: the scenario in the JSON of `run` and `plan`
 //! (the documented contract, docs/repro-prefill.md) and a replay's driver calls in the tables of
-//! `replay` and `predict`. What one subcommand alone prints is in its file under `cmd/`.
+//! `replay` and `predict`, the MiB of `run`'s table and its plot, and CSV fields. What one
+//! subcommand alone prints is in its file under `cmd/`.
 
 use crate::scenario::static_bytes;
 use cupool::runtime::RunConfig;
@@ -32,4 +33,32 @@ pub fn driver_calls(r: &ReplayReport) -> String {
         "{} mallocs, {} frees, {} maps, {} unmaps",
         r.driver_mallocs, r.driver_frees, r.driver_maps, r.driver_unmaps
     )
+}
+
+/// Bytes in MiB as the tables and the plot's legend print them (`840.0 MiB`): one function,
+/// so that the two cannot disagree.
+pub fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// A CSV field: as it is, or quoted (with its quotes doubled) when it holds a comma, a quote
+/// or a line break, so that a model's or a configuration's name cannot shift the columns.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_field;
+
+    #[test]
+    fn a_csv_field_is_quoted_only_when_it_must_be() {
+        assert_eq!(csv_field("legacy/never"), "legacy/never");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+    }
 }

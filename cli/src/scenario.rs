@@ -15,7 +15,7 @@ use cupool::runtime::{
 use std::sync::Arc;
 
 pub const GIB: f64 = (1u64 << 30) as f64;
-/// Phi-3-mini's weights in f16: with a 20k q8_0 KV cache it fills a 12 GiB card like the report's.
+/// Phi-3-mini's weights in f16: with a 20k q8_0 KV cache it fills a 12 GiB card as in the OOM report.
 const SCENARIO_WEIGHTS: f64 = 7_640_000_000.0;
 
 /// A driver and the executor that runs on it.
@@ -231,9 +231,8 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
         )
     })?;
     c.budget = a.budget;
-    let weights = cupool::runtime::profile::Weights::parse(&a.weight_type)
-        .ok_or_else(|| format!("--weight-type {:?}: accepted are f16, q8_0", a.weight_type))?;
-    c.weight_type = weights;
+    c.weight_type =
+        crate::values::weight_type(a.weight_type.as_deref(), &a.model, a.engine.profile())?;
     c.engine = match a.engine.profile() {
         None => cupool::runtime::profile::EngineKind::Cupool,
         Some(profile) => cupool::runtime::profile::EngineKind::Profile { profile, cc: 900 },

@@ -6,7 +6,7 @@
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use cupool::kernels::KvType;
 use cupool::pool::{PoolKind, PurgePolicy};
-use cupool::runtime::profile::{EngineKind, Profile};
+use cupool::runtime::profile::{EngineKind, EngineModel, Profile, Weights};
 use cupool::runtime::BudgetMode;
 
 /// `--engine`: cupool's runtime, whose traffic is its own, or an engine profile.
@@ -76,21 +76,24 @@ pub fn engine_name(p: Profile) -> String {
     p.name().replace('_', "-")
 }
 
-/// The `--engine` values: cupool's runtime, then every engine profile by [`engine_name`]; the
-/// underscore spelling (`ik_llama`, `llama_b8833`) is an alias.
+/// An engine profile as a value of `--engine`: its [`engine_name`], with the underscore
+/// spelling (`ik_llama`, `llama_b8833`) as an alias.
+fn profile_value(p: Profile) -> PossibleValue {
+    let name = engine_name(p);
+    let alias = p.name().replace('-', "_");
+    let value = PossibleValue::new(&name).help(engine_help(p));
+    if alias == name {
+        value
+    } else {
+        value.alias(alias)
+    }
+}
+
+/// The `--engine` values of `run` and `plan`: cupool's runtime, then every engine profile.
 pub fn engine() -> impl TypedValueParser<Value = Engine> {
     let cupool = EngineKind::Cupool.name();
-    let profiles = Profile::ALL.map(|p| {
-        let name = engine_name(p);
-        let alias = p.name().replace('-', "_");
-        let value = PossibleValue::new(&name).help(engine_help(p));
-        if alias == name {
-            value
-        } else {
-            value.alias(alias)
-        }
-    });
-    let values = std::iter::once(PossibleValue::new(cupool).help(OWN_ENGINE_HELP)).chain(profiles);
+    let values = std::iter::once(PossibleValue::new(cupool).help(OWN_ENGINE_HELP))
+        .chain(Profile::ALL.map(profile_value));
     table("engine", values, |s| {
         if s == EngineKind::Cupool.name() {
             Some(Engine::Cupool)
@@ -98,6 +101,42 @@ pub fn engine() -> impl TypedValueParser<Value = Engine> {
             Profile::parse(s).map(Engine::Profile)
         }
     })
+}
+
+/// The `--engine` values of `predict`: the engine profiles alone (cupool's own traffic is
+/// what `run` measures, so `predict` neither lists nor accepts `cupool`).
+pub fn engine_profile() -> impl TypedValueParser<Value = Profile> {
+    table(
+        "engine profile",
+        Profile::ALL.map(profile_value),
+        Profile::parse,
+    )
+}
+
+/// `--weight-type`: the type given, else the default: f16, but q8_0 for a mixture-of-experts
+/// preset under an engine profile, since no profile models f16 experts (one call per expert,
+/// sized by the routing). An f16 given for such a preset is refused, naming the type that works.
+pub fn weight_type(
+    given: Option<&str>,
+    model: &str,
+    profile: Option<Profile>,
+) -> Result<Weights, String> {
+    let moe = EngineModel::preset(model).is_some_and(|m| m.moe.is_some());
+    let Some(s) = given else {
+        return Ok(match (moe, profile) {
+            (true, Some(_)) => Weights::Q8_0,
+            _ => Weights::F16,
+        });
+    };
+    let w =
+        Weights::parse(s).ok_or_else(|| format!("--weight-type {s:?}: accepted are f16, q8_0"))?;
+    match profile {
+        Some(p) if moe && w == Weights::F16 => Err(format!(
+            "--weight-type f16: {model} is a mixture-of-experts model and the {} profile does not model f16 experts (one call per expert, sized by the routing): accepted is --weight-type q8_0, its default for {model}",
+            engine_name(p)
+        )),
+        _ => Ok(w),
+    }
 }
 
 /// `--engine cupool` in `--help`.
@@ -162,21 +201,23 @@ mod tests {
                 let want = Engine::Profile(p);
                 assert_eq!(run(&["--engine", s]).engine, want, "run --engine {s}");
                 assert_eq!(plan(&["--engine", s]).engine, want, "plan --engine {s}");
-                assert_eq!(
-                    predict(&["--engine", s]).engine,
-                    want,
-                    "predict --engine {s}"
-                );
+                assert_eq!(predict(&["--engine", s]).engine, p, "predict --engine {s}");
             }
         }
         assert_eq!(run(&["--engine", "cupool"]).engine, Engine::Cupool);
         assert_eq!(run(&[]).engine, Engine::Cupool);
-        assert_eq!(predict(&[]).engine, Engine::Profile(Profile::IkLlama));
-        // cupool's runtime, then the profiles, each once.
+        assert_eq!(predict(&[]).engine, Profile::IkLlama);
+        // cupool's runtime, then the profiles, each once; predict lists the profiles alone.
         assert_eq!(
             engine().possible_values().unwrap().count(),
             Profile::ALL.len() + 1
         );
+        let listed: Vec<String> = engine_profile()
+            .possible_values()
+            .unwrap()
+            .map(|v| v.get_name().to_string())
+            .collect();
+        assert_eq!(listed, Profile::ALL.map(engine_name));
     }
 
     #[test]
@@ -223,10 +264,40 @@ mod tests {
     }
 
     #[test]
+    fn the_default_weight_type_is_one_the_model_s_profile_accepts() {
+        for p in Profile::ALL {
+            for model in EngineModel::PRESETS {
+                let moe = EngineModel::preset(model).unwrap().moe.is_some();
+                let default = weight_type(None, model, Some(p)).unwrap();
+                assert_eq!(default == Weights::Q8_0, moe, "{model} under {p:?}");
+                // The default is what the user would have had to give.
+                assert_eq!(
+                    weight_type(Some(default.name()), model, Some(p)),
+                    Ok(default)
+                );
+                let f16 = weight_type(Some("f16"), model, Some(p));
+                if moe {
+                    let e = f16.unwrap_err();
+                    assert!(e.contains("--weight-type q8_0"), "{e}");
+                } else {
+                    assert_eq!(f16, Ok(Weights::F16));
+                }
+            }
+        }
+        // cupool's own runtime keeps f16 for every preset.
+        for model in EngineModel::PRESETS {
+            assert_eq!(weight_type(None, model, None), Ok(Weights::F16));
+        }
+        let e = weight_type(Some("q4_k"), "phi3-mini", None).unwrap_err();
+        assert!(e.contains("f16, q8_0"), "{e}");
+    }
+
+    #[test]
     fn values_outside_the_tables_are_refused() {
         for args in [
             &["run", "--engine", "vllm"][..],
             &["run", "--engine", "IK-LLAMA"],
+            &["predict", "--engine", "cupool"],
             &["predict", "--purge", "NEVER"],
             &["run", "--kv-type", "q4_0"],
             &["run", "--budget", "plan"],

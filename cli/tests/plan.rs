@@ -89,8 +89,8 @@ fn falling_back_to_the_simulated_card_is_said_once() {
 #[test]
 fn plan_refuses_the_options_it_has_no_use_for() {
     for (args, says) in [
-        (&["plan", "--format", "csv"][..], "plan has no csv output"),
         (&["plan", "--plot", "x.svg"][..], "--plot records a run"),
+        (&["plan", "--yes"][..], "drop --yes"),
         (&["plan", "--trace", "t.jsonl"][..], "--trace records a run"),
     ] {
         let out = bin().args(args).args(["--device", "sim"]).output().unwrap();
@@ -132,6 +132,7 @@ fn plan_help_lists_only_what_a_plan_uses_and_refuses_the_rest() {
         "--fallback-managed",
         "--plot",
         "--trace",
+        "--yes",
     ] {
         assert!(!help.contains(opt), "{opt} in plan --help:\n{help}");
         let mut c = bin();

@@ -86,14 +86,76 @@ fn mainline_profiles_show_what_pr_23907_moved() {
     assert!(v["peak_reserved_bytes"].as_u64().unwrap() > 0);
     let out = bin()
         .args(["predict", "--engine", "llama", "--model", "qwen3-30b-a3b"])
+        .args(["--weight-type", "f16"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("q8_0 weights"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--weight-type q8_0"));
     // A flash-attention occupancy of 0 is refused.
     let out = bin()
         .args(["predict", "--engine", "llama", "--fa-occupancy", "0"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_mixture_of_experts_preset_runs_on_its_own_default_weight_type() {
+    // Without --weight-type a mixture-of-experts preset takes q8_0, the type its profiles
+    // model; the result is the one --weight-type q8_0 gives.
+    // (Mainline's profiles do not model DeepSeek's latent attention.)
+    for (engine, models) in [
+        ("ik-llama", &["qwen3-30b-a3b", "deepseek-v3"][..]),
+        ("llama-b8833", &["qwen3-30b-a3b"]),
+        ("llama", &["qwen3-30b-a3b"]),
+    ] {
+        for &model in models {
+            let base = ["--engine", engine, "--model", model, "--prompt", "4096"];
+            let (default, code) = predict_json(&base);
+            assert_eq!(code, 0, "{engine} {model}: {default}");
+            let (q8, _) = predict_json(&[&base[..], &["--weight-type", "q8_0"]].concat());
+            assert_eq!(default, q8, "{engine} {model}");
+            // f16 is refused, naming the type that works, as a bad argument.
+            let out = bin()
+                .arg("predict")
+                .args(base)
+                .args(["--weight-type", "f16"])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{engine} {model}: {err}");
+            assert!(err.contains("--weight-type q8_0"), "{err}");
+        }
+    }
+    // plan with an engine profile takes the same default.
+    let (v, code) = common::json(&["plan", "--engine", "ik-llama", "--model", "qwen3-30b-a3b"]);
+    assert!(code == 0 || code == 3, "{v}");
+}
+
+#[test]
+fn a_predicted_out_of_memory_warns_once_with_a_count() {
+    // The sweep on the 12 GiB card's room fails 2688 allocations; the pool logs its 1st, 2nd,
+    // 4th, ... failure, and the log shows the first and how many more came.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["predict", "--sweep", "40", "--vram", "0.348"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("out of device memory").count(), 1, "{err}");
+    assert!(
+        err.contains("came 11 more times, the last with ooms_so_far=2048"),
+        "{err}"
+    );
+    assert!(err.lines().count() <= 2, "{err}");
+    // With --quiet the prediction alone: its out-of-memory is its result.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["predict", "--sweep", "40", "--vram", "0.348", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("runs out of memory"));
 }

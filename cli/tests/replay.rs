@@ -122,7 +122,7 @@ fn hand_written_trace_and_its_errors() {
 }
 
 #[test]
-fn repeated_out_of_memory_warnings_are_rate_limited() {
+fn repeated_out_of_memory_warnings_are_rate_limited_and_collapsed() {
     let trace = tmp("many-ooms.jsonl");
     let text: String = (0..3000)
         .map(|i| format!("{{\"op\":\"alloc\",\"id\":{i},\"size\":1048576}}\n"))
@@ -143,6 +143,65 @@ fn repeated_out_of_memory_warnings_are_rate_limited() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ooms"].as_u64(), Some(3000), "every one is counted");
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The pool logs the 1st, 2nd, 4th, ..., 2048th: the first is shown, then their count.
     let warnings = stderr.matches("out of device memory").count();
-    assert_eq!(warnings, 12, "the 1st, 2nd, 4th, ..., 2048th: {stderr}");
+    assert_eq!(warnings, 1, "{stderr}");
+    assert!(
+        stderr.contains("came 11 more times, the last with ooms_so_far=2048"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn gzipped_traces_replay_as_their_text_does() {
+    use std::io::Write;
+    let plain = tmp("gz-source.jsonl");
+    let (_, code) =
+        common::predict_json(&["--prompt", "4096", "--trace-out", plain.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    let text = std::fs::read(&plain).unwrap();
+    // Named .jsonl.gz as the repository keeps them, and under a name that does not say gzip.
+    for name in ["gz-copy.jsonl.gz", "gz-copy-unnamed.jsonl"] {
+        let gz = tmp(name);
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(&text).unwrap();
+        std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+        let replay = |p: &std::path::Path| {
+            let out = bin()
+                .args(["replay", p.to_str().unwrap(), "--pool", "legacy"])
+                .args(["--format", "json"])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{}: {err}", p.display());
+            serde_json::from_slice::<Value>(&out.stdout).unwrap()
+        };
+        let (a, b) = (replay(&plain), replay(&gz));
+        assert!(a["events"].as_u64().unwrap() > 0, "{a}");
+        assert_eq!(a, b, "{name}");
+    }
+    // A recorded trace of the repository, as it is kept.
+    let kept = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../profiles/tests/data/h200-2026-11-22-traces/phi3-mini-q8_0-trace.trace.jsonl.gz");
+    let out = bin()
+        .args(["replay", kept.to_str().unwrap(), "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["events"].as_u64().unwrap() > 1000, "{v}");
+    // A gzip header over something else is a bad trace: exit 2, saying so.
+    let broken = tmp("broken.jsonl.gz");
+    std::fs::write(&broken, [0x1f, 0x8b, 8, 0, 1, 2, 3]).unwrap();
+    let out = bin()
+        .args(["replay", broken.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a readable gzip file"));
 }

@@ -6,6 +6,7 @@ mod common;
 
 use common::{bin, json, predict_json, tmp};
 use serde_json::Value;
+use std::process::Stdio;
 
 #[test]
 fn default_comparison_shows_the_oom_and_its_fixes() {
@@ -159,7 +160,6 @@ fn help_documents_every_option() {
 
 #[test]
 fn a_closed_stdout_ends_the_command_quietly() {
-    use std::process::Stdio;
     for args in [
         &["--format", "json", "--quiet", "--device", "sim"][..],
         &["plan", "--format", "json", "--device", "sim"][..],
@@ -478,17 +478,71 @@ fn the_plot_is_png_or_svg_by_its_name_and_the_command_says_what_it_wrote() {
         text.starts_with("<svg") && text.contains("room for the pool"),
         "an SVG"
     );
+}
+
+#[test]
+fn bad_arguments_are_refused_before_any_run_with_exit_2() {
+    let missing = tmp("no-such-folder").join("x.svg");
+    let engine_cpu = ["--engine", "ik-llama", "--compute", "cpu"];
+    for (args, says) in [
+        (
+            vec!["--plot", tmp("timeline.jpg").to_str().unwrap()],
+            "must end in .png or .svg",
+        ),
+        (vec!["--plot", missing.to_str().unwrap()], "does not exist"),
+        (vec!["--trace", missing.to_str().unwrap()], "does not exist"),
+        (engine_cpu.to_vec(), "drop --compute cpu"),
+        (
+            vec!["--compute", "cpu", "--device", "cuda"],
+            "drop --compute",
+        ),
+    ] {
+        let mut c = bin();
+        c.args(&args);
+        if !args.contains(&"--device") {
+            c.args(["--device", "sim"]);
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        // Nothing ran: no table.
+        assert!(out.stdout.is_empty(), "{args:?} ran first");
+    }
     let out = bin()
-        .args([
-            "--device",
-            "sim",
-            "--plot",
-            tmp("timeline.jpg").to_str().unwrap(),
-        ])
+        .args(["predict", "--trace-out", missing.to_str().unwrap()])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("must end in .png or .svg"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn cpu_maths_over_ten_minutes_is_refused_with_its_estimate_unless_yes() {
+    // The default scenario's reference maths take hours on a CPU: refused at once, with the
+    // estimate. (A child that is still running after a minute has started the run.)
+    let mut child = bin()
+        .args(["--device", "sim", "--compute", "cpu"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed().as_secs() > 60 {
+            child.kill().unwrap();
+            panic!("--compute cpu of the default scenario started without --yes");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("hours in all") && err.contains("add --yes"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
@@ -518,9 +572,8 @@ fn run_and_plan_take_an_engine_profile_s_traffic() {
         .args(["--pool", "legacy", "--ctx", "1024", "--prompt", "512"])
         .output()
         .unwrap();
-    assert_ne!(out.status.code(), Some(0));
-    let err =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("dry-run executor"), "{err}");
     // A bad weight type names the accepted ones.
     let out = bin()
@@ -529,4 +582,26 @@ fn run_and_plan_take_an_engine_profile_s_traffic() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("f16, q8_0"));
+}
+
+#[test]
+fn with_quiet_the_comparison_s_expected_out_of_memory_is_its_result_not_an_error() {
+    // legacy/never runs out at token 7680: a row of the table, not a log line.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["--device", "sim", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OOM at token 7680"));
+    // Without --quiet it is logged as a warning, never as an error.
+    let out = bin()
+        .env_remove("RUST_LOG")
+        .args(["--device", "sim"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WARN run ended: out of memory"), "{err}");
+    assert!(!err.contains("ERROR"), "{err}");
 }

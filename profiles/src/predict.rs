@@ -290,7 +290,7 @@ mod tests {
 
     #[test]
     fn mainline_s_pool_no_longer_grows_with_the_context() {
-        // The seed scenario's shape (Phi-3-mini, q8_0 cache, 20k prompt): before PR #23907 the
+        // The 12 GiB-card scenario's shape (Phi-3-mini, q8_0 cache, 20k prompt): before PR #23907 the
         // K/V copies come from the pool and its legacy reserve grows ubatch by ubatch; after it
         // the pool holds only what the matrix multiplies and stream-k take.
         let peak = |profile: Profile, tokens: usize| {

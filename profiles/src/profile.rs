@@ -12,7 +12,7 @@ use cupool_kernels::KvType;
 /// A real engine, at the commit its profile models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Profile {
-    /// ik_llama.cpp 8337e4cd (the seeds' engine; K/V f16 copies from the pool).
+    /// ik_llama.cpp 8337e4cd (the engine of the reported OOMs; K/V f16 copies from the pool).
     #[default]
     IkLlama,
     /// llama.cpp before PR #23907 (b8833, the Windows 7 report): K/V f16 copies from the pool.

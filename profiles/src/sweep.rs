@@ -1,4 +1,4 @@
-//! The schedule of `llama-sweep-bench -n 1` (the seed scenario's benchmark): at step `k` a
+//! The schedule of `llama-sweep-bench -n 1` (the 12 GiB-card report's benchmark): at step `k` a
 //! one-token decode over the `k` ubatches already in the cache (then removed again), then the
 //! next prefill ubatch. With flash attention the engine pads the KV length it attends to to 256.
 

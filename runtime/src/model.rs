@@ -42,7 +42,7 @@ pub const MAX_WIDTH: usize = 1 << 20;
 pub const PRESETS: &[&str] = &["phi3-mini", "llama3-8b", "qwen3-30b-a3b", "deepseek-v3"];
 
 impl ModelShape {
-    /// A public model's shape (design.md §6). Weights are a Q8_0-sized estimate.
+    /// A public model's shape (from its published configuration). Weights are a Q8_0-sized estimate.
     pub fn preset(name: &str) -> Result<Self, RuntimeError> {
         let (n_layer, n_embd, n_head, n_head_kv, dk, dv, v_is_k, n_ff, gib) = match name {
             "phi3-mini" => (32, 3072, 32, 32, 96, 96, false, 8192, 3.8),

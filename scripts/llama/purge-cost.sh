@@ -5,7 +5,7 @@
 #
 #     scripts/llama/purge-cost.sh BIN_DIR MODEL.gguf OUT_DIR [PAIRS] [CARD_GIB]
 #
-# 1. llama-sweep-bench (the seed scenario: a ubatch of 512 at each KV length up to 20k), PAIRS
+# 1. llama-sweep-bench (the 12 GiB-card scenario: a ubatch of 512 at each KV length up to 20k), PAIRS
 #    pairs with CUDA graphs on (ik_llama.cpp's default), then 2 pairs with GGML_CUDA_DISABLE_GRAPHS=1;
 # 2. llama-bench -p 16384 -n 0 -r 3 (whole prompts, the KV cache emptied between repetitions, so
 #    every repetition regrows the flash-attention buffers), PAIRS pairs.

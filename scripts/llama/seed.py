@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs the seed scenario in the real engine: llama-sweep-bench with each pool, on a card made
+"""Runs the 12 GiB-card scenario in the real engine: llama-sweep-bench with each pool, on a card made
 smaller by the ballast, and writes what each run did as JSON lines.
 
     python3 scripts/llama/seed.py --bin BUILD/build/bin --model M.gguf --out DIR RUN [RUN ...]

@@ -9,6 +9,7 @@ pub mod run;
 
 use crate::cli::RunArgs;
 use cupool::pool::PoolConfig;
+use std::path::Path;
 use std::process::ExitCode;
 
 /// Exit code of an error.
@@ -40,4 +41,22 @@ pub fn pool_choice(a: &RunArgs) -> Result<(PoolConfig, bool), String> {
     env.fallback_managed |= a.fallback_managed;
     let chosen = env.kind.is_some() || a.fallback_managed;
     Ok((env, chosen))
+}
+
+/// Whether a file `opt` asks to write can be written where it is named: its folder exists.
+/// Checked before any work, so that a typo costs no run.
+pub fn output_path(opt: &str, path: &Path) -> Result<(), String> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{opt} {}: the folder {} does not exist: name a file in an existing folder",
+            path.display(),
+            dir.display()
+        ))
+    }
 }

@@ -15,11 +15,8 @@ use std::process::ExitCode;
 
 /// Prints the plan; exits 3 when it does not fit.
 pub fn plan(a: RunArgs) -> ExitCode {
-    crate::init_logging(a.quiet, false);
+    crate::log::init(a.quiet, false);
     // Options of a run that a plan has no use for: refused, not silently ignored.
-    if a.format == FormatArg::Csv {
-        return usage("plan has no csv output: use --format table or --format json");
-    }
     for (given, name) in [(a.plot.is_some(), "--plot"), (a.trace.is_some(), "--trace")] {
         if given {
             return usage(format!(
@@ -39,6 +36,7 @@ pub fn plan(a: RunArgs) -> ExitCode {
             "--fallback-managed",
             "plan models the pool on a card it never fills",
         ),
+        (a.yes, "--yes", "plan computes nothing to confirm"),
     ] {
         if given {
             return usage(format!("{name} is an option of a run; {why}: drop {name}"));
@@ -86,7 +84,8 @@ pub fn plan(a: RunArgs) -> ExitCode {
                 serde_json::to_string_pretty(&plan_json(&p, &cfg, scen)).unwrap_or_default()
             );
         }
-        _ => stdout::out(&plan_table(&p, &cfg)),
+        FormatArg::Csv => stdout::out(&plan_csv(&p, &cfg)),
+        FormatArg::Table => stdout::out(&plan_table(&p, &cfg)),
     }
     if p.fits {
         ExitCode::SUCCESS
@@ -110,6 +109,36 @@ fn plan_json(p: &Plan, c: &RunConfig, scenario: Value) -> Value {
         "total_bytes": p.total_bytes, "device_bytes": p.device_bytes, "fits": p.fits, "max_ctx_that_fits": p.max_ctx_that_fits,
         "oom_at_token": p.oom_at_token,
     })
+}
+
+/// The plan as CSV: a header line and one row (an empty field where there is no value: no
+/// context fits, the run does not die).
+fn plan_csv(p: &Plan, c: &RunConfig) -> String {
+    let opt = |v: Option<usize>| v.map_or(String::new(), |v| v.to_string());
+    let row = [
+        output::csv_field(&c.model.name),
+        p.n_prompt.to_string(),
+        c.n_ctx.to_string(),
+        c.kv_type.name().to_string(),
+        c.n_ubatch.to_string(),
+        c.pool.kind.map_or("auto", |k| k.name()).to_string(),
+        c.purge.name().to_string(),
+        p.weights_bytes.to_string(),
+        p.kv_bytes.to_string(),
+        p.compute_bytes.to_string(),
+        p.pool_peak_reserved_bytes.to_string(),
+        p.pool_peak_live_bytes.to_string(),
+        p.pool_driver_mallocs.to_string(),
+        p.total_bytes.to_string(),
+        p.device_bytes.to_string(),
+        p.fits.to_string(),
+        opt(p.max_ctx_that_fits),
+        opt(p.oom_at_token),
+    ];
+    format!(
+        "model,prompt,ctx,kv_type,ubatch,pool,purge,weights_bytes,kv_bytes,compute_bytes,pool_peak_reserved_bytes,pool_peak_live_bytes,pool_driver_mallocs,total_bytes,device_bytes,fits,max_ctx_that_fits,oom_at_token\n{}\n",
+        row.join(",")
+    )
 }
 
 /// The plan as a table: each part of the budget, the total against the device, the verdict.

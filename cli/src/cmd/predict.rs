@@ -5,20 +5,25 @@
 use super::{fail, usage, EXIT_OOM};
 use crate::cli::{FormatArg, PredictArgs};
 use crate::output::driver_calls;
-use crate::{scenario, values};
+use crate::{scenario, stdout, values};
 use cupool::pool::PoolConfig;
 use cupool::predict::{engine_trace, EngineRun, Prediction, Schedule};
-use cupool::runtime::profile::{Device, EngineModel, Profile, Setup, Weights};
+use cupool::runtime::profile::{Device, EngineModel, Setup};
 use std::process::ExitCode;
 
 /// Predicts the engine's requests, writes them if asked, prints the replay; exits 3 when the
 /// engine runs out of memory.
 pub fn predict(a: PredictArgs) -> ExitCode {
-    crate::init_logging(a.quiet, false);
+    crate::log::init(a.quiet, false);
     let run = match engine_run(&a) {
         Ok(r) => r,
         Err(e) => return usage(e),
     };
+    if let Some(path) = &a.trace_out {
+        if let Err(e) = super::output_path("--trace-out", path) {
+            return usage(e);
+        }
+    }
     let vram = match a.vram.map(scenario::gib_bytes).transpose() {
         Ok(v) => v,
         Err(e) => return usage(e),
@@ -53,13 +58,7 @@ pub fn predict(a: PredictArgs) -> ExitCode {
 /// The engine's prefill the arguments ask for, or what is wrong with them and what is
 /// accepted.
 fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
-    let Some(profile) = a.engine.profile() else {
-        let names: Vec<String> = Profile::ALL.map(values::engine_name).into();
-        return Err(format!(
-            "--engine cupool: predict needs an engine profile: accepted are {} (repro-prefill run models cupool's own traffic)",
-            names.join(", ")
-        ));
-    };
+    let profile = a.engine;
     let Some(mut model) = EngineModel::preset(&a.model) else {
         return Err(format!(
             "--model {:?}: the {} profile models the presets {}",
@@ -74,12 +73,7 @@ fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
     if let Some(mla) = &mut model.mla {
         mla.attn_max_batch_mib = a.amb;
     }
-    let Some(weights) = Weights::parse(&a.weight_type) else {
-        return Err(format!(
-            "--weight-type {:?}: accepted are f16, q8_0",
-            a.weight_type
-        ));
-    };
+    let weights = values::weight_type(a.weight_type.as_deref(), &a.model, Some(profile))?;
     let Some(cc) = a
         .cc
         .split_once('.')
@@ -118,53 +112,113 @@ fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
     })
 }
 
-/// The prediction in `--format` (csv: as the table).
+/// The prediction in `--format`.
 fn print(a: &PredictArgs, run: &EngineRun, p: &Prediction) {
-    let r = &p.replay;
     match a.format {
         FormatArg::Json => outln!("{}", serde_json::to_string_pretty(p).unwrap_or_default()),
-        FormatArg::Table | FormatArg::Csv => {
-            let what = match run.schedule {
-                Schedule::Prompt {
-                    tokens,
-                    batch,
-                    ubatch,
-                } => format!("a {tokens}-token prompt, -b {batch} -ub {ubatch}"),
-                Schedule::Sweep { steps, ubatch } => {
-                    format!("llama-sweep-bench -n 1, {steps} steps of {ubatch}")
-                }
-            };
-            outln!(
-                "{} ({}): {}, {} weights, {:?} KV, {what}, {} SMs, cc {}",
-                run.profile.name(),
-                run.profile.commit(),
-                a.model,
-                a.weight_type,
-                run.setup.kv,
-                a.sm,
-                a.cc
-            );
-            outln!("through {} / purge {}:", r.pool, r.purge);
-            let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
-            outln!(
-                "  peak reserved  {:>14} bytes ({:.1} MiB)",
-                r.peak_reserved_bytes,
-                mib(r.peak_reserved_bytes)
-            );
-            outln!(
-                "  peak live      {:>14} bytes ({:.1} MiB)",
-                r.peak_live_bytes,
-                mib(r.peak_live_bytes)
-            );
-            outln!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
-            outln!("  driver calls   {}", driver_calls(r));
-            match p.oom_at_token {
-                Some(t) => outln!(
-                    "  runs out of memory in the ubatch from token {t} ({} allocations failed)",
-                    r.ooms
-                ),
-                None => outln!("  no allocation runs out of memory"),
-            }
-        }
+        FormatArg::Csv => stdout::out(&csv(a, run, p)),
+        FormatArg::Table => stdout::out(&table(a, run, p)),
     }
+}
+
+/// The prediction as CSV: a header line and one row (an empty field where a column does not
+/// apply: a sweep has no prompt, a run that never runs out no token of its end).
+fn csv(a: &PredictArgs, run: &EngineRun, p: &Prediction) -> String {
+    let r = &p.replay;
+    let (schedule, prompt, steps, batch, ubatch) = match run.schedule {
+        Schedule::Prompt {
+            tokens,
+            batch,
+            ubatch,
+        } => (
+            "prompt",
+            tokens.to_string(),
+            String::new(),
+            batch.to_string(),
+            ubatch,
+        ),
+        Schedule::Sweep { steps, ubatch } => (
+            "sweep",
+            String::new(),
+            steps.to_string(),
+            String::new(),
+            ubatch,
+        ),
+    };
+    let row = [
+        run.profile.name().to_string(),
+        run.profile.commit().to_string(),
+        a.model.clone(),
+        run.setup.weights.name().to_string(),
+        run.setup.kv.name().to_string(),
+        schedule.to_string(),
+        prompt,
+        steps,
+        batch,
+        ubatch.to_string(),
+        a.sm.to_string(),
+        a.cc.clone(),
+        r.pool.to_string(),
+        r.purge.to_string(),
+        r.peak_live_bytes.to_string(),
+        r.peak_reserved_bytes.to_string(),
+        r.end_reserved_bytes.to_string(),
+        r.driver_mallocs.to_string(),
+        r.driver_frees.to_string(),
+        r.driver_maps.to_string(),
+        r.driver_unmaps.to_string(),
+        r.ooms.to_string(),
+        p.oom_at_token.map_or(String::new(), |t| t.to_string()),
+    ];
+    format!("{CSV_HEADER}\n{}\n", row.join(","))
+}
+
+/// The columns of [`csv`].
+const CSV_HEADER: &str = "engine,commit,model,weight_type,kv_type,schedule,prompt_tokens,sweep_steps,batch,ubatch,sm,cc,pool,purge,peak_live_bytes,peak_reserved_bytes,end_reserved_bytes,driver_mallocs,driver_frees,driver_maps,driver_unmaps,ooms,oom_at_token";
+
+/// The prediction as a table: what was predicted, then the pool's figures.
+fn table(a: &PredictArgs, run: &EngineRun, p: &Prediction) -> String {
+    let r = &p.replay;
+    let what = match run.schedule {
+        Schedule::Prompt {
+            tokens,
+            batch,
+            ubatch,
+        } => format!("a {tokens}-token prompt, -b {batch} -ub {ubatch}"),
+        Schedule::Sweep { steps, ubatch } => {
+            format!("llama-sweep-bench -n 1, {steps} steps of {ubatch}")
+        }
+    };
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    let mut s = format!(
+        "{} ({}): {}, {} weights, {} KV, {what}, {} SMs, cc {}\n",
+        run.profile.name(),
+        run.profile.commit(),
+        a.model,
+        run.setup.weights.name(),
+        run.setup.kv.name(),
+        a.sm,
+        a.cc
+    );
+    s += &format!("through {} / purge {}:\n", r.pool, r.purge);
+    s += &format!(
+        "  peak reserved  {:>14} bytes ({:.1} MiB)\n",
+        r.peak_reserved_bytes,
+        mib(r.peak_reserved_bytes)
+    );
+    s += &format!(
+        "  peak live      {:>14} bytes ({:.1} MiB)\n",
+        r.peak_live_bytes,
+        mib(r.peak_live_bytes)
+    );
+    s += &format!("  end reserved   {:>14} bytes\n", r.end_reserved_bytes);
+    s += &format!("  driver calls   {}\n", driver_calls(r));
+    s += &match p.oom_at_token {
+        Some(t) => format!(
+            "  runs out of memory in the ubatch from token {t} ({} allocations failed)\n",
+            r.ooms
+        ),
+        None => "  no allocation runs out of memory\n".to_string(),
+    };
+    s
 }

@@ -1,4 +1,4 @@
-//! `repro-prefill replay`: an allocation trace (JSON lines) through a pool on the simulated
+//! `repro-prefill replay`: an allocation trace (JSON lines, plain or gzipped) through a pool on the simulated
 //! device; and its table, CSV and JSON.
 
 use super::{fail, usage};
@@ -7,20 +7,17 @@ use crate::output::driver_calls;
 use crate::scenario;
 use cupool::pool::PoolConfig;
 use cupool::trace::{self, ReplayReport};
+use std::io::Read;
+use std::path::Path;
 use std::process::ExitCode;
 
 /// Replays the trace and prints the pool's report.
 pub fn replay(a: ReplayArgs) -> ExitCode {
-    crate::init_logging(a.quiet, false);
-    let text = match std::fs::read_to_string(&a.trace) {
+    crate::log::init(a.quiet, false);
+    let text = match read_trace(&a.trace) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            return usage(format!(
-                "{} is not UTF-8 text: a trace is JSON lines",
-                a.trace.display()
-            ))
-        }
-        Err(e) => return fail(format!("reading {}: {e}", a.trace.display())),
+        Err(Unreadable::Io(e)) => return fail(format!("reading {}: {e}", a.trace.display())),
+        Err(Unreadable::Content(e)) => return usage(format!("{}: {e}", a.trace.display())),
     };
     let ops = match trace::parse(&text) {
         Ok(o) => o,
@@ -56,6 +53,34 @@ pub fn replay(a: ReplayArgs) -> ExitCode {
     };
     print(&a, &r);
     ExitCode::SUCCESS
+}
+
+/// Why a trace file could not be read: the file itself (exit 1), or what it holds (exit 2).
+enum Unreadable {
+    Io(std::io::Error),
+    Content(String),
+}
+
+/// The trace's text: the file as it is, or decompressed when it is gzip (by its first bytes,
+/// whatever its name), as the recorded traces are kept.
+fn read_trace(path: &Path) -> Result<String, Unreadable> {
+    let bytes = std::fs::read(path).map_err(Unreadable::Io)?;
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(&bytes[..])
+            .read_to_end(&mut out)
+            .map_err(|e| {
+                Unreadable::Content(format!(
+                    "not a readable gzip file ({e}): a trace is JSON lines, plain or gzipped"
+                ))
+            })?;
+        out
+    } else {
+        bytes
+    };
+    String::from_utf8(bytes).map_err(|_| {
+        Unreadable::Content("is not UTF-8 text: a trace is JSON lines, plain or gzipped".into())
+    })
 }
 
 /// The replay's report in `--format`.

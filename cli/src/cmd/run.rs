@@ -2,10 +2,13 @@
 //! the comparison of every fix; and its table, CSV and JSON (the JSON shape is the documented
 //! contract, docs/repro-prefill.md).
 
-use super::{fail, pool_choice, usage, EXIT_ERROR, EXIT_OOM};
+use super::{fail, output_path, pool_choice, usage, EXIT_ERROR, EXIT_OOM};
+use crate::cli::{ComputeArg, DeviceArg};
 use crate::cli::{FormatArg, RunArgs};
+use crate::estimate::Estimate;
+use crate::output::mib;
 use crate::scenario::{self, Device, Outcome};
-use crate::{estimate, output, plot, stdout};
+use crate::{output, plot, stdout};
 use cupool::runtime::RunReport;
 use serde_json::{json, Value};
 use std::io::IsTerminal;
@@ -15,8 +18,12 @@ use std::process::ExitCode;
 pub fn run(a: RunArgs) -> ExitCode {
     // A comparison runs when no pool is chosen; the choice is checked again below.
     let comparison = pool_choice(&a).is_ok_and(|(_, chosen)| !chosen);
-    let user_log = crate::init_logging(a.quiet, comparison);
+    let user_log = crate::log::init(a.quiet, comparison);
     let prompt = a.prompt_tokens(false);
+    // Every argument is checked before any work: a bad one costs no run and exits 2.
+    if let Err(e) = check_outputs(&a) {
+        return usage(e);
+    }
     let model = match scenario::model_from_args(&a) {
         Ok(m) => m,
         Err(e) => return usage(e),
@@ -29,6 +36,9 @@ pub fn run(a: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(e),
     };
+    if let Err(e) = check_executor(&a) {
+        return usage(e);
+    }
     let dev = match Device::from_args(&a) {
         Ok(d) => d,
         Err(e) => return fail(e),
@@ -42,8 +52,14 @@ pub fn run(a: RunArgs) -> ExitCode {
     } else {
         scenario::comparison(&base, &pool)
     };
-    if matches!(dev, Device::Sim { backed: true, .. }) && !a.quiet {
-        stdout::err(&estimate::note(&base.model, prompt, configs.len()));
+    if matches!(dev, Device::Sim { backed: true, .. }) {
+        let e = Estimate::measure(&base.model, prompt, configs.len());
+        if let Err(refused) = e.allows(a.yes) {
+            return usage(refused);
+        }
+        if !a.quiet {
+            stdout::err(&e.note());
+        }
     }
     let progress = (std::io::stderr().is_terminal() && !a.quiet).then(|| {
         let pb = indicatif::ProgressBar::new(prompt as u64);
@@ -126,6 +142,36 @@ pub fn run(a: RunArgs) -> ExitCode {
     }
 }
 
+/// The files the run is asked to write: a plot's format, and folders that exist.
+fn check_outputs(a: &RunArgs) -> Result<(), String> {
+    if let Some(p) = &a.plot {
+        plot::format_of(p)?;
+        output_path("--plot", p)?;
+    }
+    if let Some(t) = &a.trace {
+        output_path("--trace", t)?;
+    }
+    Ok(())
+}
+
+/// What runs the maths: `--compute` is the simulated device's, and an engine profile's
+/// requests are modelled without maths (the dry-run executor).
+fn check_executor(a: &RunArgs) -> Result<(), String> {
+    if a.compute.is_some() && a.device == DeviceArg::Cuda {
+        return Err(
+            "--compute applies to the simulated device; on cuda the kernels run on the GPU: drop --compute, or use --device sim"
+                .into(),
+        );
+    }
+    if let (Some(p), Some(ComputeArg::Cpu)) = (a.engine.profile(), a.compute) {
+        return Err(format!(
+            "--engine {}: an engine profile's requests are modelled on the dry-run executor, without maths: drop --compute cpu, or use --engine cupool for cupool's own kernels",
+            crate::values::engine_name(p)
+        ));
+    }
+    Ok(())
+}
+
 /// One line for the budget warnings a comparison kept out of the log.
 fn budget_summary(outcomes: &[Outcome]) -> Option<String> {
     let ran: Vec<_> = outcomes
@@ -153,10 +199,6 @@ fn budget_summary(outcomes: &[Outcome]) -> Option<String> {
         over.len(),
         ran.len()
     ))
-}
-
-fn mib(b: usize) -> String {
-    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }
 
 /// One configuration's run in the JSON output.
@@ -252,7 +294,7 @@ fn run_csv(outcomes: &[Outcome]) -> String {
             for u in &r.ubatches {
                 s.push_str(&format!(
                     "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6}\n",
-                    o.label,
+                    output::csv_field(&o.label),
                     r.pool.name(),
                     r.purge.name(),
                     r.budget_mode.name(),

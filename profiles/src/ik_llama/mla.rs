@@ -7,7 +7,7 @@
 //!   result of a chunk stays within `-amb` ([`Mla::attn_max_batch_mib`]): per chunk the cache view copied
 //!   to f32, `wkv_b`'s rows converted to f16, a quantized cache's view converted to f16 too, and
 //!   an f16 result of `rows × n_kv`, all held at once. These grow with the KV length: about 67
-//!   KiB a position for DeepSeek-V3, the growth seed 000 measured. Then flash attention with
+//!   KiB a position for DeepSeek-V3, as reported on ik_llama.cpp. Then flash attention with
 //!   heads of 192/128 over the chunk (the "new" MMA kernel: stream-k, no K/V conversion).
 //! - **Fewer tokens** (decode, a prompt's short tail): the absorbed path: `q_nope × wk_b` per head
 //!   (the permuted Q copied to f32, its rows quantized; above 8 tokens one MMQ launch and fixup

@@ -1,4 +1,4 @@
-//! ik_llama.cpp at 8337e4cd (the engine of the seeds' reports), dense models, CUDA devices of
+//! ik_llama.cpp at 8337e4cd (the engine of the reported OOMs), dense models, CUDA devices of
 //! compute capability 8.0 or newer, flash attention on.
 //!
 //! Per layer, from `ggml/src/ggml-cuda/` of that commit:

@@ -54,7 +54,8 @@ impl Engine {
             Ok(()) => {}
             Err(RuntimeError::OutOfMemory(report)) => {
                 self.failed = true;
-                tracing::error!(
+                // A result the report carries (the caller decides whether it is an error).
+                tracing::warn!(
                     ubatch = index,
                     tokens_done = pos0,
                     requested = report.requested,
