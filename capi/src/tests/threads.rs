@@ -147,14 +147,19 @@ fn exited_threads_leave_nothing_listed() {
     let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
     open("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1");
     let before = crate::threads::threads_listed();
-    std::thread::scope(|s| {
-        for t in 0..16u64 {
-            s.spawn(move || {
+    // Joined, not scoped: a join waits for the thread's locals to be destroyed, the end of a
+    // scope only for its closure.
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            std::thread::spawn(move || {
                 let (p, _) = alloc(0, t, 4096);
                 assert_eq!(cupool_free(0, t, p, 4096), CupoolStatus::Ok);
-            });
-        }
-    });
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
     assert!(crate::threads::threads_listed() <= before);
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
 }
@@ -203,10 +208,18 @@ fn shutdown_racing_allocations_frees_and_writes_never_returns_a_live_block() {
                         error()
                     );
                     served.fetch_add(1, Ordering::Relaxed);
+                    // Now and then every worker is between blocks at once, so shutdowns go
+                    // through as well as being refused.
+                    if i % 2 == 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
                 }
             });
         }
-        for _ in 0..300 {
+        // Until enough shutdowns went through, each racing the workers' calls in flight (the
+        // time bound only ends a run on a machine too loaded to get there).
+        let start = std::time::Instant::now();
+        while closed < 100 && start.elapsed() < std::time::Duration::from_secs(20) {
             match cupool_shutdown() {
                 CupoolStatus::Ok => {
                     closed += 1;
