@@ -76,11 +76,14 @@ impl From<cupool_pool::driver::DriverError> for Failure {
 fn set_error(text: &str) {
     // An interior NUL would cut the text short; replace it rather than lose the message.
     let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
-    // `try_with`: a call from an exit handler runs after this thread's locals are destroyed.
-    let stored = LAST_ERROR
-        .try_with(|e| e.try_borrow_mut().map(|mut e| *e = Some(c)).is_ok())
-        .unwrap_or(false);
-    let _ = FAILED.try_with(|f| f.set(stored));
+    // `try_with`: a call from an exit handler runs after this thread's locals are destroyed;
+    // `cupool_last_error` then says the text is gone (the call still failed).
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut e) = e.try_borrow_mut() {
+            *e = Some(c);
+        }
+    });
+    let _ = FAILED.try_with(|f| f.set(true));
 }
 
 /// Runs `f` with panics caught; a failure sets the error text and becomes `fail`'s value.

@@ -17,6 +17,8 @@ fn frees_from_a_thread_local_destructor_after_libcupool_s_own_return_their_block
     open("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 GGML_POOL=legacy");
     static STATUS: AtomicI32 = AtomicI32::new(-1);
     static AFTER_TEARDOWN: AtomicBool = AtomicBool::new(false);
+    // What `cupool_last_error` said after the last PyTorch free.
+    static LAST_TEXT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
     struct FreeAtExit {
         ptr: usize,
         size: usize,
@@ -39,6 +41,12 @@ fn frees_from_a_thread_local_destructor_after_libcupool_s_own_return_their_block
             let p = self.ptr as *mut c_void;
             if self.torch {
                 cupool_torch_free(p, self.size, 0, std::ptr::null_mut());
+                // SAFETY: a NUL-terminated string, static or this thread's.
+                let said = unsafe { CStr::from_ptr(cupool_last_error()) };
+                LAST_TEXT
+                    .lock()
+                    .unwrap()
+                    .replace(said.to_string_lossy().into_owned());
             } else {
                 STATUS.store(cupool_free(0, 0, p, self.size) as i32, Ordering::SeqCst);
             }
@@ -88,6 +96,11 @@ fn frees_from_a_thread_local_destructor_after_libcupool_s_own_return_their_block
         "the frees ran after libcupool's thread locals were destroyed"
     );
     assert_eq!(STATUS.load(Ordering::SeqCst), CupoolStatus::Ok as i32);
+    let said = LAST_TEXT.lock().unwrap().take().unwrap_or_default();
+    assert!(
+        said.contains("error text is gone"),
+        "the refused free reads as failed, though its text could not be kept: {said:?}"
+    );
     let s = stats(0);
     assert_eq!(stat(&s, "allocation.all.freed"), 2, "{s}");
     assert_eq!(stat(&s, "allocated_bytes.all.current"), 0, "{s}");
