@@ -9,6 +9,7 @@
  * text is a use after free. STRESS_ROUNDS sets how many shutdowns must go through. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
