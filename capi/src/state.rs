@@ -152,10 +152,27 @@ static ADMIN: Mutex<()> = Mutex::new(());
 
 /// Opens the library with `config`.
 pub(crate) fn init(config: Config) -> Result<(), Failure> {
+    open(config, false)
+}
+
+/// Opens the library from the environment unless it is open already.
+pub(crate) fn init_from_env_once() -> Result<(), Failure> {
+    if LIB.read().is_some() {
+        return Ok(());
+    }
+    open(Config::parse(None)?, true)
+}
+
+/// Opens the library; when it is open already, that is fine if `if_closed`, else an error.
+/// Decided under the write lock: another thread may open and close it meanwhile.
+fn open(config: Config, if_closed: bool) -> Result<(), Failure> {
     crate::log::init();
     let _admin = admin();
     let mut lib = LIB.write();
     if lib.is_some() {
+        if if_closed {
+            return Ok(());
+        }
         return Err(Failure::new(
             CupoolStatus::InvalidArgument,
             "cupool is already initialised: call cupool_shutdown first to change its configuration",
@@ -164,20 +181,6 @@ pub(crate) fn init(config: Config) -> Result<(), Failure> {
     *lib = Some(Arc::new(Lib::open(config)?));
     GENERATION.fetch_add(1, Ordering::AcqRel);
     Ok(())
-}
-
-/// Opens the library from the environment unless it is open already.
-pub(crate) fn init_from_env_once() -> Result<(), Failure> {
-    if LIB.read().is_some() {
-        return Ok(());
-    }
-    match init(Config::parse(None)?) {
-        Err(f) if LIB.read().is_some() => {
-            drop(f); // another thread opened it meanwhile
-            Ok(())
-        }
-        r => r,
-    }
 }
 
 /// Held by `init` and `shutdown`: one opens or closes the library at a time.

@@ -97,12 +97,10 @@ static void frees_after_thread_exit(void) {
 /* --- Shutdown racing the workers ---------------------------------------------------------- */
 
 static volatile int stop;
-static pthread_mutex_t served_lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long served;
+static unsigned long served; /* blocks written and freed, all workers */
 
 static void *worker(void *arg) {
     unsigned t = (unsigned)(uintptr_t)arg;
-    unsigned long mine = 0;
     for (size_t i = 1; !__atomic_load_n(&stop, __ATOMIC_RELAXED); i++) {
         size_t size = 4096 + (i * 7919 + t * 104729) % (256 << 10);
         int torch = (i + t) % 3 == 0;
@@ -124,13 +122,10 @@ static void *worker(void *arg) {
         } else {
             CHECK(cupool_free(0, stream, p, size) == CUPOOL_STATUS_OK);
         }
-        mine++;
+        __atomic_add_fetch(&served, 1, __ATOMIC_RELAXED);
         /* Now and then every worker is between blocks at once, so shutdowns go through. */
         if (i % 2 == 0) pause_briefly();
     }
-    pthread_mutex_lock(&served_lock);
-    served += mine;
-    pthread_mutex_unlock(&served_lock);
     return NULL;
 }
 
@@ -141,7 +136,8 @@ static void shutdown_races_workers(long rounds) {
     }
     long closed = 0, refused = 0;
     time_t deadline = time(NULL) + 60; /* ends a run on a machine too loaded to get there */
-    while (closed < rounds && time(NULL) < deadline) {
+    /* Until enough shutdowns went through while the workers were serving blocks. */
+    while ((closed < rounds || __atomic_load_n(&served, __ATOMIC_RELAXED) < (unsigned long)rounds) && time(NULL) < deadline) {
         enum cupool_status s = cupool_shutdown();
         if (s == CUPOOL_STATUS_OK) {
             closed++;

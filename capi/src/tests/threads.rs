@@ -232,7 +232,9 @@ fn shutdown_racing_allocations_frees_and_writes_never_returns_a_live_block() {
         // Until enough shutdowns went through, each racing the workers' calls in flight (the
         // time bound only ends a run on a machine too loaded to get there).
         let start = std::time::Instant::now();
-        while closed < 100 && start.elapsed() < std::time::Duration::from_secs(20) {
+        while (closed < 100 || served.load(Ordering::Relaxed) == 0)
+            && start.elapsed() < std::time::Duration::from_secs(20)
+        {
             match cupool_shutdown() {
                 CupoolStatus::Ok => {
                     closed += 1;
