@@ -4,30 +4,30 @@ use crate::*;
 use std::ffi::{c_void, CStr, CString};
 use std::sync::Mutex;
 
-static TURN: Mutex<()> = Mutex::new(());
-const MIB: usize = 1 << 20;
+pub(super) static TURN: Mutex<()> = Mutex::new(());
+pub(super) const MIB: usize = 1 << 20;
 
-fn error() -> String {
+pub(super) fn error() -> String {
     // SAFETY: cupool_last_error returns a NUL-terminated string valid until the next call.
     unsafe { CStr::from_ptr(cupool_last_error()) }
         .to_string_lossy()
         .into_owned()
 }
 
-fn init(config: &str) -> CupoolStatus {
+pub(super) fn init(config: &str) -> CupoolStatus {
     let c = CString::new(config).unwrap();
     // SAFETY: a NUL-terminated string.
     unsafe { cupool_init(c.as_ptr()) }
 }
 
-fn alloc(device: i32, stream: u64, size: usize) -> (*mut c_void, usize) {
+pub(super) fn alloc(device: i32, stream: u64, size: usize) -> (*mut c_void, usize) {
     let mut actual = 0usize;
     // SAFETY: `actual` is a writable size_t.
     let p = unsafe { cupool_alloc(device, stream, size, &mut actual) };
     (p, actual)
 }
 
-fn stats(device: i32) -> String {
+pub(super) fn stats(device: i32) -> String {
     // SAFETY: a null buffer asks for the length; then a buffer of that length plus the NUL.
     let n = unsafe { cupool_stats_json(device, std::ptr::null_mut(), 0) };
     assert!(n > 0, "{}", error());
@@ -41,7 +41,7 @@ fn stats(device: i32) -> String {
         .into_owned()
 }
 
-fn stat(json: &str, key: &str) -> u64 {
+pub(super) fn stat(json: &str, key: &str) -> u64 {
     let at = json
         .find(&format!("\"{key}\":"))
         .unwrap_or_else(|| panic!("{key} in {json}"));
