@@ -79,7 +79,10 @@ impl GgufFile {
         if &magic != b"GGUF" {
             return Err(GgufError::malformed(
                 0,
-                format!("the file starts with {magic:02x?}; a GGUF file starts with \"GGUF\""),
+                format!(
+                    "the file starts with \"{}\"; accepted are GGUF files, which start with \"GGUF\"",
+                    magic.escape_ascii()
+                ),
             ));
         }
         let version = r.u32("the version")?;

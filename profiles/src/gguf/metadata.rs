@@ -10,11 +10,13 @@ use std::io::Read;
 /// A metadata value of the type that follows.
 pub(crate) fn read_value<R: Read>(r: &mut Bounded<R>, key: &str) -> Result<Value, GgufError> {
     let at = r.pos();
+    // Errors below name the value by this.
+    let key = &format!("metadata {key:?}");
     let id = r.u32("a metadata value type")?;
     let ty = ValueType::from_id(id).ok_or_else(|| {
         GgufError::malformed(
             at,
-            format!("metadata {key:?} has value type {id}; accepted are 0 to 12"),
+            format!("{key} has value type {id}; accepted are 0 to 12"),
         )
     })?;
     read_typed(r, ty, key)
@@ -40,7 +42,7 @@ fn read_typed<R: Read>(r: &mut Bounded<R>, ty: ValueType, key: &str) -> Result<V
             b => {
                 return Err(GgufError::malformed(
                     at,
-                    format!("metadata {key:?} is a bool of byte {b}; accepted are 0 and 1"),
+                    format!("{key} is a bool of byte {b}; accepted are 0 and 1"),
                 ))
             }
         },
@@ -61,18 +63,21 @@ fn skip_array<R: Read>(
 ) -> Result<(ValueType, u64), GgufError> {
     let at = r.pos();
     if depth > MAX_ARRAY_DEPTH {
-        return Err(GgufError::malformed(at, format!("metadata {key:?} nests arrays {depth} deep; accepted are at most {MAX_ARRAY_DEPTH}")));
+        return Err(GgufError::malformed(
+            at,
+            format!("{key} nests arrays {depth} deep; accepted are at most {MAX_ARRAY_DEPTH}"),
+        ));
     }
     let id = r.u32(key)?;
     let elem = ValueType::from_id(id).ok_or_else(|| {
         GgufError::malformed(
             at,
-            format!("metadata {key:?} is an array of value type {id}; accepted are 0 to 12"),
+            format!("{key} is an array of value type {id}; accepted are 0 to 12"),
         )
     })?;
     let len = r.u64(key)?;
     let least = len.saturating_mul(elem.min_bytes());
-    r.need(least, &format!("metadata {key:?}'s {len} elements"))?;
+    r.need(least, &format!("{key}'s {len} elements"))?;
     if elem.is_fixed() {
         r.skip(least, key)?;
     } else {

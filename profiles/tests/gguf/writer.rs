@@ -89,6 +89,9 @@ impl Writer {
     /// A tensor's data bytes.
     pub fn bytes_of(dims: &[u64], ty: u32) -> u64 {
         let (b, s) = block(ty);
+        if dims.is_empty() {
+            return 0;
+        }
         assert_eq!(
             dims[0] % b,
             0,
