@@ -266,3 +266,21 @@ def test_start_up_never_asks_ggml_for_its_devices():
     assert "startup_memory_lines" in seen
     # The test would catch the old way: the lines printed for every stage use ggml's devices.
     assert "ggml_cuda_info(" in funcs["memory_lines"] + funcs["memory_line"]
+
+
+def test_the_server_load_table_and_plot_in_the_docs_are_their_data_s(tmp_path):
+    """docs/llama-cpp.md's llama-server table and its plot are what scripts/llama/server-report.py
+    makes of the run kept in data/."""
+    folder = "data/h100-2026-11-25-mainline-server"
+    plot = tmp_path / "plot.svg"
+    report = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "server-report.py"), folder,
+                             "--svg", str(plot)], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    block = re.search(r"<!-- server-load: begin.*?<!-- server-load: end -->", report, re.S).group(0)
+    assert block in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read(), \
+        f"docs/llama-cpp.md's server-load table differs from {folder}: python3 scripts/llama/server-report.py {folder}"
+    kept = open(os.path.join(ROOT, "docs", "img", "llama-server-load-h100.svg")).read()
+    assert plot.read_text() == kept, f"docs/img/llama-server-load-h100.svg differs: rerun with --svg"
+    summary = json.load(open(os.path.join(ROOT, folder, "summary.json")))
+    for name, x in summary.items():
+        if not name.startswith("_"):
+            assert f"| {x['answered']} | {x['failed']} |" in block, name

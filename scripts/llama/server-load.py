@@ -8,7 +8,11 @@ A CONFIG is NAME:POOL[:PURGE]: POOL is ggml (ggml's own pools, GGML_POOL unset) 
 (vmm, legacy, ...); PURGE is CUPOOL_PURGE (auto when omitted). Every configuration's server runs
 at the same time on the same GPU, each with its own client, so that all of them see the same
 machine for the same minutes: tokens/s are per server while sharing the GPU, memory is each
-server process's own (NVML's per-process figure, from nvidia-smi).
+server process's own (NVML's per-process figure, from nvidia-smi); the device's used memory (what
+cuMemGetInfo reports as total less free) is sampled beside it. Every client draws the same
+requests (the same seed), so the configurations serve the same mix. Each server gets --threads CPU
+threads (default: the cores shared out), since every server's CPU threads spinning on all cores
+starve the others.
 
 The client keeps between --min-conc and --max-conc requests in flight (a new level every 15 s),
 each a prompt of random token ids (log-uniform length in [--prompt-min, --prompt-max]) and a
@@ -58,7 +62,8 @@ class Server:
             env.update(GGML_POOL=cfg["pool"], CUPOOL_PURGE=cfg["purge"], CUPOOL_LOG="info")
         cmd = [str(Path(a.bin) / "llama-server"), "-m", a.model, "--host", "127.0.0.1", "--port", str(port),
                "-np", str(a.parallel), "-c", str(a.ctx), "--kv-unified", "-b", "2048", "-ub", "512", "-fa", "on",
-               "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99", "--metrics", "--no-webui"]
+               "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99", "--metrics", "--no-webui",
+               "-t", str(a.threads), "-tb", str(a.threads)]
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.lock = threading.Lock()
@@ -152,13 +157,23 @@ def client(srv: Server, a, deadline: float, out, out_lock, seed: int) -> None:
         t.join(timeout=a.request_timeout)
 
 
+def nvidia_smi(query: str) -> str:
+    try:
+        return subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def device_used() -> int | None:
+    """The first GPU's used memory (MiB): its total less what cuMemGetInfo would call free."""
+    first = nvidia_smi("--query-gpu=memory.used").strip().splitlines()[:1]
+    return int(first[0]) if first and first[0].strip().isdigit() else None
+
+
 def process_memory() -> dict:
     """Each GPU process's memory (MiB), by pid, as NVML reports it."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
+    out = nvidia_smi("--query-compute-apps=pid,used_memory")
     mem = {}
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -171,14 +186,14 @@ def sampler(servers, t_start: float, deadline: float, path: Path) -> None:
     with open(path, "w") as f:
         while time.time() < deadline:
             t = time.time()
-            mem = process_memory()
+            mem, used = process_memory(), device_used()
             for s in servers:
                 s.latest_pool()
                 with s.lock:
                     row = {"t": round(t - t_start, 1), "config": s.name, "process_mib": mem.get(s.proc.pid),
                            "pool_reserved_mib": s.pool_mib, "buffers_mib": s.buffers_mib, "answered": s.done,
                            "failed": s.failed, "gen_tokens": s.gen_tokens, "prompt_tokens": s.prompt_tokens,
-                           "alive": s.proc.poll() is None}
+                           "alive": s.proc.poll() is None, "device_used_mib": used}
                 f.write(json.dumps(row) + "\n")
             f.flush()
             time.sleep(max(0.0, 1.0 - (time.time() - t)))
@@ -214,7 +229,7 @@ def main() -> None:
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--duration", type=float, default=630, help="seconds of load per configuration")
+    ap.add_argument("--duration", type=float, default=660, help="seconds of load per configuration")
     ap.add_argument("--warm-up", type=float, default=60, help="seconds before memory counts as settled")
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=32768)
@@ -229,7 +244,8 @@ def main() -> None:
     ap.add_argument("--gen-max", type=int, default=256)
     ap.add_argument("--request-timeout", type=float, default=600)
     ap.add_argument("--port", type=int, default=18080, help="the first server's port; the next ones count up")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="every client's seed: the servers get the same requests")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads per server (default: cores / servers)")
     ap.add_argument("configs", nargs="+")
     a = ap.parse_args()
     if not (1 <= a.min_conc <= a.max_conc and 1 <= a.prompt_min <= a.prompt_max and 1 <= a.gen_min <= a.gen_max
@@ -237,6 +253,8 @@ def main() -> None:
         sys.exit("server-load: need 1 <= --min-conc <= --max-conc, --prompt-min <= --prompt-max, "
                  "--gen-min <= --gen-max and --token-min below --vocab")
     cfgs = [parse_config(c) for c in a.configs]
+    if a.threads <= 0:
+        a.threads = max(1, (os.cpu_count() or 1) // len(cfgs))
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     servers = [Server(a, c, a.port + i) for i, c in enumerate(cfgs)]
@@ -249,8 +267,8 @@ def main() -> None:
         deadline = t_start + a.duration
         out_lock = threading.Lock()
         with open(out_dir / "requests.jsonl", "w") as out:
-            threads = [threading.Thread(target=client, args=(s, a, deadline, out, out_lock, a.seed + i))
-                       for i, s in enumerate(servers)]
+            threads = [threading.Thread(target=client, args=(s, a, deadline, out, out_lock, a.seed))
+                       for s in servers]
             samp = threading.Thread(target=sampler, args=(servers, t_start, deadline, out_dir / "samples.jsonl"))
             for t in [*threads, samp]:
                 t.start()
