@@ -10,6 +10,7 @@ use crate::config::{Config, Devices};
 use crate::status::{CupoolStatus, Failure};
 use crate::usage::Usage;
 use cupool_pool::driver::cuda::{device_count, CudaDriver};
+use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
 use cupool_pool::{Block, Pool, PurgePolicy, Registry, StreamId};
@@ -67,6 +68,15 @@ impl Lib {
                     sims(gib, count)?
                 }
             },
+        };
+        // CUPOOL_LIMIT_MIB: each device's driver counts what its pools take and refuses beyond the
+        // limit, so every stream's pool on that device shares one budget.
+        let drivers: Vec<Arc<dyn Driver>> = match config.limit {
+            None => drivers,
+            Some(limit) => drivers
+                .into_iter()
+                .map(|d| Arc::new(LimitedDriver::new(d, limit)) as Arc<dyn Driver>)
+                .collect(),
         };
         Ok(Self {
             devices: drivers.len(),

@@ -35,6 +35,7 @@ OPTIONS = {
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",
+    "limit_mib": "CUPOOL_LIMIT_MIB",
 }
 
 
