@@ -37,6 +37,8 @@ struct cupool_api {
 cupool_api api;
 bool       recording = false;
 thread_local const char * current_label = nullptr;
+// Open ggml_cupool_oom_scope objects on this thread: a failed allocation throws instead of aborting.
+thread_local int oom_scopes = 0;
 
 constexpr double MiB = 1024.0 * 1024.0;
 
@@ -146,6 +148,9 @@ struct ggml_cuda_pool_cupool : public ggml_cuda_pool {
             fprintf(stderr, "cupool: device %d, stream %llu: allocating %zu bytes failed:\n%s\n", device,
                     (unsigned long long) stream, size, api.last_error());
             fflush(stderr);
+            if (oom_scopes > 0) {
+                throw ggml_cupool_oom("cupool: a pool allocation failed (its report is above)");
+            }
             GGML_ABORT("cupool: allocation failed (see above)");
         }
         return ptr;
@@ -239,6 +244,14 @@ bool ggml_cupool_graphs_stale(int device, uint64_t * seen) {
     const bool stale = now != *seen;
     *seen = now;
     return stale;
+}
+
+ggml_cupool_oom_scope::ggml_cupool_oom_scope() {
+    ++oom_scopes;
+}
+
+ggml_cupool_oom_scope::~ggml_cupool_oom_scope() {
+    --oom_scopes;
 }
 
 ggml_cupool_label::ggml_cupool_label(const char * name) : prev(current_label) {

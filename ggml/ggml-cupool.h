@@ -58,6 +58,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 
 struct ggml_cuda_pool;
 
@@ -120,6 +121,22 @@ void ggml_cupool_buffer(int device, size_t size, bool ok);
 // llama.cpp's context is about to allocate its buffers for `n_ctx` cells (for the fitting context
 // in a start-up report).
 void ggml_cupool_context(uint32_t n_ctx);
+
+// A pool allocation cupool could not serve (its report is already printed), thrown only while a
+// ggml_cupool_oom_scope is open on the thread: the compute that opened it catches it and fails
+// cleanly (mainline: GGML_STATUS_ALLOC_FAILED, so llama_decode returns -2 and llama-server fails
+// the request instead of the process). With no scope open the shim aborts, as ggml's pools do.
+struct ggml_cupool_oom : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// While in scope, a failed pool allocation on this thread throws ggml_cupool_oom.
+struct ggml_cupool_oom_scope {
+    ggml_cupool_oom_scope();
+    ~ggml_cupool_oom_scope();
+    ggml_cupool_oom_scope(const ggml_cupool_oom_scope &) = delete;
+    ggml_cupool_oom_scope & operator=(const ggml_cupool_oom_scope &) = delete;
+};
 
 // Names this thread's pool allocations in a recording while in scope (the innermost wins).
 struct ggml_cupool_label {

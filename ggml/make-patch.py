@@ -54,6 +54,11 @@ def insert_after(text: str, anchor: str, addition: str, path: str) -> str:
     return text[:at] + addition + text[at:]
 
 
+def replace_once(text: str, anchor: str, replacement: str, path: str) -> str:
+    at = once(text, anchor, path)
+    return text[:at] + replacement + text[at + len(anchor):]
+
+
 def insert_before(text: str, anchor: str, addition: str, path: str) -> str:
     at = once(text, anchor, path)
     return text[:at] + addition + text[at:]
@@ -226,6 +231,44 @@ def mainline_edits() -> dict:
             "    }\n",
             cu,
         )
+        t = replace_once(
+            t,
+            "    ggml_cuda_graph_evaluate_and_capture(cuda_ctx, cgraph, use_cuda_graph, cuda_graph_update_required, graph_key);\n"
+            "\n"
+            "    return GGML_STATUS_SUCCESS;\n",
+            "    // cupool: a pool allocation cupool cannot serve inside this compute throws (after printing\n"
+            "    // its report) instead of aborting the process: end a capture in progress, forget the\n"
+            "    // graph's properties and fail the compute, so llama_decode returns -2 and its caller\n"
+            "    // decides (llama-server fails the batch's requests and goes on serving).\n"
+            "    try {\n"
+            "        ggml_cupool_oom_scope cupool_scope;\n"
+            "        ggml_cuda_graph_evaluate_and_capture(cuda_ctx, cgraph, use_cuda_graph, cuda_graph_update_required, graph_key);\n"
+            "    } catch (const ggml_cupool_oom &) {\n"
+            "        cuda_ctx->curr_stream_no = 0;\n"
+            "        if (use_cuda_graph && cuda_graph_update_required) {\n"
+            "            cudaGraph_t partial = nullptr;\n"
+            "            (void) cudaStreamEndCapture(cuda_ctx->stream(), &partial);\n"
+            "            if (partial != nullptr) {\n"
+            "                (void) cudaGraphDestroy(partial);\n"
+            "            }\n"
+            "            std::lock_guard<std::mutex> lock(ggml_cuda_lock);\n"
+            "            if (ggml_cuda_lock_counter.fetch_sub(1, std::memory_order_relaxed) == 1) {\n"
+            "                ggml_cuda_lock_cv.notify_all();\n"
+            "            }\n"
+            "        }\n"
+            "        (void) cudaGetLastError();\n"
+            "#ifdef USE_CUDA_GRAPH\n"
+            "        ggml_cuda_graph * failed = cuda_ctx->cuda_graph(graph_key);\n"
+            "        failed->uid = 0;\n"
+            "        failed->node_props.clear();\n"
+            "        failed->warmup_complete = false;\n"
+            "#endif\n"
+            "        return GGML_STATUS_ALLOC_FAILED;\n"
+            "    }\n"
+            "\n"
+            "    return GGML_STATUS_SUCCESS;\n",
+            cu,
+        )
         t = insert_after(
             t,
             "static enum ggml_status ggml_backend_cuda_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph) {\n"
@@ -326,7 +369,94 @@ def mainline_edits() -> dict:
             p,
         )
 
-    return {cu: edit_cu, "ggml/src/ggml-cuda/common.cuh": edit_common, "src/llama-context.cpp": edit_context}
+    def edit_server(t: str) -> str:
+        p = "tools/server/server-context.cpp"
+        t = insert_after(t, "#include <utility>\n", "#include <map> // cupool: the out-of-memory handling below\n", p)
+        t = insert_before(
+            t,
+            "    // returns true = success ; false = retry with smaller batch size\n"
+            "    // throw std::runtime_error on fatal error\n"
+            "    bool decode(int32_t & n_batch, int32_t off) {\n",
+            "    // cupool: an out-of-memory in a decode (llama_decode returned -2: a pool allocation or the\n"
+            "    // compute buffer failed, and llama.cpp removed the failed ubatch's cells) fails only the\n"
+            "    // request with the most tokens in the failed sub-batch. Every other request in the batch\n"
+            "    // goes back to its first position in it (its cells from there on removed too) and is\n"
+            "    // decoded again in the next round; upstream fails them all.\n"
+            "    bool cupool_batch_dropped = false;\n"
+            "\n"
+            "    bool cupool_fail_largest(int32_t off, int32_t n_view) {\n"
+            "        std::map<int32_t, int32_t>   in_view; // slot -> its tokens in the failed sub-batch\n"
+            "        std::map<int32_t, llama_pos> first;   // slot -> its first position from there on\n"
+            "        for (int32_t i = off; i < (int32_t) batch.tokens.size(); ++i) {\n"
+            "            const auto & tok = batch.tokens[i];\n"
+            "            if (i < off + n_view) {\n"
+            "                in_view[tok.id_slot]++;\n"
+            "            }\n"
+            "            auto it = first.find(tok.id_slot);\n"
+            "            if (it == first.end() || tok.pos < it->second) {\n"
+            "                first[tok.id_slot] = tok.pos;\n"
+            "            }\n"
+            "        }\n"
+            "        if (in_view.empty()) {\n"
+            "            return false;\n"
+            "        }\n"
+            "        int32_t victim = in_view.begin()->first;\n"
+            "        for (const auto & [id, n] : in_view) {\n"
+            "            if (n > in_view[victim]) {\n"
+            "                victim = id;\n"
+            "            }\n"
+            "        }\n"
+            "        auto * mem = llama_get_memory(ctx_tgt);\n"
+            "        for (auto & slot : slots) {\n"
+            "            const auto f = first.find(slot.id);\n"
+            "            if (f == first.end()) {\n"
+            "                continue;\n"
+            "            }\n"
+            "            if (slot.id == victim || slot.can_speculate()) {\n"
+            "                SRV_ERR(\"out of device memory: failing the request of slot %d (%d tokens in the failed sub-batch)\\n\",\n"
+            "                        slot.id, in_view.count(slot.id) ? in_view[slot.id] : 0);\n"
+            "                send_error(slot, \"out of device memory while decoding this request (the server log has the allocator's report)\", ERROR_TYPE_SERVER);\n"
+            "                slot.release();\n"
+            "                llama_memory_seq_rm(mem, slot.id, -1, -1);\n"
+            "                slot.prompt_clear();\n"
+            "                continue;\n"
+            "            }\n"
+            "            SRV_WRN(\"out of device memory: slot %d goes back to position %d and is decoded again\\n\", slot.id, f->second);\n"
+            "            llama_memory_seq_rm(mem, slot.id, f->second, -1);\n"
+            "            slot.prompt.tokens.keep_first(f->second);\n"
+            "            slot.i_batch = -1;\n"
+            "            if (slot.state == SLOT_STATE_DONE_PROMPT) {\n"
+            "                slot.state = SLOT_STATE_PROCESSING_PROMPT;\n"
+            "            }\n"
+            "        }\n"
+            "        return true;\n"
+            "    }\n"
+            "\n",
+            p,
+        )
+        t = insert_before(
+            t,
+            "                if (ret < -1) {\n"
+            "                    // TODO: update slot state based on llama_memory_seq_pos_min() and llama_memory_seq_pos_max()\n",
+            "                if (ret == -2 && cupool_fail_largest(off, batch.view.size())) {\n"
+            "                    cupool_batch_dropped = true; // cupool: the others go again next round\n"
+            "                    return true;\n"
+            "                }\n"
+            "\n",
+            p,
+        )
+        return insert_after(
+            t,
+            "                bool ok = decode(n_batch, off);\n",
+            "                if (cupool_batch_dropped) { // cupool: one request failed, the rest go again next round\n"
+            "                    cupool_batch_dropped = false;\n"
+            "                    break;\n"
+            "                }\n",
+            p,
+        )
+
+    return {cu: edit_cu, "ggml/src/ggml-cuda/common.cuh": edit_common, "src/llama-context.cpp": edit_context,
+            "tools/server/server-context.cpp": edit_server}
 
 
 def main() -> None:

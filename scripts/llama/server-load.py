@@ -22,7 +22,7 @@ ignored, so every request produces the tokens it asked for.
 Writes DIR/NAME.log (the server's output), DIR/requests.jsonl (one object per request),
 DIR/samples.jsonl (each second: each server's process memory, cupool's latest pool reserve from
 its log, requests answered so far) and DIR/summary.json (per configuration: requests answered and
-failed, tokens/s, memory after warm-up and its drift).
+failed, tokens/s, memory after warm-up and its drift, and how each --oversized request ended).
 """
 import argparse
 import json
@@ -68,6 +68,7 @@ class Server:
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         self.lock = threading.Lock()
         self.done = self.failed = self.prompt_tokens = self.gen_tokens = 0
+        self.oversized = []  # the --oversized requests' records
         self.log_offset = 0
         self.pool_mib = self.buffers_mib = None
 
@@ -103,8 +104,8 @@ class Server:
             self.pool_mib, self.buffers_mib = (float(x) for x in found[-1])
 
 
-def request(srv: Server, rng: random.Random, a, out, out_lock) -> None:
-    n_prompt = int(round(math.exp(rng.uniform(math.log(a.prompt_min), math.log(a.prompt_max)))))
+def request(srv: Server, rng: random.Random, a, out, out_lock, oversized: int = 0) -> None:
+    n_prompt = oversized or int(round(math.exp(rng.uniform(math.log(a.prompt_min), math.log(a.prompt_max)))))
     n_gen = rng.randint(a.gen_min, a.gen_max)
     body = {"prompt": [rng.randrange(a.token_min, a.vocab) for _ in range(n_prompt)], "n_predict": n_gen,
             "top_k": 40, "temperature": 0.8, "seed": rng.randrange(1 << 31), "ignore_eos": True,
@@ -113,6 +114,8 @@ def request(srv: Server, rng: random.Random, a, out, out_lock) -> None:
                                  headers={"Content-Type": "application/json"})
     t0 = time.time()
     rec = {"config": srv.name, "t0": round(t0, 3), "n_prompt": n_prompt, "n_gen": n_gen}
+    if oversized:
+        rec["oversized"] = True
     try:
         with urllib.request.urlopen(req, timeout=a.request_timeout) as r:
             res = json.loads(r.read())
@@ -123,7 +126,9 @@ def request(srv: Server, rng: random.Random, a, out, out_lock) -> None:
         rec.update(ok=False, error=f"{type(e).__name__}: {e}")
     rec["seconds"] = round(time.time() - t0, 3)
     with srv.lock:
-        if rec["ok"]:
+        if oversized:
+            srv.oversized.append(rec)
+        elif rec["ok"]:
             srv.done += 1
             srv.prompt_tokens += rec.get("prompt_tokens") or 0
             srv.gen_tokens += rec.get("gen_tokens") or 0
@@ -148,6 +153,11 @@ def client(srv: Server, a, deadline: float, out, out_lock, seed: int) -> None:
             request(srv, wr, a, out, out_lock)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(a.max_conc)]
+    if a.oversized:
+        def oversized() -> None:
+            time.sleep(max(0.0, deadline - a.duration + a.oversized_at - time.time()))
+            request(srv, random.Random(seed), a, out, out_lock, oversized=a.oversized)
+        threads.append(threading.Thread(target=oversized, daemon=True))
     for t in threads:
         t.start()
     while time.time() < deadline:
@@ -215,6 +225,7 @@ def summarize(servers, samples: Path, duration: float, warm_up: float) -> dict:
             "tokens_per_s": round((s.prompt_tokens + s.gen_tokens) / duration, 1),
             "gen_tokens_per_s": round(s.gen_tokens / duration, 1),
             "alive_at_end": s.proc.poll() is None,
+            "oversized": [{k: r.get(k) for k in ("n_prompt", "ok", "error", "seconds")} for r in s.oversized],
             "process_mib_peak": max((r["process_mib"] for r in mine), default=None),
             "process_mib_after_warm_up": [min((r["process_mib"] for r in after), default=None),
                                           max((r["process_mib"] for r in after), default=None)],
@@ -245,6 +256,9 @@ def main() -> None:
     ap.add_argument("--request-timeout", type=float, default=600)
     ap.add_argument("--port", type=int, default=18080, help="the first server's port; the next ones count up")
     ap.add_argument("--seed", type=int, default=0, help="every client's seed: the servers get the same requests")
+    ap.add_argument("--oversized", type=int, default=0,
+                    help="also send each server one request of this many prompt tokens (0: none), outside the counts")
+    ap.add_argument("--oversized-at", type=float, default=120, help="seconds into the load for --oversized")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads per server (default: cores / servers)")
     ap.add_argument("configs", nargs="+")
     a = ap.parse_args()
@@ -282,6 +296,9 @@ def main() -> None:
                 print(f"server-load: {name}: {x['answered']} answered, {x['failed']} failed, "
                       f"{x['tokens_per_s']} tok/s, process {x['process_mib_after_warm_up']} MiB after warm-up, "
                       f"drift {x['drift_mib']} MiB", flush=True)
+                for r in x["oversized"]:
+                    print(f"server-load: {name}: the oversized request ({r['n_prompt']} tokens): "
+                          f"{'answered' if r['ok'] else r['error']}", flush=True)
     finally:
         for s in servers:
             if s.proc.poll() is None:

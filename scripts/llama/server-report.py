@@ -29,7 +29,7 @@ def label(name: str, x: dict) -> str:
 
 
 def span(pair) -> str:
-    if not pair:
+    if not pair or None in pair:
         return "–"
     lo, hi = pair
     return f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}–{hi:,.0f}"
@@ -55,6 +55,11 @@ def table(summary: dict) -> list:
         lines.append(f"| {label(name, x)} | {x['answered']} | {x['failed']} | {x['tokens_per_s']:,.1f} | "
                      f"{x['gen_tokens_per_s']:,.1f} | {span(x['process_mib_after_warm_up'])} | {drift} | "
                      f"{span(x['pool_reserved_mib_after_warm_up'])} |")
+    for name, x in summary.items():
+        for r in [] if name.startswith("_") else x.get("oversized", []):
+            end = "answered" if r["ok"] else f"failed: {r['error']}"
+            lines.append(f"\n{label(name, x)}: the oversized request of {r['n_prompt']:,} prompt tokens, "
+                         f"outside the counts above: {end}")
     lines.append("<!-- server-load: end -->")
     return lines
 
