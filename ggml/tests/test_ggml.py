@@ -284,3 +284,20 @@ def test_the_server_load_table_and_plot_in_the_docs_are_their_data_s(tmp_path):
     for name, x in summary.items():
         if not name.startswith("_"):
             assert f"| {x['answered']} | {x['failed']} |" in block, name
+
+
+def test_the_out_of_memory_run_in_the_docs_is_its_data_s():
+    """The oversized request failed alone: docs/llama-cpp.md's server-oom block is the kept run's,
+    and in that run every other request was answered and each oversized one got cupool's error."""
+    folder = "data/h100-2026-11-25-mainline-server-oom"
+    report = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "server-report.py"), folder,
+                             "--marker", "server-oom"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    block = re.search(r"<!-- server-oom: begin.*?<!-- server-oom: end -->", report, re.S).group(0)
+    assert block in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read(), \
+        f"docs/llama-cpp.md's server-oom block differs from {folder}"
+    summary = json.load(open(os.path.join(ROOT, folder, "summary.json")))
+    for name, x in summary.items():
+        if not name.startswith("_"):
+            assert x["failed"] == 0 and x["answered"] > 0 and x["alive_at_end"], name
+            assert [r["ok"] for r in x["oversized"]] == [False], name
+            assert "out of device memory" in x["oversized"][0]["error"], name

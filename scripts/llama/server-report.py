@@ -35,11 +35,11 @@ def span(pair) -> str:
     return f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}–{hi:,.0f}"
 
 
-def table(summary: dict) -> list:
+def table(summary: dict, marker: str = "server-load") -> list:
     run = summary.get("_run", {})
     lines = [
-        "<!-- server-load: begin (python3 scripts/llama/server-report.py DATA) -->",
-        f"{run.get('duration', 0) / 60:.0f} minutes per configuration, all at once on one GPU, "
+        f"<!-- {marker}: begin (python3 scripts/llama/server-report.py DATA) -->",
+        f"{run.get('duration', 0) / 60:.1f} minutes per configuration, all at once on one GPU, "
         f"`-np {run.get('parallel')} -c {run.get('ctx')}`, {run.get('min_conc')}–{run.get('max_conc')} requests "
         f"in flight, prompts {run.get('prompt_min')}–{run.get('prompt_max'):,} tokens, "
         f"{run.get('gen_min')}–{run.get('gen_max')} generated; memory after a {run.get('warm_up', 0):.0f} s warm-up.",
@@ -60,7 +60,7 @@ def table(summary: dict) -> list:
             end = "answered" if r["ok"] else f"failed: {r['error']}"
             lines.append(f"\n{label(name, x)}: the oversized request of {r['n_prompt']:,} prompt tokens, "
                          f"outside the counts above: {end}")
-    lines.append("<!-- server-load: end -->")
+    lines.append(f"<!-- {marker}: end -->")
     return lines
 
 
@@ -114,10 +114,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder")
     ap.add_argument("--svg", help="also write the memory plot here")
+    ap.add_argument("--marker", default="server-load", help="the name in the docs' begin/end markers")
     a = ap.parse_args()
     folder = Path(a.folder)
     summary = json.loads((folder / "summary.json").read_text())
-    print("\n".join(table(summary)))
+    print("\n".join(table(summary, a.marker)))
     if a.svg:
         Path(a.svg).write_text(svg(folder, summary))
 
