@@ -8,6 +8,7 @@
 mod stdout;
 mod cli;
 mod cmd;
+mod device;
 mod estimate;
 mod llama_args;
 mod log;

@@ -7,7 +7,7 @@ use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
 use cupool_kernels::{KvType, QK8_0};
 use cupool_pool::{AutoHeadroom, PoolConfig};
-use cupool_profiles::{EngineModel, Weights};
+use cupool_profiles::{EngineModel, Profile, Weights};
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
 /// it bounds the planner's search and every buffer the runtime sizes from the context.
@@ -151,10 +151,20 @@ impl RunConfig {
 
     /// The compute buffer: cupool's layout, or with an engine profile at least what the
     /// engine's worst-case graph holds when its output matrix runs
-    /// ([`cupool_profiles::Profile::output_stage_bytes`]).
+    /// ([`cupool_profiles::Profile::output_stage_bytes`]). Mainline after #23907 logs a compute
+    /// buffer of its K/V copies plus less than that stage (Llama-3-8B q8_0, -c 56832: 309.6 MiB,
+    /// 222 MiB of it copies; Phi-3 f16, -c 20992: 296.5, 246 of it copies): its worst-case
+    /// graph does not hold every row's logits, so the layout alone stands beside the copies.
     pub fn compute_bytes(&self) -> usize {
         let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
         match (self.engine, EngineModel::preset(&self.model.name)) {
+            (
+                EngineKind::Profile {
+                    profile: Profile::Llama,
+                    ..
+                },
+                Some(_),
+            ) => own,
             (EngineKind::Profile { profile, .. }, Some(m)) => {
                 own.max(profile.output_stage_bytes(&m, self.n_ubatch))
             }
@@ -163,16 +173,15 @@ impl RunConfig {
     }
 
     /// What the engine profile holds beside cupool's compute buffer for a context of `n_ctx`:
-    /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]), mainline's K/V
-    /// copies in it, and the cuBLAS workspace outside the pool
-    /// ([`cupool_profiles::Profile::outside_pool_bytes`]).
+    /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]) and mainline's K/V
+    /// copies in it. What the engine takes outside its buffers and pool (the cuBLAS workspace,
+    /// kernel modules, the CUDA context) is the planner's `Outside`, counted against the free
+    /// memory before start.
     pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
         match (self.engine, EngineModel::preset(&self.model.name)) {
-            (EngineKind::Profile { profile, cc }, Some(m)) => {
+            (EngineKind::Profile { profile, .. }, Some(m)) => {
                 let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
-                self.compute_bytes() - own
-                    + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
-                    + profile.outside_pool_bytes(&m, self.weight_type, cc)
+                self.compute_bytes() - own + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
             }
             _ => 0,
         }
