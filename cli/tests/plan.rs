@@ -222,3 +222,99 @@ fn a_plan_s_verdict_is_what_the_run_does_from_the_same_free_memory() {
         }
     }
 }
+
+/// The flags a plan takes for the settings an advice names (`GGML_POOL=vmm CUPOOL_PURGE=auto`,
+/// `-ub 256 (...)`).
+fn flags(settings: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut words = settings.split([' ', '(', ')']).filter(|w| !w.is_empty());
+    while let Some(w) = words.next() {
+        if let Some(k) = w.strip_prefix("GGML_POOL=") {
+            out.extend(["--pool".to_string(), k.to_string()]);
+        } else if let Some(p) = w.strip_prefix("CUPOOL_PURGE=") {
+            out.extend(["--purge".to_string(), p.to_string()]);
+        } else if w == "-ub" {
+            out.extend(["--ubatch".to_string(), words.next().unwrap().to_string()]);
+        } else {
+            panic!("an advice names {w:?} in {settings:?}");
+        }
+    }
+    out
+}
+
+#[test]
+fn the_advice_is_what_its_settings_give() {
+    // Engines, models, settings and free memory where the asked context fits, fits with other
+    // settings, or fits only shorter: what the advice says to do is checked by planning it.
+    let cases: &[&[&str]] = &[
+        &["--engine", "llama"],
+        &[
+            "--engine",
+            "llama",
+            "--model",
+            "llama3-8b",
+            "--weight-type",
+            "q8_0",
+        ],
+        &[
+            "--engine", "ik-llama", "--pool", "legacy", "--purge", "never",
+        ],
+        &[
+            "--engine",
+            "ik-llama",
+            "--model",
+            "llama3-8b",
+            "--weight-type",
+            "q8_0",
+            "--pool",
+            "legacy",
+            "--purge",
+            "never",
+        ],
+        &["--pool", "legacy", "--purge", "never"],
+    ];
+    let mut seen = [false; 3];
+    for case in cases {
+        for (free, ctx) in [
+            ("12", "20480"),
+            ("12", "32768"),
+            ("16", "32768"),
+            ("11.8", "20480"),
+        ] {
+            let base: Vec<&str> = [&["plan", "--free", free][..], case].concat();
+            let (p, code) = json(&[&base[..], &["--ctx", ctx]].concat());
+            let advice = p["advice"].as_str().unwrap().to_string();
+            assert!(advice.starts_with("to do: "), "{advice}");
+            assert_eq!(code == 0, p["fits"] == true, "{p}");
+            if p["fits"] == true {
+                seen[0] = true;
+                assert!(advice.starts_with("to do: nothing"), "{advice}");
+            } else if let Some(settings) = p["advice_settings"].as_str() {
+                seen[1] = true;
+                // The settings named, in place of the case's own, make the asked context fit.
+                let f = flags(settings);
+                let mut args: Vec<&str> = Vec::new();
+                let mut it = base.iter();
+                while let Some(&a) = it.next() {
+                    if f.iter().any(|g| g == a) {
+                        it.next();
+                    } else {
+                        args.push(a);
+                    }
+                }
+                args.extend(f.iter().map(String::as_str));
+                let (q, code) = json(&[&args[..], &["--ctx", ctx]].concat());
+                assert_eq!((code, &q["fits"]), (0, &true.into()), "{advice}: {q}");
+            } else if let Some(m) = p["advice_ctx"].as_u64() {
+                seen[2] = true;
+                // The context named fits as configured, and 256 more does not.
+                let fits = |c: u64| {
+                    json(&[&base[..], &["--ctx", &c.to_string()]].concat()).0["fits"] == true
+                };
+                assert!(fits(m) && !fits(m + 256), "{advice}");
+                assert_eq!(p["max_ctx_that_fits"], m, "{p}");
+            }
+        }
+    }
+    assert_eq!(seen, [true; 3], "every kind of advice was checked");
+}

@@ -148,9 +148,10 @@ fn gib(b: usize) -> String {
 /// The plan in the JSON output, with the scenario.
 fn plan_json(p: &Plan, c: &RunConfig, scenario: Value, advice: &Advice, line: &str) -> Value {
     let o = &p.outside;
-    let change = match advice {
-        Advice::Change { settings, .. } => Some(settings.as_str()),
-        _ => None,
+    let (change, lower) = match advice {
+        Advice::Change { settings, .. } => (Some(settings.as_str()), None),
+        Advice::Lower { max_ctx, .. } => (None, *max_ctx),
+        Advice::Fits { .. } => (None, None),
     };
     json!({
         "scenario": scenario,
@@ -166,7 +167,7 @@ fn plan_json(p: &Plan, c: &RunConfig, scenario: Value, advice: &Advice, line: &s
         "total_bytes": p.total_bytes, "peak_device_bytes": p.peak_device_bytes,
         "device_bytes": p.device_bytes, "fits": p.fits, "stop": p.stop.map(stop_name),
         "max_ctx_that_fits": p.max_ctx_that_fits, "oom_at_token": p.oom_at_token,
-        "advice": line, "advice_settings": change,
+        "advice": line, "advice_settings": change, "advice_ctx": lower,
     })
 }
 

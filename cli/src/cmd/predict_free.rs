@@ -170,7 +170,7 @@ pub fn stop_name(s: Stop) -> &'static str {
 /// A stop in words.
 pub fn stop_text(s: Stop) -> &'static str {
     match s {
-        Stop::StartUp => "the context is not created: its buffers, the CUDA context and the start-up hold do not fit",
+        Stop::StartUp => "the context is not created: its buffers do not fit beside the CUDA context (and the start-up hold, where there is one)",
         Stop::FirstCompute => "the run dies at its first compute: what it loads (cuBLAS workspace, kernel modules) does not fit beside the buffers",
         Stop::Prefill => "the run dies in the prefill, in its pool",
     }

@@ -25,10 +25,12 @@ pub enum Advice {
         plan: Box<Plan>,
     },
     /// No setting tried makes it fit: the largest context that fits as configured (`None`:
-    /// none does).
+    /// none does), and the settings under which a larger one fits, if any.
     Lower {
         /// The largest context that fits.
         max_ctx: Option<usize>,
+        /// Settings with a larger context that fits, and that context.
+        better: Option<(String, usize)>,
     },
 }
 
@@ -70,17 +72,28 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
         tries.push((with(kind, PurgePolicy::Auto, ub), s));
         ub /= 2;
     }
-    for (c, settings) in tries {
-        let q = plan_only(&c, target, p.n_prompt)?;
+    for (c, settings) in &tries {
+        let q = plan_only(c, target, p.n_prompt)?;
         if q.fits {
             return Ok(Advice::Change {
-                settings,
+                settings: settings.clone(),
                 plan: Box::new(q),
             });
         }
     }
+    // The pool and purge settings under which the largest context fits, if larger.
+    let mut better: Option<(String, usize)> = None;
+    for (c, settings) in tries.iter().filter(|(c, _)| c.n_ubatch == cfg.n_ubatch) {
+        let m = super::max_ctx_that_fits(c, target)?;
+        if let Some(m) = m.filter(|&m| m > p.max_ctx_that_fits.unwrap_or(0)) {
+            if better.as_ref().is_none_or(|(_, b)| m > *b) {
+                better = Some((settings.clone(), m));
+            }
+        }
+    }
     Ok(Advice::Lower {
         max_ctx: p.max_ctx_that_fits,
+        better,
     })
 }
 
@@ -101,10 +114,22 @@ impl Advice {
                 "to do: set {settings}: -c {ctx} then fits, peak {} of {free} free",
                 gib(plan.peak_device_bytes)
             ),
-            Self::Lower { max_ctx: Some(m) } => format!(
-                "to do: lower -c to {m}, the largest that fits as configured (-c {ctx} needs more than {free}; no pool, purge policy or smaller -ub makes it fit)"
+            Self::Lower {
+                max_ctx: Some(m),
+                better,
+            } => format!(
+                "to do: lower -c to {m}, the largest that fits as configured{} (-c {ctx} needs more than {free}; no pool, purge policy or smaller -ub makes it fit)",
+                better.as_ref().map_or(String::new(), |(s, b)| format!(
+                    ", or to {b} with {s}"
+                ))
             ),
-            Self::Lower { max_ctx: None } => format!(
+            Self::Lower {
+                max_ctx: None,
+                better: Some((s, b)),
+            } => format!(
+                "to do: set {s} and lower -c to {b}: nothing fits as configured in {free}"
+            ),
+            Self::Lower { max_ctx: None, .. } => format!(
                 "to do: free more memory: no context fits in {free} (the weights {} and what lies outside the buffers {} alone)",
                 gib(p.weights_bytes),
                 gib(p.outside.at_compute())
