@@ -56,6 +56,7 @@ std::atomic<uint32_t>  context_cells{ 0 };
 // reserve, so that what lies outside the pools can be measured run by run (seed.py reads them).
 void memory_lines(const char * stage);
 void memory_line(int device, const char * stage);
+void startup_memory_lines();
 bool memory_log();
 
 [[noreturn]] void fail(const std::string & what) {
@@ -205,7 +206,7 @@ void ggml_cupool_startup() {
     atexit(at_exit);
     fprintf(stderr, "cupool: GGML_POOL=%s: ggml's pools go through libcupool (%d devices)\n", getenv("GGML_POOL"),
             api.device_count());
-    memory_lines("cuda-init");
+    startup_memory_lines();
 }
 
 std::unique_ptr<ggml_cuda_pool> ggml_cupool_new_pool(int device, int stream_no) {
@@ -429,15 +430,20 @@ bool memory_log() {
     return on;
 }
 
-void memory_line(int device, const char * stage) {
+// Prints the line of a device the caller made current.
+void memory_line_current(int device, const char * stage) {
     size_t free = 0, total = 0;
-    ggml_cuda_set_device(device);
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
         (void) cudaGetLastError();
         return;
     }
     fprintf(stderr, "cupool: memory device=%d stage=%s free_mib=%.1f total_mib=%.1f pool_reserved_mib=%.1f buffers_mib=%.1f\n",
             device, stage, free / MiB, total / MiB, pool_reserved(device) / MiB, ledgers[device].buffers.load() / MiB);
+}
+
+void memory_line(int device, const char * stage) {
+    ggml_cuda_set_device(device);
+    memory_line_current(device, stage);
 }
 
 void memory_lines(const char * stage) {
@@ -447,6 +453,27 @@ void memory_lines(const char * stage) {
     for (int d = 0; d < ggml_cuda_info().device_count; ++d) {
         memory_line(d, stage);
     }
+}
+
+// The lines at start-up, which runs inside ggml_cuda_info()'s first call: asking ggml for its
+// devices there (ggml_cuda_info, ggml_cuda_set_device) would wait on that call forever, so this
+// walks CUDA's devices itself (no pool exists yet, so nothing is attributed to one).
+void startup_memory_lines() {
+    if (!memory_log()) {
+        return;
+    }
+    int devices = 0, current = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || cudaGetDevice(&current) != cudaSuccess) {
+        (void) cudaGetLastError();
+        return;
+    }
+    for (int d = 0; d < devices; ++d) {
+        if (cudaSetDevice(d) == cudaSuccess) {
+            memory_line_current(d, "cuda-init");
+        }
+    }
+    (void) cudaSetDevice(current);
+    (void) cudaGetLastError();
 }
 
 } // namespace

@@ -35,6 +35,10 @@
 //   CUPOOL_AUTO_HEADROOM (ubatch, inf, or a number of MiB (0 or more)): when auto counts the device
 //       short: free memory below twice what the last ubatch held at once (ubatch), below a number
 //       of MiB (0: only before an out-of-memory retry), or always (inf). Unset: ubatch.
+//   CUPOOL_LIMIT_MIB (off, or a number of MiB from 1 to 16777216): the most device memory
+//       libcupool's pools may hold on each device, all streams together (like PyTorch's per-process
+//       memory fraction): beyond it a request fails as out-of-memory, with cupool's report, after
+//       the pool's own purge-and-retry; managed memory is not counted. Unset: off.
 //   CUPOOL_LOG (a log filter (RUST_LOG's syntax), or off): libcupool's log filter: info prints each
 //       ubatch's peaks and what its boundary returned; off silences it. Unset: RUST_LOG's filter,
 //       else warnings and errors.

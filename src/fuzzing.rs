@@ -90,3 +90,25 @@ pub fn env_config(data: &[u8]) {
         let _ = rt.prefill(prompt);
     }
 }
+
+/// Arbitrary bytes as a GGUF file, whole and as the start of a 1 TiB file: the reader must
+/// answer with an error or a header whose tensors lie inside the file, and the mapping with an
+/// error or a model whose heads divide into KV groups.
+pub fn gguf(data: &[u8]) {
+    use crate::profiles::gguf::{GgufFile, GgufModel};
+    for len in [data.len() as u64, 1 << 40] {
+        let Ok(file) = GgufFile::from_bytes(data, len) else {
+            continue;
+        };
+        assert_eq!(file.data_offset % file.alignment, 0);
+        for t in &file.tensors {
+            let end = file.data_offset + t.offset + t.bytes;
+            assert!(end <= len, "tensor {:?} ends at {end}, past {len}", t.name);
+        }
+        if let Ok(m) = GgufModel::from_file(file) {
+            let model = m.to_model();
+            assert_eq!(model.n_head % model.n_head_kv, 0, "{model:?}");
+            let _ = m.weights();
+        }
+    }
+}

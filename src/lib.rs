@@ -6,7 +6,8 @@
 //! - [`kernels`]: the NVRTC kernels and their CPU references;
 //! - [`trace`]: allocation traces (record, parse and replay; the pool crate's);
 //! - [`profiles`]: what real engines ask of their pools, op by op, and [`predict`], their
-//!   replay (usable alone as `cupool-profiles`).
+//!   replay (usable alone as `cupool-profiles`), and [`gguf`], a model read from a GGUF file's
+//!   header and mapped to the profiles' model description.
 //!
 //! The `repro-prefill` command line is its own crate (`cli/`), so depending on this library
 //! pulls in no argument parser, plotting or terminal code. The fuzz entry points are behind
@@ -22,6 +23,7 @@ pub use cupool_runtime as runtime;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub use cupool_pool::trace;
+pub use cupool_profiles::gguf;
 pub use cupool_profiles::predict;
 
 /// The README's example, compiled and run as a test (it falls back to the simulated device).

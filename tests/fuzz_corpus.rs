@@ -5,11 +5,12 @@ use cupool::fuzzing;
 use std::path::Path;
 
 type Target = (&'static str, fn(&[u8]));
-const TARGETS: [Target; 4] = [
+const TARGETS: [Target; 5] = [
     ("pool_ops", fuzzing::pool_ops),
     ("pool_faults", fuzzing::pool_faults),
     ("trace_parser", fuzzing::trace_parser),
     ("env_config", fuzzing::env_config),
+    ("gguf", fuzzing::gguf),
 ];
 
 #[test]
@@ -53,6 +54,15 @@ fn bounded_fresh_run() {
                     let i = (next() as usize) % data.len();
                     data[i] = next() as u8;
                 }
+            }
+            if name == "gguf" {
+                // A GGUF header with small counts, so the metadata and tensor infos are
+                // reached, then the random bytes.
+                let mut head = b"GGUF\x03\0\0\0".to_vec();
+                head.extend((next() % 4).to_le_bytes());
+                head.extend((next() % 8).to_le_bytes());
+                head.append(&mut data);
+                data = head;
             }
             f(&data);
         }

@@ -47,7 +47,10 @@ uint32_t cupool_api_version(void);
 // `config` is null or a NUL-terminated string.
 enum cupool_status cupool_init(const char *config);
 
-// Closes the library and gives its memory back. Refused while blocks are live.
+// Closes the library and gives all its memory back, what every thread's cache holds included.
+// Refused while blocks are live: their memory stays valid until they are freed. The blocks are
+// counted with no allocation or free in flight (those on other threads end first, later ones
+// wait), so no block's memory goes back under its owner.
 enum cupool_status cupool_shutdown(void);
 
 // How many devices the open library has, or -1 (with the error text set).
@@ -162,8 +165,9 @@ enum cupool_status cupool_phase_begin(const char *name);
 // boundary for the replay (as a prefill ubatch is).
 enum cupool_status cupool_phase_end(int32_t prefill);
 
-// The text of the last failure on this thread ("" after a success). Valid until the next
-// cupool call on this thread.
+// The text of the last failure on this thread ("" after a success). The text stays valid
+// until this thread's next failed call, or its exit: successful calls, `cupool_shutdown`
+// included, leave it in place.
 const char *cupool_last_error(void);
 
 // PyTorch's allocation entry point.

@@ -29,6 +29,9 @@ const ROUND_LARGE: usize = 2 << 20;
 /// (docs/pytorch.md).
 const SIZE_CLASSES: [usize; 1] = [1 << 20];
 
+/// The largest `CUPOOL_LIMIT_MIB`: 16 TiB, above any device.
+const MAX_LIMIT_MIB: usize = 16 << 20;
+
 /// Which devices the library runs on.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Devices {
@@ -44,6 +47,8 @@ pub(crate) struct Config {
     pub devices: Devices,
     pub purge: PurgePolicy,
     pub headroom: Headroom,
+    /// `CUPOOL_LIMIT_MIB`: the most each device's pools may hold, in bytes.
+    pub limit: Option<usize>,
 }
 
 fn invalid(text: String) -> Failure {
@@ -151,11 +156,27 @@ impl Config {
                 ))
             })?,
         };
+        let limit = match pairs.get("CUPOOL_LIMIT_MIB").map(|v| v.trim().to_ascii_lowercase()) {
+            None => None,
+            Some(v) if v == "off" => None,
+            Some(v) => Some(
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|m| (1..=MAX_LIMIT_MIB).contains(m))
+                    .map(|m| m << 20)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "CUPOOL_LIMIT_MIB={v:?} is not valid: accepted values are off, or a number of MiB from 1 to {MAX_LIMIT_MIB}"
+                        ))
+                    })?,
+            ),
+        };
         Ok(Self {
             pool,
             devices,
             purge,
             headroom,
+            limit,
         })
     }
 }

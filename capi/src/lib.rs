@@ -20,10 +20,12 @@
 mod api;
 mod boundary;
 mod config;
+mod log;
 mod record;
 mod state;
 mod stats;
 mod status;
+mod threads;
 mod torch;
 mod usage;
 

@@ -1,19 +1,20 @@
 //! The library's process-wide state: the devices, one pool per device × stream (built on first
 //! use from the configuration), and the blocks handed out, by address.
 //!
-//! The hot path takes no global lock: each thread caches the stream pools it has used, checked
-//! against a generation counter that `init` and `shutdown` advance; a stream pool's own lock
-//! guards its live blocks, so threads on different streams do not contend.
+//! The hot path takes no global lock: each thread caches the stream pools it has used
+//! (`threads.rs`), checked against a generation counter that `init` and `shutdown` advance; a
+//! stream pool's own lock guards its live blocks, so threads on different streams do not
+//! contend.
 
 use crate::config::{Config, Devices};
 use crate::status::{CupoolStatus, Failure};
 use crate::usage::Usage;
 use cupool_pool::driver::cuda::{device_count, CudaDriver};
+use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
 use cupool_pool::{Block, Pool, PurgePolicy, Registry, StreamId};
-use parking_lot::{Mutex, RwLock};
-use std::cell::RefCell;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,6 +69,15 @@ impl Lib {
                 }
             },
         };
+        // CUPOOL_LIMIT_MIB: each device's driver counts what its pools take and refuses beyond the
+        // limit, so every stream's pool on that device shares one budget.
+        let drivers: Vec<Arc<dyn Driver>> = match config.limit {
+            None => drivers,
+            Some(limit) => drivers
+                .into_iter()
+                .map(|d| Arc::new(LimitedDriver::new(d, limit)) as Arc<dyn Driver>)
+                .collect(),
+        };
         Ok(Self {
             devices: drivers.len(),
             purge: config.purge,
@@ -78,7 +88,12 @@ impl Lib {
     }
 
     /// The pool of `device` × `stream`, built on first use when `create`.
-    fn stream(&self, device: usize, stream: u64, create: bool) -> Result<Arc<StreamPool>, Failure> {
+    pub(crate) fn stream(
+        &self,
+        device: usize,
+        stream: u64,
+        create: bool,
+    ) -> Result<Arc<StreamPool>, Failure> {
         if let Some(s) = self.streams.read().get(&(device, stream)) {
             return Ok(s.clone());
         }
@@ -140,39 +155,34 @@ impl Lib {
 }
 
 static LIB: RwLock<Option<Arc<Lib>>> = RwLock::new(None);
+/// Advanced by `init` and `shutdown`: a thread's cache of another generation is stale.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
-
-struct Cache {
-    generation: u64,
-    lib: Option<Arc<Lib>>,
-    streams: HashMap<(usize, u64), Arc<StreamPool>>,
-}
-
-thread_local! {
-    static CACHE: RefCell<Cache> = RefCell::new(Cache { generation: 0, lib: None, streams: HashMap::new() });
-}
-
-/// Sends the library's log to stderr, filtered by `CUPOOL_LOG` (else `RUST_LOG`, else
-/// warnings and errors; `CUPOOL_LOG=off` silences it). A host that installed its own tracing
-/// subscriber in this library's copy of `tracing` keeps it.
-fn init_logging() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("CUPOOL_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false)
-        .try_init();
-}
+/// Taken by `init` and `shutdown`, one at a time.
+static ADMIN: Mutex<()> = Mutex::new(());
 
 /// Opens the library with `config`.
 pub(crate) fn init(config: Config) -> Result<(), Failure> {
-    init_logging();
+    open(config, false)
+}
+
+/// Opens the library from the environment unless it is open already.
+pub(crate) fn init_from_env_once() -> Result<(), Failure> {
+    if LIB.read().is_some() {
+        return Ok(());
+    }
+    open(Config::parse(None)?, true)
+}
+
+/// Opens the library; when it is open already, that is fine if `if_closed`, else an error.
+/// Decided under the write lock: another thread may open and close it meanwhile.
+fn open(config: Config, if_closed: bool) -> Result<(), Failure> {
+    crate::log::init();
+    let _admin = admin();
     let mut lib = LIB.write();
     if lib.is_some() {
+        if if_closed {
+            return Ok(());
+        }
         return Err(Failure::new(
             CupoolStatus::InvalidArgument,
             "cupool is already initialised: call cupool_shutdown first to change its configuration",
@@ -183,35 +193,36 @@ pub(crate) fn init(config: Config) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Opens the library from the environment unless it is open already.
-pub(crate) fn init_from_env_once() -> Result<(), Failure> {
-    if LIB.read().is_some() {
-        return Ok(());
-    }
-    match init(Config::parse(None)?) {
-        Err(f) if LIB.read().is_some() => {
-            drop(f); // another thread opened it meanwhile
-            Ok(())
-        }
-        r => r,
+/// Held by `init` and `shutdown`: one opens or closes the library at a time.
+pub(crate) struct Admin {
+    _held: MutexGuard<'static, ()>,
+}
+
+pub(crate) fn admin() -> Admin {
+    Admin {
+        _held: ADMIN.lock(),
     }
 }
 
-/// Closes the library; refused while blocks are live (their memory must stay valid).
-pub(crate) fn shutdown() -> Result<(), Failure> {
+/// Closes the library; refused while blocks are live (their memory must stay valid). The
+/// caller holds `Admin` and has stopped the calls through the threads' caches (`threads.rs`);
+/// the calls that go the shared way hold the library's read lock, so once the write lock is
+/// taken, the count of live blocks is exact and no block is handed out under it.
+pub(crate) fn close(_admin: &Admin) -> Result<(), Failure> {
     let mut lib = LIB.write();
-    let Some(l) = lib.as_ref() else {
-        return Ok(());
-    };
-    let live = l.live_blocks();
+    let live = lib.as_ref().map_or(0, |l| l.live_blocks());
     if live > 0 {
         return Err(Failure::new(
             CupoolStatus::InvalidArgument,
             format!("{live} blocks are still live: free them before cupool_shutdown (their memory stays valid until then)"),
         ));
     }
-    *lib = None;
+    let closed = lib.take();
     GENERATION.fetch_add(1, Ordering::AcqRel);
+    drop(lib);
+    // Outside the lock: dropping the pools gives their memory back to the driver. A call that
+    // holds the library briefly (statistics, a purge) keeps it until that call ends.
+    drop(closed);
     Ok(())
 }
 
@@ -220,47 +231,35 @@ pub(crate) fn lib() -> Result<Arc<Lib>, Failure> {
     LIB.read().clone().ok_or_else(not_initialized)
 }
 
-fn not_initialized() -> Failure {
+pub(crate) fn not_initialized() -> Failure {
     Failure::new(
         CupoolStatus::NotInitialized,
         "cupool is not initialised: call cupool_init first (or use the PyTorch entry points, which read the environment)",
     )
 }
 
-/// Runs `f` on the pool of `device` × `stream` (built on first use when `create`), through
-/// this thread's cache.
-#[inline]
-pub(crate) fn with_stream<T>(
+/// The library's generation: `init` and `shutdown` advance it.
+pub(crate) fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// The open library, if any (what a thread's cache fills itself from).
+pub(crate) fn current() -> Option<Arc<Lib>> {
+    LIB.read().clone()
+}
+
+/// Runs `f` on the pool of `device` × `stream` without a thread's cache: while shutdown runs,
+/// and for calls after this thread's locals are gone. The library's read lock is held for the
+/// whole call, so shutdown cannot end the library under it.
+pub(crate) fn with_shared<T>(
     device: i32,
     stream: u64,
     create: bool,
     f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
-    CACHE.with(|c| {
-        let mut c = c.borrow_mut();
-        let generation = GENERATION.load(Ordering::Acquire);
-        if c.generation != generation {
-            c.streams.clear();
-            c.lib = LIB.read().clone();
-            c.generation = generation;
-        }
-        // No reference count changes here: threads would contend on the shared counters.
-        let d = c
-            .lib
-            .as_ref()
-            .ok_or_else(not_initialized)?
-            .check_device(device)?;
-        if !c.streams.contains_key(&(d, stream)) {
-            let s = c
-                .lib
-                .as_ref()
-                .ok_or_else(not_initialized)?
-                .stream(d, stream, create)?;
-            c.streams.insert((d, stream), s);
-        }
-        match c.streams.get(&(d, stream)) {
-            Some(s) => f(s),
-            None => Err(not_initialized()),
-        }
-    })
+    let lib = LIB.read();
+    let lib = lib.as_ref().ok_or_else(not_initialized)?;
+    let d = lib.check_device(device)?;
+    let s = lib.stream(d, stream, create)?;
+    f(&s)
 }

@@ -1,6 +1,6 @@
 //! Status codes, the thread-local error text, and the guard that keeps panics inside.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -27,7 +27,13 @@ pub enum CupoolStatus {
 }
 
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// This thread's last failure text. Replaced only by the next failure, never freed by a
+    /// success (`cupool_shutdown` included), so a pointer `cupool_last_error` returned stays
+    /// readable until this thread's next failed call.
+    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    /// Whether this thread's last call failed. No destructor: readable even while the
+    /// thread's locals are being destroyed.
+    static FAILED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// An error: a status and its text.
@@ -70,8 +76,14 @@ impl From<cupool_pool::driver::DriverError> for Failure {
 fn set_error(text: &str) {
     // An interior NUL would cut the text short; replace it rather than lose the message.
     let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
-    // `try_with`: a call from an exit handler runs after this thread's locals are destroyed.
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
+    // `try_with`: a call from an exit handler runs after this thread's locals are destroyed;
+    // `cupool_last_error` then says the text is gone (the call still failed).
+    let _ = LAST_ERROR.try_with(|e| {
+        if let Ok(mut e) = e.try_borrow_mut() {
+            *e = Some(c);
+        }
+    });
+    let _ = FAILED.try_with(|f| f.set(true));
 }
 
 /// Runs `f` with panics caught; a failure sets the error text and becomes `fail`'s value.
@@ -81,7 +93,7 @@ pub(crate) fn guard<T>(
 ) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => {
-            let _ = LAST_ERROR.try_with(|e| e.borrow_mut().clear());
+            let _ = FAILED.try_with(|f| f.set(false));
             v
         }
         Ok(Err(failure)) => {
@@ -109,23 +121,21 @@ pub(crate) fn status(f: impl FnOnce() -> Result<(), Failure>) -> CupoolStatus {
     guard(|s| s, || f().map(|()| CupoolStatus::Ok))
 }
 
-/// The text of the last failure on this thread ("" after a success). Valid until the next
-/// cupool call on this thread.
+/// The text of the last failure on this thread ("" after a success). The text stays valid
+/// until this thread's next failed call, or its exit: successful calls, `cupool_shutdown`
+/// included, leave it in place.
 #[no_mangle]
 pub extern "C" fn cupool_last_error() -> *const c_char {
-    LAST_ERROR
-        .try_with(|e| e.borrow().as_ptr())
-        .unwrap_or(c"(cupool: the error text is gone: this thread is exiting)".as_ptr())
-}
-
-trait ClearCString {
-    fn clear(&mut self);
-}
-
-impl ClearCString for CString {
-    fn clear(&mut self) {
-        if !self.as_bytes().is_empty() {
-            *self = CString::default();
-        }
+    if !FAILED.try_with(Cell::get).unwrap_or(false) {
+        return c"".as_ptr();
     }
+    LAST_ERROR
+        .try_with(|e| {
+            e.try_borrow()
+                .ok()
+                .and_then(|e| e.as_ref().map(|t| t.as_ptr()))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(c"(cupool: the error text is gone: this thread is exiting)".as_ptr())
 }

@@ -9,4 +9,4 @@ dir="${CARGO_TARGET_DIR:-target}/release"
 tmp=$(mktemp -d)
 cc -std=c99 -Wall -Werror -Icapi/include capi/tests/smoke.c -L"$dir" -lcupool -o "$tmp/smoke"
 LD_LIBRARY_PATH="$dir" "$tmp/smoke"
-CUPOOL_LIB="$dir" python3 -m pytest -q -p no:cacheprovider -c python/pytest.ini python/tests/test_sim.py ggml/tests
+CUPOOL_LIB="$dir" python3 -m pytest -q -p no:cacheprovider -c python/pytest.ini python/tests/test_sim.py python/tests/test_install.py ggml/tests

@@ -229,3 +229,58 @@ def test_seed_reads_the_lines_the_shim_prints():
     assert seed.HOLD.search(printed), "the shim's hold line no longer matches seed.HOLD"
     assert seed.FITS.search(printed), "the shim's start-up report no longer matches seed.FITS"
     assert seed.START_FAILED.search(printed)
+
+
+def _shim_functions(src):
+    """Each function the shim defines at the top level (or in a namespace): name -> body."""
+    out = {}
+    for m in re.finditer(r"^[A-Za-z_][\w:<>,&* \[\]]*?\b(\w+)\(([^;{}]*)\)\s*(?:const\s*)?(?:override\s*)?\{", src, re.M):
+        depth, i = 0, m.end() - 1
+        while i < len(src):
+            depth += {"{": 1, "}": -1}.get(src[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        out.setdefault(m.group(1), "")
+        out[m.group(1)] += src[m.end():i]
+    return out
+
+
+def test_start_up_never_asks_ggml_for_its_devices():
+    # The shim's start-up runs inside ggml_cuda_info()'s first call (the patch puts it at the end
+    # of ggml_cuda_init). Anything it calls that asks for ggml_cuda_info() again, directly or
+    # through ggml_cuda_set_device, waits on that first call forever: a hang before the model loads.
+    shim = open(os.path.join(ROOT, "ggml", "ggml-cupool.cu")).read()
+    funcs = _shim_functions(shim)
+    assert {"ggml_cupool_startup", "memory_line", "memory_lines"} <= funcs.keys()
+    seen, todo = set(), ["ggml_cupool_startup"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        body = funcs[name]
+        for banned in ("ggml_cuda_info(", "ggml_cuda_set_device("):
+            assert banned not in body, f"{name}, reached from start-up, calls {banned[:-1]}"
+        todo += [c for c in re.findall(r"\b(\w+)\s*\(", body) if c in funcs and c != name]
+    assert "startup_memory_lines" in seen
+    # The test would catch the old way: the lines printed for every stage use ggml's devices.
+    assert "ggml_cuda_info(" in funcs["memory_lines"] + funcs["memory_line"]
+
+
+def test_the_server_load_table_and_plot_in_the_docs_are_their_data_s(tmp_path):
+    """docs/llama-cpp.md's llama-server table and its plot are what scripts/llama/server-report.py
+    makes of the run kept in data/."""
+    folder = "data/h100-2026-11-25-mainline-server"
+    plot = tmp_path / "plot.svg"
+    report = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "server-report.py"), folder,
+                             "--svg", str(plot)], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    block = re.search(r"<!-- server-load: begin.*?<!-- server-load: end -->", report, re.S).group(0)
+    assert block in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read(), \
+        f"docs/llama-cpp.md's server-load table differs from {folder}: python3 scripts/llama/server-report.py {folder}"
+    kept = open(os.path.join(ROOT, "docs", "img", "llama-server-load-h100.svg")).read()
+    assert plot.read_text() == kept, f"docs/img/llama-server-load-h100.svg differs: rerun with --svg"
+    summary = json.load(open(os.path.join(ROOT, folder, "summary.json")))
+    for name, x in summary.items():
+        if not name.startswith("_"):
+            assert f"| {x['answered']} | {x['failed']} |" in block, name

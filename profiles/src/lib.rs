@@ -12,6 +12,9 @@
 //! `llama-b8833` and `llama` (llama.cpp before and after PR #23907, [`llama`]). Every profile
 //! builds a layer in the same op order (`graph`); they differ in what each op's kernel takes.
 //!
+//! [`gguf`] reads a GGUF file's header (architecture, shape, tensor types and sizes, never the
+//! weights) and maps it to the [`EngineModel`] and [`Weights`] a profile is asked about.
+//!
 //! [`predict`] turns a profile's requests for a whole prefill into a trace and replays it
 //! through a pool on the simulated device. The crate stands on `cupool-pool` (the trace format,
 //! the replay, the pool's settings) and takes two facts from `cupool-kernels`: the cache's
@@ -20,6 +23,7 @@
 
 mod error;
 mod events;
+pub mod gguf;
 mod graph;
 pub mod ik_llama;
 pub mod llama;

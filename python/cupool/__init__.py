@@ -1,7 +1,8 @@
 """cupool from Python: the CUDA memory pool as PyTorch's and CuPy's allocator.
 
-Pure Python over libcupool's C API (ctypes, no build step). Importing this package imports
-neither torch nor cupy::
+Pure Python over libcupool's C API (ctypes), which ``pip install`` builds and bundles beside
+these modules (``CUPOOL_LIB`` overrides it). Importing this package imports neither torch nor
+cupy::
 
     import cupool.torch
     cupool.torch.install(pool="vmm")     # before the first CUDA tensor
@@ -34,6 +35,7 @@ OPTIONS = {
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",
+    "limit_mib": "CUPOOL_LIMIT_MIB",
 }
 
 

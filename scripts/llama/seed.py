@@ -14,7 +14,7 @@ KV length, the sweep's rows (KV length, prefill seconds and tokens/s, device mem
 tokens/s over the whole sweep, cupool's per-ubatch peaks and its final statistics.
 
 With --bench llama-bench each run is instead `llama-bench -p PROMPT -n 0 -r REPS` (whole prompts
-of PROMPT tokens in ubatches of 512, the KV cache emptied between repetitions, so each repetition
+of PROMPT tokens in ubatches of --ubatch (512), the KV cache emptied between repetitions, so each repetition
 grows the flash-attention buffers from scratch): the JSON gets each repetition's prefill tokens/s.
 --env NAME=VALUE (repeatable) sets a variable for every run (e.g. GGML_CUDA_DISABLE_GRAPHS=1).
 """
@@ -93,7 +93,7 @@ def run_one(a, r: dict) -> dict:
         env["CUPOOL_LOG"] = "info"
         if r["name"].endswith("-trace"):
             env["CUPOOL_TRACE"] = str(Path(a.out) / f"{r['name']}.trace.jsonl")
-    common = ["-m", a.model, "-b", "2048", "-ub", "512", "-fa", "1", "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99"]
+    common = ["-m", a.model, "-b", "2048", "-ub", str(a.ubatch), "-fa", "1", "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99"]
     if a.bench == "llama-bench":
         cmd = [str(Path(a.bin) / "llama-bench"), *common, "-p", str(a.prompt), "-n", str(a.gen), "-r", str(a.reps),
                "-o", "json"]
@@ -190,6 +190,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ctx", type=int, default=20480)
     ap.add_argument("--kv", default="q8_0")
+    ap.add_argument("--ubatch", type=int, default=512, help="the engine's -ub (its -b stays 2048)")
     ap.add_argument("--timeout", type=int, default=240)
     ap.add_argument("--bench", choices=["sweep", "llama-bench"], default="sweep")
     ap.add_argument("--prompt", type=int, default=16384, help="llama-bench: prompt tokens")

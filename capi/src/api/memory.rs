@@ -2,8 +2,9 @@
 //! checks on what is given back.
 
 use super::text_arg;
-use crate::state::{self, with_stream};
+use crate::state;
 use crate::status::{guard, status, CupoolStatus, Failure};
+use crate::threads::with_stream;
 use cupool_pool::{Purge, PurgePolicy};
 use std::ffi::{c_char, c_void};
 

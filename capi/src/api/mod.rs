@@ -60,10 +60,13 @@ pub unsafe extern "C" fn cupool_init(config: *const c_char) -> CupoolStatus {
     })
 }
 
-/// Closes the library and gives its memory back. Refused while blocks are live.
+/// Closes the library and gives all its memory back, what every thread's cache holds included.
+/// Refused while blocks are live: their memory stays valid until they are freed. The blocks are
+/// counted with no allocation or free in flight (those on other threads end first, later ones
+/// wait), so no block's memory goes back under its owner.
 #[no_mangle]
 pub extern "C" fn cupool_shutdown() -> CupoolStatus {
-    status(state::shutdown)
+    status(crate::threads::shutdown)
 }
 
 /// How many devices the open library has, or -1 (with the error text set).

@@ -4,30 +4,30 @@ use crate::*;
 use std::ffi::{c_void, CStr, CString};
 use std::sync::Mutex;
 
-static TURN: Mutex<()> = Mutex::new(());
-const MIB: usize = 1 << 20;
+pub(super) static TURN: Mutex<()> = Mutex::new(());
+pub(super) const MIB: usize = 1 << 20;
 
-fn error() -> String {
+pub(super) fn error() -> String {
     // SAFETY: cupool_last_error returns a NUL-terminated string valid until the next call.
     unsafe { CStr::from_ptr(cupool_last_error()) }
         .to_string_lossy()
         .into_owned()
 }
 
-fn init(config: &str) -> CupoolStatus {
+pub(super) fn init(config: &str) -> CupoolStatus {
     let c = CString::new(config).unwrap();
     // SAFETY: a NUL-terminated string.
     unsafe { cupool_init(c.as_ptr()) }
 }
 
-fn alloc(device: i32, stream: u64, size: usize) -> (*mut c_void, usize) {
+pub(super) fn alloc(device: i32, stream: u64, size: usize) -> (*mut c_void, usize) {
     let mut actual = 0usize;
     // SAFETY: `actual` is a writable size_t.
     let p = unsafe { cupool_alloc(device, stream, size, &mut actual) };
     (p, actual)
 }
 
-fn stats(device: i32) -> String {
+pub(super) fn stats(device: i32) -> String {
     // SAFETY: a null buffer asks for the length; then a buffer of that length plus the NUL.
     let n = unsafe { cupool_stats_json(device, std::ptr::null_mut(), 0) };
     assert!(n > 0, "{}", error());
@@ -41,7 +41,7 @@ fn stats(device: i32) -> String {
         .into_owned()
 }
 
-fn stat(json: &str, key: &str) -> u64 {
+pub(super) fn stat(json: &str, key: &str) -> u64 {
     let at = json
         .find(&format!("\"{key}\":"))
         .unwrap_or_else(|| panic!("{key} in {json}"));
@@ -344,4 +344,64 @@ fn the_release_count_moves_whenever_memory_goes_back_and_only_then() {
     assert_eq!(status, CupoolStatus::InvalidArgument);
     assert!(error().contains("uint64_t"), "{}", error());
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
+}
+
+#[test]
+fn the_limit_bounds_every_device_s_pools_together_and_loses_nothing() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim CUPOOL_LIMIT_MIB=0"),
+        CupoolStatus::InvalidArgument
+    );
+    assert!(
+        error().contains("accepted values are off, or a number of MiB"),
+        "{}",
+        error()
+    );
+    for pool in ["vmm", "legacy"] {
+        assert_eq!(
+            init(&format!(
+                "CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=4 GGML_POOL={pool} CUPOOL_LIMIT_MIB=64"
+            )),
+            CupoolStatus::Ok,
+            "{}",
+            error()
+        );
+        // Random requests on three streams of one device: whatever succeeds, the pools together
+        // never hold more than the limit, and a refusal is the pool's out-of-memory report.
+        let mut live: Vec<(u64, *mut c_void, usize)> = Vec::new();
+        let (mut x, mut refused) = (0x9e37_79b9_7f4a_7c15u64, 0);
+        for _ in 0..400 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 3 == 0 && !live.is_empty() {
+                let (s, p, n) = live.swap_remove((x >> 8) as usize % live.len());
+                assert_eq!(cupool_free(0, s, p, n), CupoolStatus::Ok, "{}", error());
+            } else {
+                let (stream, size) = (1 + (x >> 20) % 3, ((x >> 24) as usize % (24 * MIB)) + 1);
+                let (p, _) = alloc(0, stream, size);
+                if p.is_null() {
+                    refused += 1;
+                    assert!(error().contains("out of device memory"), "{}", error());
+                } else {
+                    live.push((stream, p, size));
+                }
+            }
+            let s = stats(0);
+            assert!(
+                stat(&s, "reserved_bytes.all.current") <= 64 * MIB as u64,
+                "{pool}: {s}"
+            );
+        }
+        assert!(refused > 0, "{pool}: the sequence never reached the limit");
+        for (s, p, n) in live.drain(..) {
+            assert_eq!(cupool_free(0, s, p, n), CupoolStatus::Ok, "{}", error());
+        }
+        // Nothing was lost to the refusals: one stream gets nearly the whole limit back.
+        let (p, _) = alloc(0, 9, 60 * MIB);
+        assert!(!p.is_null(), "{pool}: {}", error());
+        assert_eq!(cupool_free(0, 9, p, 60 * MIB), CupoolStatus::Ok);
+        assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
+    }
 }

@@ -4,3 +4,4 @@
 mod api;
 mod header;
 mod settings;
+mod threads;

@@ -132,6 +132,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "when `auto` counts the device short: free memory below twice what the last ubatch held at once (`ubatch`), below a number of MiB (0: only before an out-of-memory retry), or always (`inf`)",
     },
     Setting {
+        name: "CUPOOL_LIMIT_MIB",
+        accepts: Text("off, or a number of MiB from 1 to 16777216"),
+        read_by: &[by(Libcupool, "off")],
+        keyword: Some("limit_mib"),
+        env_only: false,
+        doc: "the most device memory libcupool's pools may hold on each device, all streams together (like PyTorch's per-process memory fraction): beyond it a request fails as out-of-memory, with cupool's report, after the pool's own purge-and-retry; managed memory is not counted",
+    },
+    Setting {
         name: "CUPOOL_LOG",
         accepts: Text("a log filter (RUST_LOG's syntax), or off"),
         read_by: &[by(Libcupool, "RUST_LOG's filter, else warnings and errors")],
