@@ -74,6 +74,11 @@ pub struct PredictArgs {
     /// Model preset: phi3-mini, llama3-8b; qwen3-30b-a3b, deepseek-v3 (q8_0 weights).
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
+    /// A GGUF model file: its header gives the model's shape, its weights' type and their
+    /// bytes (the tensors the engines keep on the device), in place of --model and
+    /// --weight-type. Only the header is read.
+    #[arg(long, conflicts_with_all = ["model", "weight_type"])]
+    pub gguf: Option<PathBuf>,
     /// ik_llama.cpp's `-amb` (MiB) for deepseek-v3: the prompt path decompresses the cache in
     /// head chunks whose f32 K/V fits it; 0: no limit (llama-bench's default).
     #[arg(long, default_value_t = 256)]
@@ -172,6 +177,14 @@ pub struct RunArgs {
     /// Model preset: phi3-mini, llama3-8b, qwen3-30b-a3b, deepseek-v3.
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
+    /// A GGUF model file: its header gives the model's shape, its weights' type and their
+    /// bytes (the tensors the engines keep on the device), in place of --model, --weight-type
+    /// and the dimensions' overrides. Only the header is read.
+    #[arg(long, conflicts_with_all = [
+        "model", "weight_type", "n_layer", "n_embd", "n_head", "n_head_kv", "head_dim_k",
+        "head_dim_v", "v_is_k", "n_ff",
+    ])]
+    pub gguf: Option<PathBuf>,
     /// Layers (overrides the preset).
     #[arg(long)]
     pub n_layer: Option<usize>,

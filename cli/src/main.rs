@@ -10,6 +10,7 @@ mod cli;
 mod cmd;
 mod device;
 mod estimate;
+mod gguf;
 mod llama_args;
 mod log;
 mod output;

@@ -2,6 +2,7 @@
 
 use crate::cli::RunArgs;
 pub use crate::device::{gib_bytes, Device, GIB};
+use crate::gguf::GgufInput;
 use cupool::pool::{PoolConfig, PoolKind};
 use cupool::runtime::planner::weights::device_weight_bytes;
 use cupool::runtime::profile::EngineModel;
@@ -9,7 +10,34 @@ use cupool::runtime::{
     BudgetMode, ModelShape, PurgePolicy, RunConfig, RunReport, Runtime, RuntimeError,
 };
 
-pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
+/// The model the arguments name: a preset with its overrides, or a GGUF file's.
+pub struct Model {
+    /// Its shape.
+    pub shape: ModelShape,
+    /// The file it was read from (`--gguf`), with its engine model and weights.
+    pub file: Option<GgufInput>,
+}
+
+pub fn model_from_args(a: &RunArgs) -> Result<Model, String> {
+    if let Some(path) = &a.gguf {
+        let g = crate::gguf::read(path)?;
+        crate::gguf::check_weights(&g, a.engine.profile())?;
+        g.shape
+            .validate(a.kv_type)
+            .map_err(|e| format!("--gguf {}: {e}", path.display()))?;
+        return Ok(Model {
+            shape: g.shape.clone(),
+            file: Some(g),
+        });
+    }
+    Ok(Model {
+        shape: preset_shape(a)?,
+        file: None,
+    })
+}
+
+/// The preset's shape with the dimensions' overrides.
+fn preset_shape(a: &RunArgs) -> Result<ModelShape, String> {
     let mut m = ModelShape::preset(&a.model).map_err(|e| e.to_string())?;
     let overrides: Vec<String> = [
         ("n_layer", a.n_layer),
@@ -39,9 +67,16 @@ pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
     Ok(m)
 }
 
-/// The model as the engines' graphs see it: the preset with the shape's overrides (what sizes
-/// its weights), or `None` for a name no preset has.
-pub fn engine_model(a: &RunArgs) -> Option<EngineModel> {
+/// The model as the engines' graphs see it: a GGUF file's (in `c`), else the preset with the
+/// shape's overrides (what sizes its weights), or `None` for a name no preset has.
+pub fn engine_model(a: &RunArgs, c: &RunConfig) -> Option<EngineModel> {
+    if c.engine_model.is_some() {
+        return c.engine_model.clone();
+    }
+    preset_engine_model(a)
+}
+
+fn preset_engine_model(a: &RunArgs) -> Option<EngineModel> {
     let mut m = EngineModel::preset(&a.model)?;
     m.n_layer = a.n_layer.unwrap_or(m.n_layer);
     m.n_embd = a.n_embd.unwrap_or(m.n_embd);
@@ -53,17 +88,23 @@ pub fn engine_model(a: &RunArgs) -> Option<EngineModel> {
 }
 
 /// The base configuration from the arguments (pool settings filled in by the caller).
-pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, String> {
-    let mut c = RunConfig::new(m.clone(), a.ctx);
+pub fn run_config(a: &RunArgs, m: &Model, plan: bool) -> Result<RunConfig, String> {
+    let mut c = RunConfig::new(m.shape.clone(), a.ctx);
     c.kv_type = a.kv_type;
     c.n_batch = a.batch;
     c.n_ubatch = a.ubatch;
-    let wt = crate::values::weight_type(a.weight_type.as_deref(), &a.model, a.engine.profile())?;
+    let wt = match &m.file {
+        Some(g) => g.weight_type,
+        None => crate::values::weight_type(a.weight_type.as_deref(), &a.model, a.engine.profile())?,
+    };
     c.weight_type = wt.path();
-    c.weights_bytes = match (a.weights, engine_model(a)) {
-        (Some(g), _) => gib_bytes(g)?,
-        (None, Some(em)) => device_weight_bytes(&em, wt),
-        (None, None) => m.weights_bytes,
+    c.engine_model = m.file.as_ref().map(|g| g.engine.clone());
+    c.weights_bytes = match (a.weights, &m.file, preset_engine_model(a)) {
+        (Some(g), _, _) => gib_bytes(g)?,
+        // The file's own bytes, as its header gives them.
+        (None, Some(g), _) => g.device_bytes,
+        (None, None, Some(em)) => device_weight_bytes(&em, wt),
+        (None, None, None) => m.shape.weights_bytes,
     };
     c.purge = a.purge;
     c.auto_headroom = cupool::pool::AutoHeadroom::parse(&a.auto_headroom).ok_or_else(|| {

@@ -82,7 +82,7 @@ pub fn plan(a: RunArgs) -> ExitCode {
     target.free_bytes = free;
     target.outside = Outside::of(
         cfg.engine,
-        scenario::engine_model(&a).as_ref(),
+        scenario::engine_model(&a, &cfg).as_ref(),
         cfg.weight_type,
         cc,
     );

@@ -5,6 +5,7 @@
 use super::predict_free::{device, FreeDevice};
 use super::{fail, usage, EXIT_OOM};
 use crate::cli::{FormatArg, PredictArgs};
+use crate::gguf::GgufInput;
 use crate::output::driver_calls;
 use crate::{scenario, stdout, values};
 use cupool::pool::PoolConfig;
@@ -14,9 +15,17 @@ use std::process::ExitCode;
 
 /// Predicts the engine's requests, writes them if asked, prints the replay; exits 3 when the
 /// engine runs out of memory.
-pub fn predict(a: PredictArgs) -> ExitCode {
+pub fn predict(mut a: PredictArgs) -> ExitCode {
     crate::log::init(a.quiet, false);
-    let run = match engine_run(&a) {
+    // A model file is read once; its name stands for the model in what is printed.
+    let file = match a.gguf.as_deref().map(crate::gguf::read).transpose() {
+        Ok(f) => f,
+        Err(e) => return usage(e),
+    };
+    if let Some(g) = &file {
+        a.model = g.shape.name.clone();
+    }
+    let run = match engine_run(&a, file.as_ref()) {
         Ok(r) => r,
         Err(e) => return usage(e),
     };
@@ -29,7 +38,7 @@ pub fn predict(a: PredictArgs) -> ExitCode {
         Ok(v) => v,
         Err(e) => return usage(format!("--free: {e}")),
     };
-    let dev = match free.map(|f| device(&a, &run, f)).transpose() {
+    let dev = match free.map(|f| device(&a, &run, f, file.as_ref())).transpose() {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
@@ -68,9 +77,16 @@ pub fn predict(a: PredictArgs) -> ExitCode {
 
 /// The engine's prefill the arguments ask for, or what is wrong with them and what is
 /// accepted.
-fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
+fn engine_run(a: &PredictArgs, file: Option<&GgufInput>) -> Result<EngineRun, String> {
     let profile = a.engine;
-    let Some(mut model) = EngineModel::preset(&a.model) else {
+    let preset = match file {
+        Some(g) => {
+            crate::gguf::check_weights(g, Some(profile))?;
+            Some(g.engine.clone())
+        }
+        None => EngineModel::preset(&a.model),
+    };
+    let Some(mut model) = preset else {
         return Err(format!(
             "--model {:?}: the {} profile models the presets {}",
             a.model,
@@ -84,7 +100,10 @@ fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
     if let Some(mla) = &mut model.mla {
         mla.attn_max_batch_mib = a.amb;
     }
-    let weights = values::weight_type(a.weight_type.as_deref(), &a.model, Some(profile))?.path();
+    let weights = match file {
+        Some(g) => g.weight_type.path(),
+        None => values::weight_type(a.weight_type.as_deref(), &a.model, Some(profile))?.path(),
+    };
     let cc = values::cc(&a.cc)?;
     let schedule = match a.sweep {
         Some(steps) => Schedule::Sweep {

@@ -3,6 +3,7 @@
 //! replay (the peak device memory, the largest context that fits).
 
 use crate::cli::PredictArgs;
+use crate::gguf::GgufInput;
 use crate::scenario::GIB;
 use cupool::predict::{EngineRun, Prediction, Schedule};
 use cupool::runtime::planner::weights::device_weight_bytes;
@@ -41,16 +42,35 @@ fn ctx(a: &PredictArgs, run: &EngineRun) -> usize {
 }
 
 /// The engine's run as the planner models it, with `free` bytes free before it starts.
-pub fn device(a: &PredictArgs, run: &EngineRun, free: usize) -> Result<FreeDevice, String> {
+/// With a model file (`file`), its shape and its weights' bytes as its header gives them.
+pub fn device(
+    a: &PredictArgs,
+    run: &EngineRun,
+    free: usize,
+    file: Option<&GgufInput>,
+) -> Result<FreeDevice, String> {
     let n_ctx = ctx(a, run);
-    let model = ModelShape::preset(&a.model).map_err(|e| e.to_string())?;
-    let mut cfg = RunConfig::new(model, n_ctx);
-    let wt = crate::values::weight_type(a.weight_type.as_deref(), &a.model, Some(run.profile))?;
+    let mut cfg = match file {
+        Some(g) => {
+            let mut c = RunConfig::new(g.shape.clone(), n_ctx);
+            c.weights_bytes = g.device_bytes;
+            c
+        }
+        None => {
+            let model = ModelShape::preset(&a.model).map_err(|e| e.to_string())?;
+            let wt =
+                crate::values::weight_type(a.weight_type.as_deref(), &a.model, Some(run.profile))?;
+            let mut c = RunConfig::new(model, n_ctx);
+            c.weights_bytes = device_weight_bytes(&run.setup.model, wt);
+            c
+        }
+    };
     cfg.kv_type = run.setup.kv;
     cfg.n_ubatch = a.ubatch;
     cfg.n_batch = a.batch.max(a.ubatch);
-    cfg.weight_type = wt.path();
-    cfg.weights_bytes = device_weight_bytes(&run.setup.model, wt);
+    cfg.weight_type = run.setup.weights;
+    // The model the replay runs (a file's, or the preset's with its `--amb`) is the plan's.
+    cfg.engine_model = Some(run.setup.model.clone());
     cfg.engine = EngineKind::Profile {
         profile: run.profile,
         cc: run.setup.dev.cc,

@@ -49,7 +49,7 @@ pub fn run(a: RunArgs) -> ExitCode {
         _ => crate::values::cc(&a.cc).unwrap_or(900),
     };
     // What the engine takes outside its buffers and pool comes out of the free memory first.
-    dev.set_outside(&base, scenario::engine_model(&a).as_ref(), cc);
+    dev.set_outside(&base, scenario::engine_model(&a, &base).as_ref(), cc);
     let (pool, single) = choice;
     let configs = if single {
         let mut c = base.clone();
