@@ -39,11 +39,13 @@ pub enum Command {
     /// Run a prefill (the default).
     #[command(allow_negative_numbers = true)]
     Run(RunArgs),
-    /// Print the memory budget without running: weights, KV, compute buffer, the pool's reserve
-    /// over the whole prefill, whether it fits, where a run dies if not, and the largest
-    /// context that fits.
+    /// Print the memory budget without running, from the free memory before the engine starts
+    /// (--free): weights, KV, compute buffer, what lies outside them, the pool's reserve over
+    /// the prefill, whether it fits, where a run dies if not, the peak device memory, the
+    /// largest context that fits, and what to do.
     #[command(
         allow_negative_numbers = true,
+        mut_arg("vram", |a| a.hide(true)),
         // A run's options that a plan has no use for: out of its help, refused if given.
         mut_arg("compute", |a| a.hide(true)),
         mut_arg("budget", |a| a.hide(true)),
@@ -58,8 +60,8 @@ pub enum Command {
     #[command(allow_negative_numbers = true)]
     Replay(ReplayArgs),
     /// Predict what a real engine asks of its pool for a prefill (its profile's requests, op by
-    /// op, replayed through a pool on the simulated device): peak reserve, driver calls, and on a
-    /// card of --vram GiB for the pool, the token where the engine runs out.
+    /// op, replayed through a pool on the simulated device): peak reserve, driver calls, and with
+    /// --free GiB free before the engine starts, the token where the engine runs out.
     #[command(allow_negative_numbers = true)]
     Predict(PredictArgs),
 }
@@ -72,12 +74,19 @@ pub struct PredictArgs {
     /// Model preset: phi3-mini, llama3-8b; qwen3-30b-a3b, deepseek-v3 (q8_0 weights).
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
+    /// A GGUF model file: its header gives the model's shape, its weights' type and their
+    /// bytes (the tensors the engines keep on the device), in place of --model and
+    /// --weight-type. Only the header is read.
+    #[arg(long, conflicts_with_all = ["model", "weight_type"])]
+    pub gguf: Option<PathBuf>,
     /// ik_llama.cpp's `-amb` (MiB) for deepseek-v3: the prompt path decompresses the cache in
     /// head chunks whose f32 K/V fits it; 0: no limit (llama-bench's default).
     #[arg(long, default_value_t = 256)]
     pub amb: usize,
-    /// Weight type: f16 (cuBLAS) or q8_0 (MMQ, MMVQ) (default: f16; q8_0 for the
-    /// mixture-of-experts presets, whose f16 experts the profiles do not model).
+    /// Weight type, any of ggml's f32, f16, bf16, q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1,
+    /// q4_0: its size gives the weights' bytes; float types take the cuBLAS path, quantized
+    /// ones MMQ (default: f16; q8_0 for the mixture-of-experts presets, whose float experts the
+    /// profiles do not model).
     #[arg(long)]
     pub weight_type: Option<String>,
     /// KV cache type.
@@ -105,15 +114,24 @@ pub struct PredictArgs {
     /// (default: as measured for sm_90 on an H100 at compute capability 9.0, else the launch bound).
     #[arg(long)]
     pub fa_occupancy: Option<usize>,
-    /// Pool.
-    #[arg(long, value_parser = values::pool_kind(), ignore_case = true, default_value = "legacy")]
+    /// Pool (default vmm, libcupool's on a device with VMM: what llama.cpp gets with GGML_POOL
+    /// set).
+    #[arg(long, value_parser = values::pool_kind(), ignore_case = true, default_value = "vmm")]
     pub pool: PoolKind,
-    /// Purge policy at ubatch boundaries (auto: what the next ubatch asks for first stays).
-    #[arg(long, value_parser = values::purge(), default_value = "never")]
+    /// Purge policy at ubatch boundaries (default auto, libcupool's CUPOOL_PURGE default: what
+    /// the next ubatch asks for first stays).
+    #[arg(long, value_parser = values::purge(), default_value = "auto")]
     pub purge: PurgePolicy,
-    /// GiB the card leaves the pool (default: never runs out).
+    /// Context length (`-c`): the KV cache and the engine's compute buffer are sized for it
+    /// (default: the prompt, or the sweep's steps, rounded up to 256).
     #[arg(long)]
-    pub vram: Option<f64>,
+    pub ctx: Option<usize>,
+    /// Free device memory in GiB before the engine starts, as nvidia-smi shows it: the weights,
+    /// the KV cache, the compute buffer and what lies outside them (CUDA context, cuBLAS
+    /// workspace, kernel modules, mainline's start-up hold) come out of it; the pool gets the
+    /// rest (default: a card the pool never fills).
+    #[arg(long)]
+    pub free: Option<f64>,
     /// Write the predicted requests to this file as a trace (`replay` reads it).
     #[arg(long)]
     pub trace_out: Option<PathBuf>,
@@ -159,6 +177,14 @@ pub struct RunArgs {
     /// Model preset: phi3-mini, llama3-8b, qwen3-30b-a3b, deepseek-v3.
     #[arg(long, default_value = "phi3-mini")]
     pub model: String,
+    /// A GGUF model file: its header gives the model's shape, its weights' type and their
+    /// bytes (the tensors the engines keep on the device), in place of --model, --weight-type
+    /// and the dimensions' overrides. Only the header is read.
+    #[arg(long, conflicts_with_all = [
+        "model", "weight_type", "n_layer", "n_embd", "n_head", "n_head_kv", "head_dim_k",
+        "head_dim_v", "v_is_k", "n_ff",
+    ])]
+    pub gguf: Option<PathBuf>,
     /// Layers (overrides the preset).
     #[arg(long)]
     pub n_layer: Option<usize>,
@@ -196,9 +222,11 @@ pub struct RunArgs {
     /// measured for sm_90 on an H100 at compute capability 9.0, else the launch bound).
     #[arg(long)]
     pub fa_occupancy: Option<usize>,
-    /// The weights' type: f16 or q8_0 (cupool's runtime converts q8_0 to f16 for each GEMM, in
-    /// a pool buffer; an engine profile takes its engine's path). Default: f16; with an engine
-    /// profile, q8_0 for the mixture-of-experts presets, whose f16 experts no profile models.
+    /// The weights' type, any of ggml's f32, f16, bf16, q8_0, q6_k, q5_k, q5_1, q5_0, q4_k,
+    /// q4_1, q4_0: its size gives the weights' bytes (all but the token embedding, which the
+    /// engines keep in host memory); float types take the cuBLAS path, quantized ones the q8_0
+    /// path (cupool's runtime converts to f16 for each GEMM, in a pool buffer). Default: f16;
+    /// with an engine profile, q8_0 for the mixture-of-experts presets.
     #[arg(long)]
     pub weight_type: Option<String>,
     /// Context length.
@@ -213,19 +241,32 @@ pub struct RunArgs {
     /// Physical batch (ubatch).
     #[arg(long, default_value_t = 512)]
     pub ubatch: usize,
-    /// Resident weights in GiB (default: the scenario's Phi-3-mini in f16, 7.1 GiB; for other
-    /// models their q8_0 size).
+    /// Resident weights in GiB (default: the model's tensors in --weight-type on the device,
+    /// e.g. 6.93 GiB for Phi-3-mini in f16).
     #[arg(long)]
     pub weights: Option<f64>,
-    /// The card in GiB: the simulated device's capacity, or a limit the pool enforces on a
-    /// real GPU (default 12, an RTX 3060's; on cuda without it, the whole GPU).
+    /// The card's size in GiB: the simulated device's (default 12, an RTX 3060's); on cuda, a
+    /// smaller card the run's allocations are limited to (default: the whole GPU). Not the
+    /// room of the pool: that is derived from --free.
     #[arg(long)]
     pub vram: Option<f64>,
-    /// Pool (default: GGML_POOL, else the comparison).
+    /// Free device memory in GiB before the engine starts, as nvidia-smi shows it (run:
+    /// default the whole card; plan: default 12). What the engine takes outside its buffers and
+    /// pool comes out of it first (CUDA context, cuBLAS workspace, kernel modules, mainline's
+    /// start-up hold: `plan` lists them); the buffers and the pool share the rest.
+    #[arg(long)]
+    pub free: Option<f64>,
+    /// The GPU's compute capability, MAJOR.MINOR (cuBLAS's workspace and the profiles read it;
+    /// on cuda the GPU's own).
+    #[arg(long, default_value = "9.0")]
+    pub cc: String,
+    /// Pool (default: GGML_POOL; without it, `run` compares every configuration and `plan`
+    /// takes libcupool's default, vmm where the device supports VMM, else legacy).
     #[arg(long, value_parser = values::pool_kind(), ignore_case = true)]
     pub pool: Option<PoolKind>,
-    /// Purge policy at prefill ubatch boundaries.
-    #[arg(long, value_parser = values::purge(), default_value = "never")]
+    /// Purge policy at prefill ubatch boundaries (default auto, libcupool's CUPOOL_PURGE
+    /// default: what llama.cpp gets with GGML_POOL set).
+    #[arg(long, value_parser = values::purge(), default_value = "auto")]
     pub purge: PurgePolicy,
     /// With --purge auto: return memory only while the device's free memory is below this:
     /// `ubatch` (twice what the ubatch just ended held at once), a number of MiB, or `inf`
@@ -261,13 +302,15 @@ pub struct RunArgs {
 pub struct ReplayArgs {
     /// The trace file: JSON lines, or JSON lines compressed with gzip (`.jsonl.gz`).
     pub trace: PathBuf,
-    /// Pool (torch: PyTorch's native caching allocator, to see what it would reserve).
+    /// Pool (default vmm, libcupool's; torch: PyTorch's native caching allocator, to see what it
+    /// would reserve).
     #[arg(long, value_parser = values::pool_kind(), ignore_case = true, default_value = "vmm")]
     pub pool: PoolKind,
-    /// Purge policy at prefill phase ends.
-    #[arg(long, value_parser = values::purge(), default_value = "never")]
+    /// Purge policy at prefill phase ends (default auto, libcupool's CUPOOL_PURGE default).
+    #[arg(long, value_parser = values::purge(), default_value = "auto")]
     pub purge: PurgePolicy,
-    /// The simulated card in GiB (default: large enough never to run out).
+    /// The simulated card's size in GiB, the trace's pool alone on it (default: large enough
+    /// never to run out).
     #[arg(long)]
     pub vram: Option<f64>,
     /// The VMM pool rounds requests above 1 MiB up to this many bytes (a power of two;

@@ -8,7 +8,9 @@
 mod stdout;
 mod cli;
 mod cmd;
+mod device;
 mod estimate;
+mod gguf;
 mod llama_args;
 mod log;
 mod output;

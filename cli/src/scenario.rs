@@ -1,178 +1,44 @@
-//! Building devices, models and runtimes from the arguments, and running them.
+//! Models, configurations and runs from the arguments (the device they run on: [`crate::device`]).
 
-use crate::cli::{ComputeArg, DeviceArg, RunArgs};
-use cupool::kernels::device::DeviceFacts;
-use cupool::pool::driver::cuda::CudaDriver;
-use cupool::pool::driver::limit::LimitedDriver;
-use cupool::pool::driver::sim::{SimConfig, SimDevice};
-use cupool::pool::driver::Driver;
-use cupool::pool::{PoolConfig, PoolError, PoolKind};
-use cupool::runtime::executor::{cpu::CpuExecutor, cuda::CudaExecutor, dry_run::DryRun, Executor};
-use cupool::runtime::memory::WeightLayout;
+use crate::cli::RunArgs;
+pub use crate::device::{gib_bytes, Device, GIB};
+use crate::gguf::GgufInput;
+use cupool::pool::{PoolConfig, PoolKind};
+use cupool::runtime::planner::weights::device_weight_bytes;
+use cupool::runtime::profile::EngineModel;
 use cupool::runtime::{
     BudgetMode, ModelShape, PurgePolicy, RunConfig, RunReport, Runtime, RuntimeError,
 };
-use std::sync::Arc;
 
-pub const GIB: f64 = (1u64 << 30) as f64;
-/// Phi-3-mini's weights in f16: with a 20k q8_0 KV cache it fills a 12 GiB card as in the OOM report.
-const SCENARIO_WEIGHTS: f64 = 7_640_000_000.0;
-
-/// A driver and the executor that runs on it.
-pub type Opened = (Arc<dyn Driver>, Box<dyn Executor>);
-
-/// What the runs execute on.
-pub enum Device {
-    Sim {
-        vram: usize,
-        backed: bool,
-    },
-    Cuda {
-        driver: Arc<CudaDriver>,
-        vram: Option<usize>,
-    },
+/// The model the arguments name: a preset with its overrides, or a GGUF file's.
+pub struct Model {
+    /// Its shape.
+    pub shape: ModelShape,
+    /// The file it was read from (`--gguf`), with its engine model and weights.
+    pub file: Option<GgufInput>,
 }
 
-impl Device {
-    pub fn from_args(a: &RunArgs) -> Result<Self, String> {
-        let vram = a.vram.map(gib_bytes).transpose()?;
-        let want_cuda = match a.device {
-            DeviceArg::Sim => false,
-            DeviceArg::Cuda => true,
-            DeviceArg::Auto => {
-                cupool::pool::driver::cuda::is_available() && CudaDriver::new(0).is_ok()
-            }
-        };
-        if want_cuda {
-            if a.compute.is_some() {
-                return Err(
-                    "--compute applies to the simulated device; on cuda the kernels run on the GPU"
-                        .into(),
-                );
-            }
-            let driver = CudaDriver::new(0).map_err(|e| format!("--device cuda: {e}"))?;
-            Ok(Device::Cuda {
-                driver: Arc::new(driver),
-                vram,
-            })
-        } else {
-            if a.device == DeviceArg::Auto && !a.quiet {
-                crate::stdout::err("note: no usable CUDA device: running on the simulated card (--device sim chooses it and hides this note)");
-            }
-            let backed = a.compute == Some(ComputeArg::Cpu);
-            Ok(Device::Sim {
-                vram: vram.unwrap_or((12.0 * GIB) as usize),
-                backed,
-            })
-        }
+pub fn model_from_args(a: &RunArgs) -> Result<Model, String> {
+    if let Some(path) = &a.gguf {
+        let g = crate::gguf::read(path)?;
+        crate::gguf::check_weights(&g, a.engine.profile())?;
+        g.shape
+            .validate(a.kv_type)
+            .map_err(|e| format!("--gguf {}: {e}", path.display()))?;
+        return Ok(Model {
+            shape: g.shape.clone(),
+            file: Some(g),
+        });
     }
-
-    /// Takes the GPU's multiprocessor count and compute capability into `cfg` (the split and
-    /// stream-k counts of cupool's kernels and of an engine profile read them); the simulated
-    /// device, or a GPU that cannot say, keeps the flags' values.
-    pub fn apply_facts(&self, cfg: &mut RunConfig) {
-        let Device::Cuda { driver, .. } = self else {
-            return;
-        };
-        let f = match DeviceFacts::query(driver.ordinal()) {
-            Ok(Some(f)) => f,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, "device facts unavailable: keeping the flags' values");
-                return;
-            }
-        };
-        cfg.sms = f.multiprocessors;
-        if let cupool::runtime::profile::EngineKind::Profile { profile, .. } = cfg.engine {
-            cfg.engine = cupool::runtime::profile::EngineKind::Profile {
-                profile,
-                cc: f.compute_capability,
-            };
-        }
-    }
-
-    fn sim(vram: usize, backed: bool) -> Result<Arc<SimDevice>, RuntimeError> {
-        let mut c = SimConfig::gib(0.0).backed(backed).record_calls(false);
-        c.capacity = vram;
-        Ok(Arc::new(SimDevice::new(c).map_err(PoolError::from)?))
-    }
-
-    /// A fresh driver for one run (the simulated card starts empty every time).
-    pub fn driver(&self) -> Result<Arc<dyn Driver>, RuntimeError> {
-        Ok(match self {
-            Device::Sim { vram, backed } => Self::sim(*vram, *backed)?,
-            Device::Cuda {
-                driver,
-                vram: Some(v),
-            } => Arc::new(LimitedDriver::new(driver.clone(), *v)),
-            Device::Cuda { driver, vram: None } => driver.clone(),
-        })
-    }
-
-    /// A fresh driver for one run and the executor that runs on it.
-    pub fn open(&self) -> Result<Opened, RuntimeError> {
-        Ok(match self {
-            Device::Sim { vram, backed: true } => {
-                let sim = Self::sim(*vram, true)?;
-                (sim.clone(), Box::new(CpuExecutor::new(sim)?))
-            }
-            Device::Sim { .. } => (self.driver()?, Box::new(DryRun)),
-            Device::Cuda { driver, .. } => (
-                self.driver()?,
-                Box::new(CudaExecutor::new(driver.context().clone())?),
-            ),
-        })
-    }
-
-    pub fn describe(&self) -> String {
-        match self {
-            Device::Sim { vram, backed } => format!(
-                "simulated {:.1} GiB card, {} executor",
-                *vram as f64 / GIB,
-                if *backed { "cpu" } else { "dry-run" }
-            ),
-            Device::Cuda { driver, vram } => match vram {
-                Some(v) => format!(
-                    "{} limited to {:.1} GiB, cuda executor",
-                    driver.name(),
-                    *v as f64 / GIB
-                ),
-                None => format!("{}, cuda executor", driver.name()),
-            },
-        }
-    }
-
-    pub fn card_bytes(&self) -> Option<usize> {
-        match self {
-            Device::Sim { vram, .. } => Some(*vram),
-            Device::Cuda { vram, .. } => *vram,
-        }
-    }
-
-    pub fn executor_name(&self) -> &'static str {
-        match self {
-            Device::Sim { backed: false, .. } => "dry-run",
-            Device::Sim { backed: true, .. } => "cpu",
-            Device::Cuda { .. } => "cuda",
-        }
-    }
+    Ok(Model {
+        shape: preset_shape(a)?,
+        file: None,
+    })
 }
 
-pub fn gib_bytes(g: f64) -> Result<usize, String> {
-    // The simulated device's limit (256 TiB), so that every size accepted here can be simulated.
-    let max_gib = (cupool::pool::driver::sim::MAX_CAPACITY as f64 / GIB) as u64;
-    if g.is_finite() && g > 0.0 && g <= max_gib as f64 {
-        Ok((g * GIB) as usize)
-    } else {
-        Err(format!(
-            "{g} GiB is not a usable size: give a number of GiB above 0 and up to {max_gib}"
-        ))
-    }
-}
-
-pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
+/// The preset's shape with the dimensions' overrides.
+fn preset_shape(a: &RunArgs) -> Result<ModelShape, String> {
     let mut m = ModelShape::preset(&a.model).map_err(|e| e.to_string())?;
-    let preset = m.clone();
     let overrides: Vec<String> = [
         ("n_layer", a.n_layer),
         ("n_embd", a.n_embd),
@@ -195,32 +61,50 @@ pub fn model_from_args(a: &RunArgs) -> Result<ModelShape, String> {
     m.n_ff = a.n_ff.unwrap_or(m.n_ff);
     m.v_is_k |= a.v_is_k;
     m.validate(a.kv_type).map_err(|e| e.to_string())?;
-    if a.model == "phi3-mini" {
-        m.weights_bytes = SCENARIO_WEIGHTS as usize;
-    }
     if !overrides.is_empty() {
         m.name = format!("{} with {}", m.name, overrides.join(" "));
-        // The preset's weight size, scaled by how the shape changed the weight layout (same
-        // quantisation): 16 of 32 layers weigh about half.
-        // (The layout is one layer's: the runtime shares it between layers.)
-        let all = |s: &ModelShape| {
-            WeightLayout::new(s, Default::default()).bytes as f64 * s.n_layer as f64
-        };
-        let (was, now) = (all(&preset), all(&m));
-        m.weights_bytes = (m.weights_bytes as f64 * now / was.max(1.0)) as usize;
     }
     Ok(m)
 }
 
+/// The model as the engines' graphs see it: a GGUF file's (in `c`), else the preset with the
+/// shape's overrides (what sizes its weights), or `None` for a name no preset has.
+pub fn engine_model(a: &RunArgs, c: &RunConfig) -> Option<EngineModel> {
+    if c.engine_model.is_some() {
+        return c.engine_model.clone();
+    }
+    preset_engine_model(a)
+}
+
+fn preset_engine_model(a: &RunArgs) -> Option<EngineModel> {
+    let mut m = EngineModel::preset(&a.model)?;
+    m.n_layer = a.n_layer.unwrap_or(m.n_layer);
+    m.n_embd = a.n_embd.unwrap_or(m.n_embd);
+    m.n_head = a.n_head.unwrap_or(m.n_head);
+    m.n_head_kv = a.n_head_kv.unwrap_or(m.n_head_kv);
+    m.head_dim = a.head_dim_k.unwrap_or(m.head_dim);
+    m.n_ff = a.n_ff.unwrap_or(m.n_ff);
+    Some(m)
+}
+
 /// The base configuration from the arguments (pool settings filled in by the caller).
-pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, String> {
-    let mut c = RunConfig::new(m.clone(), a.ctx);
+pub fn run_config(a: &RunArgs, m: &Model, plan: bool) -> Result<RunConfig, String> {
+    let mut c = RunConfig::new(m.shape.clone(), a.ctx);
     c.kv_type = a.kv_type;
     c.n_batch = a.batch;
     c.n_ubatch = a.ubatch;
-    c.weights_bytes = match a.weights {
-        Some(g) => gib_bytes(g)?,
-        None => m.weights_bytes,
+    let wt = match &m.file {
+        Some(g) => g.weight_type,
+        None => crate::values::weight_type(a.weight_type.as_deref(), &a.model, a.engine.profile())?,
+    };
+    c.weight_type = wt.path();
+    c.engine_model = m.file.as_ref().map(|g| g.engine.clone());
+    c.weights_bytes = match (a.weights, &m.file, preset_engine_model(a)) {
+        (Some(g), _, _) => gib_bytes(g)?,
+        // The file's own bytes, as its header gives them.
+        (None, Some(g), _) => g.device_bytes,
+        (None, None, Some(em)) => device_weight_bytes(&em, wt),
+        (None, None, None) => m.shape.weights_bytes,
     };
     c.purge = a.purge;
     c.auto_headroom = cupool::pool::AutoHeadroom::parse(&a.auto_headroom).ok_or_else(|| {
@@ -231,11 +115,12 @@ pub fn run_config(a: &RunArgs, m: &ModelShape, plan: bool) -> Result<RunConfig, 
         )
     })?;
     c.budget = a.budget;
-    c.weight_type =
-        crate::values::weight_type(a.weight_type.as_deref(), &a.model, a.engine.profile())?;
     c.engine = match a.engine.profile() {
         None => cupool::runtime::profile::EngineKind::Cupool,
-        Some(profile) => cupool::runtime::profile::EngineKind::Profile { profile, cc: 900 },
+        Some(profile) => cupool::runtime::profile::EngineKind::Profile {
+            profile,
+            cc: crate::values::cc(&a.cc)?,
+        },
     };
     c.fa_occupancy = a.fa_occupancy;
     c.validate().map_err(|e| e.to_string())?;
@@ -275,6 +160,15 @@ pub fn run_one(
     progress: Option<&indicatif::ProgressBar>,
 ) -> Outcome {
     let label = label(&cfg);
+    if let Some(why) = dev.startup_refusal(&cfg) {
+        return Outcome {
+            label,
+            config: cfg,
+            report: Err(why),
+            did_not_fit: true,
+            trace: None,
+        };
+    }
     let run = || -> Result<(RunReport, Option<String>), RuntimeError> {
         let (driver, exec) = dev.open()?;
         let mut rt = Runtime::new(driver, cfg.clone(), exec)?;

@@ -6,6 +6,7 @@
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use cupool::kernels::KvType;
 use cupool::pool::{PoolKind, PurgePolicy};
+use cupool::runtime::planner::weights::WeightType;
 use cupool::runtime::profile::{EngineKind, EngineModel, Profile, Weights};
 use cupool::runtime::BudgetMode;
 
@@ -113,30 +114,43 @@ pub fn engine_profile() -> impl TypedValueParser<Value = Profile> {
     )
 }
 
-/// `--weight-type`: the type given, else the default: f16, but q8_0 for a mixture-of-experts
-/// preset under an engine profile, since no profile models f16 experts (one call per expert,
-/// sized by the routing). An f16 given for such a preset is refused, naming the type that works.
+/// `--weight-type`: the type given (any of ggml's types in [`WeightType`]'s table: its size
+/// gives the weights' bytes, and float types take the cuBLAS path, quantized ones MMQ), else the
+/// default: f16, but q8_0 for a mixture-of-experts preset under an engine profile, since no
+/// profile models f16 experts (one call per expert, sized by the routing). A float type given
+/// for such a preset is refused, naming the type that works.
 pub fn weight_type(
     given: Option<&str>,
     model: &str,
     profile: Option<Profile>,
-) -> Result<Weights, String> {
+) -> Result<WeightType, String> {
     let moe = EngineModel::preset(model).is_some_and(|m| m.moe.is_some());
+    let named = |n: &str| WeightType::parse(n).expect("a type of the table");
     let Some(s) = given else {
         return Ok(match (moe, profile) {
-            (true, Some(_)) => Weights::Q8_0,
-            _ => Weights::F16,
+            (true, Some(_)) => named("q8_0"),
+            _ => named("f16"),
         });
     };
-    let w =
-        Weights::parse(s).ok_or_else(|| format!("--weight-type {s:?}: accepted are f16, q8_0"))?;
+    let w = WeightType::parse(s)
+        .ok_or_else(|| format!("--weight-type {s:?}: accepted are {}", WeightType::names()))?;
     match profile {
-        Some(p) if moe && w == Weights::F16 => Err(format!(
-            "--weight-type f16: {model} is a mixture-of-experts model and the {} profile does not model f16 experts (one call per expert, sized by the routing): accepted is --weight-type q8_0, its default for {model}",
+        Some(p) if moe && w.path() == Weights::F16 => Err(format!(
+            "--weight-type {s}: {model} is a mixture-of-experts model and the {} profile does not model float experts (one call per expert, sized by the routing): accepted is a quantized type, such as --weight-type q8_0, its default for {model}",
             engine_name(p)
         )),
         _ => Ok(w),
     }
+}
+
+/// `--cc MAJOR.MINOR` as the profiles count it (900 for 9.0), or what is wrong with it.
+pub fn cc(s: &str) -> Result<u32, String> {
+    s.split_once('.')
+        .and_then(|(ma, mi)| {
+            let (ma, mi) = (ma.parse::<u32>().ok()?, mi.parse::<u32>().ok()?);
+            (ma <= 99 && mi <= 9).then_some(ma * 100 + mi * 10)
+        })
+        .ok_or_else(|| format!("--cc {s:?}: accepted is MAJOR.MINOR, e.g. 9.0"))
 }
 
 /// `--engine cupool` in `--help`.
@@ -269,27 +283,28 @@ mod tests {
             for model in EngineModel::PRESETS {
                 let moe = EngineModel::preset(model).unwrap().moe.is_some();
                 let default = weight_type(None, model, Some(p)).unwrap();
-                assert_eq!(default == Weights::Q8_0, moe, "{model} under {p:?}");
+                assert_eq!(default.path() == Weights::Q8_0, moe, "{model} under {p:?}");
                 // The default is what the user would have had to give.
-                assert_eq!(
-                    weight_type(Some(default.name()), model, Some(p)),
-                    Ok(default)
-                );
-                let f16 = weight_type(Some("f16"), model, Some(p));
-                if moe {
-                    let e = f16.unwrap_err();
-                    assert!(e.contains("--weight-type q8_0"), "{e}");
-                } else {
-                    assert_eq!(f16, Ok(Weights::F16));
+                assert_eq!(weight_type(Some(default.name), model, Some(p)), Ok(default));
+                for float in ["f16", "bf16", "f32"] {
+                    let w = weight_type(Some(float), model, Some(p));
+                    if moe {
+                        let e = w.unwrap_err();
+                        assert!(e.contains("--weight-type q8_0"), "{e}");
+                    } else {
+                        assert_eq!(w.map(|w| w.path()), Ok(Weights::F16));
+                    }
                 }
+                let q4 = weight_type(Some("q4_0"), model, Some(p)).unwrap();
+                assert_eq!(q4.path(), Weights::Q8_0);
             }
         }
         // cupool's own runtime keeps f16 for every preset.
         for model in EngineModel::PRESETS {
-            assert_eq!(weight_type(None, model, None), Ok(Weights::F16));
+            assert_eq!(weight_type(None, model, None).map(|w| w.name), Ok("f16"));
         }
-        let e = weight_type(Some("q4_k"), "phi3-mini", None).unwrap_err();
-        assert!(e.contains("f16, q8_0"), "{e}");
+        let e = weight_type(Some("q3_k"), "phi3-mini", None).unwrap_err();
+        assert!(e.contains("f32, f16, bf16, q8_0"), "{e}");
     }
 
     #[test]

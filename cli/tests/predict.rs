@@ -8,18 +8,38 @@ use common::{bin, json, predict_json};
 #[test]
 fn predict_gives_the_real_engine_s_sweep_and_where_it_died() {
     let run = predict_json;
+    let legacy = ["--sweep", "40", "--pool", "legacy", "--purge", "never"];
     // ik_llama.cpp on an H200, phi3-mini f16, llama-sweep-bench -n 1 -ub 512 to 20k, legacy
     // pool without purging (docs/llama-cpp.md): 2,698,837,504 bytes reserved, 37 mallocs.
-    let (v, code) = run(&["--sweep", "40"]);
+    let (v, code) = run(&legacy);
     assert_eq!(code, 0);
     assert_eq!(v["peak_reserved_bytes"], 2_698_837_504u64);
     assert_eq!(v["driver_mallocs"], 37);
-    // On the 12 GiB card the pool had 346.8 MiB reserved and 9.6 MiB free when it failed: the
-    // run died in the step after N_KV = 8704, after 12 mallocs.
-    let (v, code) = run(&["--sweep", "40", "--vram", "0.348"]);
+    // With 12 GiB free before it started (data/h200-2026-11-22-purge/lazy, seed12-legacy-never
+    // .log) the run died in the step after N_KV = 8704, the one from token 9216, its pool
+    // holding 346.8 MiB with 7.6 MiB free: 354.4 MiB of room. The room is derived from the free
+    // memory (weights, KV cache, compute buffer, what lies outside them, none of it fitted to
+    // this run): the prediction lands within one ubatch of where it died.
+    let (v, code) = run(&[&legacy[..], &["--free", "12", "--ctx", "20480"]].concat());
     assert_eq!(code, 3, "running out exits 3");
-    assert_eq!(v["oom_at_token"], 9216);
-    assert_eq!(v["driver_mallocs"], 12);
+    let at = v["oom_at_token"].as_i64().unwrap();
+    assert!((at - 9216).abs() <= 512, "{at}");
+    let room = v["free"]["pool_room_bytes"].as_f64().unwrap() / (1u64 << 20) as f64;
+    assert!((room - 354.4).abs() < 32.0, "{room} MiB");
+    assert_eq!(v["free"]["fits"], false);
+    // The same card with libcupool's defaults (vmm, purge auto) and with a purging legacy pool
+    // completed (seed12.jsonl: legacy-auto-trace, vmm-always).
+    for (pool, purge) in [("vmm", "auto"), ("legacy", "auto"), ("vmm", "always")] {
+        let args = [
+            "--sweep", "40", "--free", "12", "--pool", pool, "--purge", purge,
+        ];
+        let (v, code) = run(&args);
+        assert_eq!(
+            (code, &v["free"]["fits"]),
+            (0, &true.into()),
+            "{pool}/{purge}: {v}"
+        );
+    }
     // What the profile does not model is refused with what it does.
     let out = bin()
         .args(["predict", "--model", "mixtral-8x7b"])
@@ -58,7 +78,9 @@ fn mainline_profiles_show_what_pr_23907_moved() {
     // Before the PR the K/V copies come from the pool and the legacy pool strands them;
     // after it the pool holds only the matrix multiplies' and stream-k's buffers.
     let peak = |engine: &str| {
-        let (v, code) = predict_json(&["--engine", engine, "--prompt", "20000"]);
+        let (v, code) = predict_json(&[
+            "--engine", engine, "--prompt", "20000", "--pool", "legacy", "--purge", "never",
+        ]);
         assert_eq!(code, 0, "{engine}");
         v["peak_reserved_bytes"].as_u64().unwrap()
     };
@@ -66,7 +88,7 @@ fn mainline_profiles_show_what_pr_23907_moved() {
     assert!(before > 50 * after, "{before} vs {after}");
     // ...and the compute buffer holds them instead, for the whole context, from startup.
     let compute = |engine: &str| {
-        let (v, code) = json(&["plan", "--engine", engine, "--vram", "12"]);
+        let (v, code) = json(&["plan", "--engine", engine, "--free", "12"]);
         assert!(code == 0 || code == 3, "{engine}: {code}");
         v["compute_bytes"].as_u64().unwrap()
     };
@@ -134,25 +156,25 @@ fn a_mixture_of_experts_preset_runs_on_its_own_default_weight_type() {
 
 #[test]
 fn a_predicted_out_of_memory_warns_once_with_a_count() {
-    // The sweep on the 12 GiB card's room fails 2688 allocations; the pool logs its 1st, 2nd,
+    // The sweep from 12 GiB free fails thousands of allocations; the pool logs its 1st, 2nd,
     // 4th, ... failure, and the log shows the first and how many more came.
-    let out = bin()
-        .env_remove("RUST_LOG")
-        .args(["predict", "--sweep", "40", "--vram", "0.348"])
-        .output()
-        .unwrap();
+    let sweep = [
+        "predict", "--sweep", "40", "--free", "12", "--pool", "legacy", "--purge", "never",
+    ];
+    let out = bin().env_remove("RUST_LOG").args(sweep).output().unwrap();
     assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("out of device memory").count(), 1, "{err}");
     assert!(
-        err.contains("came 11 more times, the last with ooms_so_far=2048"),
+        err.contains("more times, the last with ooms_so_far="),
         "{err}"
     );
     assert!(err.lines().count() <= 2, "{err}");
     // With --quiet the prediction alone: its out-of-memory is its result.
     let out = bin()
         .env_remove("RUST_LOG")
-        .args(["predict", "--sweep", "40", "--vram", "0.348", "--quiet"])
+        .args(sweep)
+        .arg("--quiet")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3));

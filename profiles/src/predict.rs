@@ -171,7 +171,10 @@ impl EngineTrace {
         vram: Option<usize>,
     ) -> Result<Prediction, TraceError> {
         let mut pool = pool.clone();
-        pool.legacy.flush_and_retry = self.profile.legacy_flush_and_retry();
+        // Under a purge policy the pool is libcupool's, which trims and retries on OOM unless
+        // CUPOOL_PURGE=never.
+        pool.legacy.flush_and_retry =
+            self.profile.legacy_flush_and_retry() || purge != PurgePolicy::Never;
         let report = replay(&self.ops, &pool, purge, vram)?;
         let oom_at_token = report.first_oom_event.map(|e| {
             let at = self.phases.partition_point(|&(start, _)| start < e) - 1;

@@ -7,7 +7,7 @@ use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
 use cupool_kernels::{KvType, QK8_0};
 use cupool_pool::{AutoHeadroom, PoolConfig};
-use cupool_profiles::{EngineModel, Weights};
+use cupool_profiles::{EngineModel, Profile, Weights};
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
 /// it bounds the planner's search and every buffer the runtime sizes from the context.
@@ -56,6 +56,9 @@ pub struct RunConfig {
     /// How the weight matrices are stored (cupool's runtime converts q8_0 to f16 per GEMM;
     /// an engine profile takes its own path for the type).
     pub weight_type: Weights,
+    /// The model as the engines' graphs see it when no preset names it (a GGUF file's header
+    /// gives every dimension, expert and latent rank); `None`: the preset of `model.name`.
+    pub engine_model: Option<EngineModel>,
 }
 
 impl RunConfig {
@@ -82,7 +85,16 @@ impl RunConfig {
             fa_occupancy: None,
             gemm_workspace_bytes: cupool_kernels::blas::WORKSPACE_BYTES,
             weight_type: Weights::F16,
+            engine_model: None,
         }
+    }
+
+    /// The model an engine profile is asked about: [`Self::engine_model`] when given, else the
+    /// preset of the shape's name (`None` for a name no preset has).
+    pub fn profile_model(&self) -> Option<EngineModel> {
+        self.engine_model
+            .clone()
+            .or_else(|| EngineModel::preset(&self.model.name))
     }
 
     /// Checks the settings; the error says which and what is accepted.
@@ -125,9 +137,9 @@ impl RunConfig {
         if self.sms == 0 {
             return bad("sms is 0: it must be at least 1".into());
         }
-        if self.engine != EngineKind::Cupool && EngineModel::preset(&self.model.name).is_none() {
+        if self.engine != EngineKind::Cupool && self.profile_model().is_none() {
             return bad(format!(
-                "the {} engine profile models the presets {:?}, not {:?}",
+                "the {} engine profile models the presets {:?} and the models of GGUF files (--gguf), not {:?}",
                 self.engine.name(),
                 EngineModel::PRESETS,
                 self.model.name
@@ -151,10 +163,20 @@ impl RunConfig {
 
     /// The compute buffer: cupool's layout, or with an engine profile at least what the
     /// engine's worst-case graph holds when its output matrix runs
-    /// ([`cupool_profiles::Profile::output_stage_bytes`]).
+    /// ([`cupool_profiles::Profile::output_stage_bytes`]). Mainline after #23907 logs a compute
+    /// buffer of its K/V copies plus less than that stage (Llama-3-8B q8_0, -c 56832: 309.6 MiB,
+    /// 222 MiB of it copies; Phi-3 f16, -c 20992: 296.5, 246 of it copies): its worst-case
+    /// graph does not hold every row's logits, so the layout alone stands beside the copies.
     pub fn compute_bytes(&self) -> usize {
         let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
-        match (self.engine, EngineModel::preset(&self.model.name)) {
+        match (self.engine, self.profile_model()) {
+            (
+                EngineKind::Profile {
+                    profile: Profile::Llama,
+                    ..
+                },
+                Some(_),
+            ) => own,
             (EngineKind::Profile { profile, .. }, Some(m)) => {
                 own.max(profile.output_stage_bytes(&m, self.n_ubatch))
             }
@@ -163,16 +185,15 @@ impl RunConfig {
     }
 
     /// What the engine profile holds beside cupool's compute buffer for a context of `n_ctx`:
-    /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]), mainline's K/V
-    /// copies in it, and the cuBLAS workspace outside the pool
-    /// ([`cupool_profiles::Profile::outside_pool_bytes`]).
+    /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]) and mainline's K/V
+    /// copies in it. What the engine takes outside its buffers and pool (the cuBLAS workspace,
+    /// kernel modules, the CUDA context) is the planner's `Outside`, counted against the free
+    /// memory before start.
     pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
-        match (self.engine, EngineModel::preset(&self.model.name)) {
-            (EngineKind::Profile { profile, cc }, Some(m)) => {
+        match (self.engine, self.profile_model()) {
+            (EngineKind::Profile { profile, .. }, Some(m)) => {
                 let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
-                self.compute_bytes() - own
-                    + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
-                    + profile.outside_pool_bytes(&m, self.weight_type, cc)
+                self.compute_bytes() - own + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
             }
             _ => 0,
         }

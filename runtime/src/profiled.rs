@@ -90,7 +90,12 @@ pub(crate) fn setup(cfg: &RunConfig) -> Result<Option<(Profile, Setup)>, Runtime
         return Ok(None);
     };
     let setup = Setup {
-        model: engine_model(&cfg.model)?,
+        // A model given whole (a GGUF file's) is the profile's as it is; a preset takes the
+        // shape's overrides.
+        model: match &cfg.engine_model {
+            Some(m) => m.clone(),
+            None => engine_model(&cfg.model)?,
+        },
         weights: cfg.weight_type,
         kv: cfg.kv_type,
         dev: Device {

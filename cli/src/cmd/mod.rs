@@ -4,6 +4,7 @@
 
 pub mod plan;
 pub mod predict;
+mod predict_free;
 pub mod replay;
 pub mod run;
 

@@ -2,8 +2,10 @@
 //! requests, op by op, replayed through a pool on the simulated device); the arguments made
 //! into the library's [`EngineRun`], and its table and JSON.
 
+use super::predict_free::{device, FreeDevice};
 use super::{fail, usage, EXIT_OOM};
 use crate::cli::{FormatArg, PredictArgs};
+use crate::gguf::GgufInput;
 use crate::output::driver_calls;
 use crate::{scenario, stdout, values};
 use cupool::pool::PoolConfig;
@@ -13,9 +15,17 @@ use std::process::ExitCode;
 
 /// Predicts the engine's requests, writes them if asked, prints the replay; exits 3 when the
 /// engine runs out of memory.
-pub fn predict(a: PredictArgs) -> ExitCode {
+pub fn predict(mut a: PredictArgs) -> ExitCode {
     crate::log::init(a.quiet, false);
-    let run = match engine_run(&a) {
+    // A model file is read once; its name stands for the model in what is printed.
+    let file = match a.gguf.as_deref().map(crate::gguf::read).transpose() {
+        Ok(f) => f,
+        Err(e) => return usage(e),
+    };
+    if let Some(g) = &file {
+        a.model = g.shape.name.clone();
+    }
+    let run = match engine_run(&a, file.as_ref()) {
         Ok(r) => r,
         Err(e) => return usage(e),
     };
@@ -24,8 +34,12 @@ pub fn predict(a: PredictArgs) -> ExitCode {
             return usage(e);
         }
     }
-    let vram = match a.vram.map(scenario::gib_bytes).transpose() {
+    let free = match a.free.map(scenario::gib_bytes).transpose() {
         Ok(v) => v,
+        Err(e) => return usage(format!("--free: {e}")),
+    };
+    let dev = match free.map(|f| device(&a, &run, f, file.as_ref())).transpose() {
+        Ok(d) => d,
         Err(e) => return usage(e),
     };
     let config = PoolConfig::default().kind(a.pool);
@@ -43,11 +57,17 @@ pub fn predict(a: PredictArgs) -> ExitCode {
             eprintln!("wrote {}", path.display());
         }
     }
-    let p = match trace.replay(&config, a.purge, vram) {
+    // The pool's room: what the buffers and what lies outside them leave of the free memory;
+    // a run that stops before its pool asks for anything replays nothing.
+    let room = dev.as_ref().map(|d| d.room.unwrap_or(0));
+    let mut p = match trace.replay(&config, a.purge, room.map(|r| r.max(1))) {
         Ok(p) => p,
         Err(e) => return usage(e.to_string()),
     };
-    print(&a, &run, &p);
+    if let Some(FreeDevice { stop: Some(_), .. }) = &dev {
+        p.oom_at_token = Some(0);
+    }
+    print(&a, &run, &p, dev.as_ref());
     if p.oom_at_token.is_some() {
         ExitCode::from(EXIT_OOM)
     } else {
@@ -57,9 +77,16 @@ pub fn predict(a: PredictArgs) -> ExitCode {
 
 /// The engine's prefill the arguments ask for, or what is wrong with them and what is
 /// accepted.
-fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
+fn engine_run(a: &PredictArgs, file: Option<&GgufInput>) -> Result<EngineRun, String> {
     let profile = a.engine;
-    let Some(mut model) = EngineModel::preset(&a.model) else {
+    let preset = match file {
+        Some(g) => {
+            crate::gguf::check_weights(g, Some(profile))?;
+            Some(g.engine.clone())
+        }
+        None => EngineModel::preset(&a.model),
+    };
+    let Some(mut model) = preset else {
         return Err(format!(
             "--model {:?}: the {} profile models the presets {}",
             a.model,
@@ -73,17 +100,11 @@ fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
     if let Some(mla) = &mut model.mla {
         mla.attn_max_batch_mib = a.amb;
     }
-    let weights = values::weight_type(a.weight_type.as_deref(), &a.model, Some(profile))?;
-    let Some(cc) = a
-        .cc
-        .split_once('.')
-        .and_then(|(ma, mi)| Some(ma.parse::<u32>().ok()? * 100 + mi.parse::<u32>().ok()? * 10))
-    else {
-        return Err(format!(
-            "--cc {:?}: accepted is MAJOR.MINOR, e.g. 9.0",
-            a.cc
-        ));
+    let weights = match file {
+        Some(g) => g.weight_type.path(),
+        None => values::weight_type(a.weight_type.as_deref(), &a.model, Some(profile))?.path(),
     };
+    let cc = values::cc(&a.cc)?;
     let schedule = match a.sweep {
         Some(steps) => Schedule::Sweep {
             steps,
@@ -113,11 +134,23 @@ fn engine_run(a: &PredictArgs) -> Result<EngineRun, String> {
 }
 
 /// The prediction in `--format`.
-fn print(a: &PredictArgs, run: &EngineRun, p: &Prediction) {
+fn print(a: &PredictArgs, run: &EngineRun, p: &Prediction, dev: Option<&FreeDevice>) {
     match a.format {
-        FormatArg::Json => outln!("{}", serde_json::to_string_pretty(p).unwrap_or_default()),
+        FormatArg::Json => {
+            let mut v = serde_json::to_value(p).unwrap_or_default();
+            if let (Some(d), Some(o)) = (dev, v.as_object_mut()) {
+                o.insert("free".into(), d.json(p));
+            }
+            outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())
+        }
         FormatArg::Csv => stdout::out(&csv(a, run, p)),
-        FormatArg::Table => stdout::out(&table(a, run, p)),
+        FormatArg::Table => {
+            let mut s = table(a, run, p);
+            if let Some(d) = dev {
+                s += &d.table(p);
+            }
+            stdout::out(&s)
+        }
     }
 }
 

@@ -39,11 +39,17 @@ pub fn run(a: RunArgs) -> ExitCode {
     if let Err(e) = check_executor(&a) {
         return usage(e);
     }
-    let dev = match Device::from_args(&a) {
+    let mut dev = match Device::from_args(&a) {
         Ok(d) => d,
-        Err(e) => return fail(e),
+        Err(e) => return usage(e),
     };
     dev.apply_facts(&mut base);
+    let cc = match base.engine {
+        cupool::runtime::profile::EngineKind::Profile { cc, .. } => cc,
+        _ => crate::values::cc(&a.cc).unwrap_or(900),
+    };
+    // What the engine takes outside its buffers and pool comes out of the free memory first.
+    dev.set_outside(&base, scenario::engine_model(&a, &base).as_ref(), cc);
     let (pool, single) = choice;
     let configs = if single {
         let mut c = base.clone();

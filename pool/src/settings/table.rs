@@ -19,7 +19,7 @@ pub const SETTINGS: &[Setting] = &[
         accepts: Accepts::PoolKind,
         read_by: &[
             by(Library, "vmm where the device supports VMM, else legacy (logged)"),
-            by(Cli, "run and plan compare every configuration, replay takes --pool"),
+            by(Cli, "run without --pool compares every configuration, and plan, predict and replay take libcupool's default (vmm where the device supports VMM, else legacy)"),
             by(Libcupool, "vmm where the device supports VMM, else legacy"),
             by(Shim, "ggml's own pools, also when empty: libcupool is not loaded"),
             by(Python, "vmm (cupool.torch.install, cupool.cupy.install), direct (cupool.torch.mempool), libcupool's (cupool.init)"),

@@ -60,10 +60,13 @@ impl Engine {
         bufs: DeviceBuffers,
         budget_bytes: usize,
     ) -> Result<Self, RuntimeError> {
-        // An engine profile's legacy pool behaves as that engine's does on OOM.
+        // An engine profile's legacy pool behaves as that engine's does on OOM; under a purge
+        // policy it is libcupool's, which trims the device's pools and retries unless
+        // CUPOOL_PURGE=never.
         let mut pool_cfg = cfg.pool.clone();
         if let EngineKind::Profile { profile, .. } = cfg.engine {
-            pool_cfg.legacy.flush_and_retry = profile.legacy_flush_and_retry();
+            pool_cfg.legacy.flush_and_retry =
+                profile.legacy_flush_and_retry() || cfg.purge != crate::policy::PurgePolicy::Never;
         }
         let mut pool = pool_cfg.build(driver.clone())?;
         let recorder = cfg

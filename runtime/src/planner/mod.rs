@@ -1,0 +1,314 @@
+//! Predicting the memory of a run before it starts, from the free device memory a user sees
+//! before the engine starts.
+//!
+//! What lies outside the engine's buffers and pool (the CUDA context, cuBLAS's workspace,
+//! kernel modules, a start-up hold: [`outside`]) is taken from the free memory first; the
+//! start-up buffers (weights, KV cache, compute buffer) are computed from the shape; the pool
+//! gets the rest, and a dry run of the whole prefill with the dry-run executor, under the run's
+//! pool and purge policy, on a simulated card of exactly that room, says whether the run
+//! completes, where it dies if not, and what the pool reserves (to the byte on the simulated
+//! device). A purge policy that reads the device's free memory (`auto`) sees what it would see.
+//! Planning builds no runtime and allocates no start-up memory.
+
+mod advice;
+#[cfg(test)]
+mod fast_forward_tests;
+pub mod outside;
+mod search;
+pub mod weights;
+
+pub use advice::{advise, Advice};
+pub use outside::Outside;
+pub use search::{max_ctx_that_fits, worst_case_pool_peak};
+
+use crate::config::RunConfig;
+use crate::engine::Engine;
+use crate::error::RuntimeError;
+use crate::executor::dry_run::DryRun;
+use crate::executor::DeviceBuffers;
+use crate::fast_forward::FastForward;
+use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
+use crate::policy::BudgetMode;
+use crate::report::RunReport;
+use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
+use cupool_pool::driver::Driver;
+use std::sync::Arc;
+
+/// The device a plan is made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanTarget {
+    /// Bytes free before the engine starts (`nvidia-smi`'s free memory).
+    pub free_bytes: usize,
+    /// Whether it supports VMM.
+    pub vmm: bool,
+    /// Its VMM granularity (2 MiB when unknown).
+    pub granularity: usize,
+    /// What the engine takes outside its buffers and pool.
+    pub outside: Outside,
+}
+
+impl PlanTarget {
+    /// Reads `driver`'s free memory, VMM support and granularity; nothing outside (the process
+    /// already holds its context).
+    pub fn of(driver: &dyn Driver) -> Result<Self, RuntimeError> {
+        let vmm = driver.vmm_supported();
+        let granularity = if vmm { driver.granularity()? } else { 2 << 20 };
+        Ok(Self {
+            free_bytes: driver.mem_info()?.free,
+            vmm,
+            granularity,
+            outside: Outside::NONE,
+        })
+    }
+}
+
+/// How a run that does not fit stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Its context is not created: the start-up buffers, the CUDA context and the start-up
+    /// hold do not fit.
+    StartUp,
+    /// It dies at its first compute: the buffers fit, what the compute loads does not.
+    FirstCompute,
+    /// It dies in the prefill, in its pool.
+    Prefill,
+}
+
+/// A prediction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Prompt tokens planned for.
+    pub n_prompt: usize,
+    /// Peak pool reserve over the prefill on the device's room (until it dies, if it does).
+    pub pool_peak_reserved_bytes: usize,
+    /// Peak pool live bytes over the same run.
+    pub pool_peak_live_bytes: usize,
+    /// Driver allocations the pool makes.
+    pub pool_driver_mallocs: u64,
+    /// KV cache.
+    pub kv_bytes: usize,
+    /// Compute buffer.
+    pub compute_bytes: usize,
+    /// Resident weights.
+    pub weights_bytes: usize,
+    /// What lies outside the buffers and pool.
+    pub outside: Outside,
+    /// Everything from the first compute on: buffers, outside terms, pool peak.
+    pub total_bytes: usize,
+    /// The peak device memory the engine takes (at start-up, with the hold, or in the prefill).
+    pub peak_device_bytes: usize,
+    /// Free before the engine starts.
+    pub device_bytes: usize,
+    /// Whether the run completes.
+    pub fits: bool,
+    /// How it stops when it does not.
+    pub stop: Option<Stop>,
+    /// The largest context (prompt filling it) that fits, in multiples of 256; `None` if none.
+    pub max_ctx_that_fits: Option<usize>,
+    /// When it does not fit: the tokens a run processes before it runs out of memory (0 when it
+    /// stops at start-up or at its first compute), simulated under the pool and purge policy.
+    pub oom_at_token: Option<usize>,
+}
+
+/// A dry run of a prefill of `n_prompt` tokens with `cfg`'s pool and purge policy on a
+/// simulated card whose pool has `pool_bytes` to itself (the startup buffers take none of it).
+/// `fast` skips the layers and ubatches that repeat one before them exactly (the engine's
+/// fast-forward): the same peaks, driver calls and failure, in a fraction of the time.
+fn dry_run(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+    pool_bytes: usize,
+    fast: bool,
+) -> Result<RunReport, RuntimeError> {
+    let mut c = cfg.clone();
+    c.budget = BudgetMode::Ggml;
+    // The dry run measures; it has no budget to warn about (and so projects nothing itself).
+    c.margin_bytes = usize::MAX / 4;
+    c.record_trace = false;
+    c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
+    let mut sim = SimConfig::gib(0.0)
+        .vmm(target.vmm)
+        .granularity(target.granularity)
+        .backed(false)
+        .record_calls(false);
+    sim.capacity = pool_bytes.min(MAX_CAPACITY);
+    let driver: Arc<dyn Driver> =
+        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?);
+    let m = &c.model;
+    // The dry run touches no memory: the startup buffers need no addresses.
+    let bufs = DeviceBuffers {
+        weights: 0,
+        kv: 0,
+        compute: 0,
+        wl: WeightLayout::new(m, c.weight_type),
+        kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
+        cl: ComputeLayout::new(m, c.n_ubatch),
+    };
+    let tokens = c.prompt_tokens(n_prompt);
+    // A simulation's out-of-memory is its result, not news: its pool and engine log nothing.
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX)?;
+        engine.ff = FastForward::new(fast);
+        engine.decode(&tokens)
+    })
+}
+
+/// The pool's peaks over a prefill of `n_prompt` tokens on a card it never fills, by dry run.
+fn pool_peaks(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+) -> Result<(usize, usize, u64), RuntimeError> {
+    let report = dry_run(cfg, target, n_prompt, MAX_CAPACITY, true)?;
+    if !report.completed {
+        return Err(RuntimeError::Invalid(
+            "the dry run ran out of a 256 TiB simulated card".into(),
+        ));
+    }
+    Ok((
+        report.peak_reserved_bytes,
+        report.peak_live_bytes,
+        report.driver_mallocs,
+    ))
+}
+
+/// Where a prefill of `n_prompt` tokens with `cfg` runs out of memory when its pool has
+/// `target.free_bytes` of the device to itself: the tokens processed before the allocation
+/// that fails (as [`RunReport::oom_at_token`] says it), or `None` when the prefill completes.
+/// Simulated to the end under the run's pool and purge policy, so exact on the simulated
+/// device, and on a GPU as long as nothing else takes or returns device memory meanwhile.
+pub fn project_oom(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+) -> Result<Option<usize>, RuntimeError> {
+    Ok(dry_run(cfg, target, n_prompt, target.free_bytes, true)?.oom_at_token)
+}
+
+/// The room `cfg`'s pool has from `target`'s free memory: what the start-up buffers (for the
+/// whole context) and what lies outside them leave; or how the run stops before its pool asks
+/// for anything.
+pub fn pool_room(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, Stop> {
+    let (w, kv, compute) = cfg.startup_bytes(cfg.n_ctx);
+    let buffers = w + kv + compute;
+    let o = &target.outside;
+    if buffers + o.at_startup() > target.free_bytes {
+        return Err(Stop::StartUp);
+    }
+    if buffers + o.at_compute() > target.free_bytes {
+        return Err(Stop::FirstCompute);
+    }
+    Ok(target.free_bytes - buffers - o.at_compute())
+}
+
+/// One run simulated from the free memory: how it stops, if it does, and its pool's figures.
+pub(crate) struct Simulated {
+    pub stop: Option<Stop>,
+    pub oom_at_token: Option<usize>,
+    pub peak_reserved: usize,
+    pub peak_live: usize,
+    pub mallocs: u64,
+}
+
+/// A prefill of `n_prompt` tokens with `cfg` (its context included) from `target`'s free memory:
+/// the context and hold beside the start-up buffers, then what the first compute loads, then
+/// the pool in the room left.
+pub(crate) fn simulate(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+) -> Result<Simulated, RuntimeError> {
+    let room = match pool_room(cfg, target) {
+        Ok(r) => r,
+        Err(stop) => {
+            return Ok(Simulated {
+                stop: Some(stop),
+                oom_at_token: Some(0),
+                peak_reserved: 0,
+                peak_live: 0,
+                mallocs: 0,
+            })
+        }
+    };
+    let r = dry_run(cfg, target, n_prompt, room, true)?;
+    Ok(Simulated {
+        stop: r.oom_at_token.map(|_| Stop::Prefill),
+        oom_at_token: r.oom_at_token,
+        peak_reserved: r.peak_reserved_bytes,
+        peak_live: r.peak_live_bytes,
+        mallocs: r.driver_mallocs,
+    })
+}
+
+/// Plans a prefill of `n_prompt` tokens with `cfg` on `target` (the pool figure is exactly what
+/// that run reserves), and searches the largest context that fits.
+pub fn plan(cfg: &RunConfig, target: &PlanTarget, n_prompt: usize) -> Result<Plan, RuntimeError> {
+    let mut p = plan_only(cfg, target, n_prompt)?;
+    p.max_ctx_that_fits = search::max_ctx_that_fits(cfg, target)?;
+    Ok(p)
+}
+
+/// [`plan`] without the search for the largest context (`max_ctx_that_fits` is `None`).
+pub fn plan_only(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+) -> Result<Plan, RuntimeError> {
+    cfg.validate()?;
+    if n_prompt > cfg.n_ctx {
+        return Err(RuntimeError::Invalid(format!(
+            "a prompt of {n_prompt} tokens does not fit a context of {}: raise the context",
+            cfg.n_ctx
+        )));
+    }
+    let (weights_bytes, kv_bytes, compute_bytes) = cfg.startup_bytes(cfg.n_ctx);
+    let buffers = weights_bytes + kv_bytes + compute_bytes;
+    let s = simulate(cfg, target, n_prompt)?;
+    let o = target.outside;
+    let total_bytes = buffers + o.at_compute() + s.peak_reserved;
+    Ok(Plan {
+        n_prompt,
+        oom_at_token: s.oom_at_token,
+        pool_peak_reserved_bytes: s.peak_reserved,
+        pool_peak_live_bytes: s.peak_live,
+        pool_driver_mallocs: s.mallocs,
+        kv_bytes,
+        compute_bytes,
+        weights_bytes,
+        outside: o,
+        total_bytes,
+        peak_device_bytes: total_bytes.max(buffers + o.at_startup()),
+        device_bytes: target.free_bytes,
+        fits: s.stop.is_none(),
+        stop: s.stop,
+        max_ctx_that_fits: None,
+    })
+}
+
+/// The plan a runtime in planned budget mode starts with: the pool's worst case over any
+/// prompt up to the full context on `driver`, or an error naming the largest context that fits.
+pub fn startup_plan(cfg: &RunConfig, driver: &dyn Driver) -> Result<Plan, RuntimeError> {
+    let target = PlanTarget::of(driver)?;
+    let mut p = plan(cfg, &target, cfg.n_ctx)?;
+    // The budget must hold for any prompt, not just one that fills the context: the worst
+    // case on a card the pool never fills.
+    p.pool_peak_reserved_bytes = worst_case_pool_peak(cfg, &target)?;
+    p.total_bytes = p.weights_bytes + p.kv_bytes + p.compute_bytes + p.pool_peak_reserved_bytes;
+    p.fits = p.total_bytes <= p.device_bytes;
+    tracing::info!(
+        pool_peak = p.pool_peak_reserved_bytes,
+        total = p.total_bytes,
+        device = p.device_bytes,
+        fits = p.fits,
+        "planned the whole context"
+    );
+    if !p.fits {
+        return Err(RuntimeError::PlanDoesNotFit {
+            needed: p.total_bytes,
+            device: p.device_bytes,
+            max_ctx: p.max_ctx_that_fits,
+        });
+    }
+    Ok(p)
+}

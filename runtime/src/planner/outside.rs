@@ -1,0 +1,183 @@
+//! Device memory an engine takes that neither its pool nor its start-up buffers (weights, KV
+//! cache, compute buffer) count, term by term, each from its cause. A user knows the free
+//! memory `nvidia-smi` shows before the engine starts; these terms are what lies between that
+//! and the room the buffers and the pool share.
+//!
+//! Measured on an H100 (compute capability 9.0, driver 580.159.04, CUDA 13.0) with mainline
+//! llama.cpp 0c1e5709 and 12 GiB free before start (`data/h100-2026-11-24-mainline-hold`, the
+//! mainline section of docs/llama-cpp.md):
+//!
+//! - llama.cpp logs 11,762 MiB free once its CUDA context exists: 526 MiB for the context and
+//!   ggml's set-up. (ik_llama.cpp on an H200 logged 11,765 MiB free of 12,288, 523 MiB: the
+//!   driver's, whichever engine.)
+//! - A context's computes then take, outside every ggml buffer and pool, 164 MiB with f16
+//!   weights (cuBLAS GEMMs) and 66 MiB with q8_0 weights (MMQ, no cuBLAS), as the shim counts
+//!   them (free memory before and after the first compute, its own allocations excluded). The
+//!   q8_0 run loads ggml's kernel modules alone: 66 MiB. The f16 run adds cuBLAS's 32 MiB
+//!   workspace (`cublas_handle()`: cuBLAS's default on compute capability 9.0 and newer, 4 MiB
+//!   before) and cuBLAS's own modules: 164 − 66 − 32 = 66 MiB.
+//! - With `GGML_POOL` set, mainline's shim holds `CUPOOL_HOLD` (auto: the workspace plus
+//!   144 MiB) from the context's creation to its first compute.
+
+use crate::engine_kind::EngineKind;
+use cupool_profiles::{EngineModel, Profile, Weights};
+
+const MIB: usize = 1 << 20;
+
+/// The CUDA context and the engine's set-up before its first buffer: 12,288 − 11,762 MiB
+/// (mainline on an H100, its `free` log line before loading the model).
+pub const CUDA_CONTEXT_BYTES: usize = 526 * MIB;
+/// ggml's kernel modules, loaded lazily at their first launch (CUDA's default lazy loading):
+/// what a q8_0 model's computes took outside every buffer and pool.
+pub const GGML_MODULES_BYTES: usize = 66 * MIB;
+/// cuBLAS's own kernel modules, loaded with the handle: an f16 model's 164 MiB less ggml's
+/// modules and the workspace.
+pub const CUBLAS_MODULES_BYTES: usize = (164 - 66 - 32) * MIB;
+/// What the shim's `CUPOOL_HOLD=auto` holds beside the workspace.
+pub const HOLD_ALLOWANCE_BYTES: usize = 144 * MIB;
+
+/// The terms, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outside {
+    /// The CUDA context and the engine's set-up, taken before any buffer.
+    pub cuda_context: usize,
+    /// cuBLAS's workspace, made with the handle at the first cuBLAS call (none where the engine
+    /// never calls cuBLAS, or where it hands cuBLAS a workspace from its pool).
+    pub cublas_workspace: usize,
+    /// Kernel modules loaded at their first launch: the engine's and, where it calls cuBLAS,
+    /// cuBLAS's.
+    pub kernel_modules: usize,
+    /// The shim's start-up hold: held from the context's creation to the first compute, then
+    /// given back for the workspace and modules that compute loads.
+    pub shim_hold: usize,
+    /// The engine's output (logits) buffer on the device: none, since llama.cpp and
+    /// ik_llama.cpp keep it in pinned host memory (`CUDA_Host output buffer` in their logs)
+    /// and cupool's runtime computes no logits.
+    pub output_buffer: usize,
+}
+
+impl Outside {
+    /// Nothing outside: a driver whose free memory is already what the buffers and pool share.
+    pub const NONE: Self = Self {
+        cuda_context: 0,
+        cublas_workspace: 0,
+        kernel_modules: 0,
+        shim_hold: 0,
+        output_buffer: 0,
+    };
+
+    /// The terms for `engine` running `model` (when it is a preset the profiles know) with
+    /// weights on `path`, on a GPU of compute capability `cc` (900 for 9.0).
+    pub fn of(engine: EngineKind, model: Option<&EngineModel>, path: Weights, cc: u32) -> Self {
+        let workspace = if cc >= 900 { 32 * MIB } else { 4 * MIB };
+        match engine {
+            // cupool's runtime calls cuBLAS for every GEMM but hands it a workspace from its
+            // pool (the run counts it there); its own kernels are NVRTC modules, loaded at start.
+            EngineKind::Cupool => Self {
+                cuda_context: CUDA_CONTEXT_BYTES,
+                kernel_modules: CUBLAS_MODULES_BYTES,
+                ..Self::NONE
+            },
+            EngineKind::Profile { profile, .. } => {
+                // Where ggml calls cuBLAS (f16 weights, an f32 router, MLA's decompression)
+                // it makes the handle's workspace, as the profile says, and loads cuBLAS's
+                // modules.
+                let cublas_workspace = match model {
+                    Some(m) => profile.outside_pool_bytes(m, path, cc),
+                    None if path == Weights::F16 => workspace,
+                    None => 0,
+                };
+                let cublas_modules = if cublas_workspace > 0 {
+                    CUBLAS_MODULES_BYTES
+                } else {
+                    0
+                };
+                // The hold is mainline's patch (ggml/llama.cpp.patch), with GGML_POOL set.
+                let shim_hold = if profile == Profile::Llama {
+                    workspace + HOLD_ALLOWANCE_BYTES
+                } else {
+                    0
+                };
+                Self {
+                    cuda_context: CUDA_CONTEXT_BYTES,
+                    cublas_workspace,
+                    kernel_modules: GGML_MODULES_BYTES + cublas_modules,
+                    shim_hold,
+                    output_buffer: 0,
+                }
+            }
+        }
+    }
+
+    /// What must be free beside the start-up buffers while they are made: the context and the
+    /// hold.
+    pub fn at_startup(&self) -> usize {
+        self.cuda_context + self.shim_hold
+    }
+
+    /// What lies beside the buffers and the pool from the first compute on.
+    pub fn at_compute(&self) -> usize {
+        self.cuda_context + self.cublas_workspace + self.kernel_modules + self.output_buffer
+    }
+
+    /// Each term with its name, for the plan's table.
+    pub fn terms(&self) -> [(&'static str, usize); 5] {
+        [
+            ("CUDA context", self.cuda_context),
+            ("cuBLAS workspace", self.cublas_workspace),
+            ("kernel modules", self.kernel_modules),
+            ("start-up hold (until 1st compute)", self.shim_hold),
+            ("output buffer (host memory)", self.output_buffer),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mib(b: usize) -> usize {
+        b / MIB
+    }
+
+    #[test]
+    fn the_terms_add_up_to_what_mainline_s_computes_took() {
+        let phi = EngineModel::preset("phi3-mini").unwrap();
+        let llama = EngineModel::preset("llama3-8b").unwrap();
+        let e = EngineKind::Profile {
+            profile: Profile::Llama,
+            cc: 900,
+        };
+        let f16 = Outside::of(e, Some(&phi), Weights::F16, 900);
+        let q8 = Outside::of(e, Some(&llama), Weights::Q8_0, 900);
+        let computes = |o: &Outside| mib(o.at_compute() - o.cuda_context);
+        assert_eq!((computes(&f16), computes(&q8)), (164, 66));
+        // The hold covers what the first compute takes, for either type.
+        assert_eq!(mib(f16.shim_hold), 176);
+        assert!(f16.shim_hold >= f16.at_compute() - f16.cuda_context);
+        // Before compute capability 9.0, cuBLAS's workspace is 4 MiB.
+        let old = Outside::of(e, Some(&phi), Weights::F16, 860);
+        assert_eq!(mib(old.cublas_workspace), 4);
+        assert_eq!(mib(old.shim_hold), 148);
+    }
+
+    #[test]
+    fn cublas_is_counted_where_the_engine_calls_it() {
+        for profile in Profile::ALL {
+            let e = EngineKind::Profile { profile, cc: 900 };
+            for name in EngineModel::PRESETS {
+                let m = EngineModel::preset(name).unwrap();
+                let calls = m.moe.is_some() || m.mla.is_some();
+                let q8 = Outside::of(e, Some(&m), Weights::Q8_0, 900);
+                assert_eq!(q8.cublas_workspace > 0, calls, "{name} {profile:?}");
+                let f16 = Outside::of(e, Some(&m), Weights::F16, 900);
+                assert!(f16.cublas_workspace > 0);
+                assert_eq!(f16.shim_hold > 0, profile == Profile::Llama);
+                assert_eq!(f16.output_buffer, 0);
+            }
+        }
+        let own = Outside::of(EngineKind::Cupool, None, Weights::F16, 900);
+        assert_eq!((own.cublas_workspace, own.shim_hold), (0, 0));
+        assert_eq!(Outside::NONE.at_compute() + Outside::NONE.at_startup(), 0);
+    }
+}
