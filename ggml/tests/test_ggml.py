@@ -301,3 +301,15 @@ def test_the_out_of_memory_run_in_the_docs_is_its_data_s():
             assert x["failed"] == 0 and x["answered"] > 0 and x["alive_at_end"], name
             assert [r["ok"] for r in x["oversized"]] == [False], name
             assert "out of device memory" in x["oversized"][0]["error"], name
+
+
+def test_the_prediction_check_in_the_docs_is_its_data_s():
+    """docs/llama-cpp.md's table of the plan's largest context against the engine is what
+    scripts/llama/predict-check.py makes of the kept run."""
+    folder = "data/h100-2026-11-25-mainline-predict"
+    report = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "predict-check.py"), "report",
+                             folder], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    block = re.search(r"<!-- predict-check: begin.*?<!-- predict-check: end -->", report, re.S).group(0)
+    assert block in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read(), \
+        f"docs/llama-cpp.md's predict-check table differs from {folder}: python3 scripts/llama/predict-check.py report {folder}"
+    assert block.count("\n| ") == 7, "a header and six cases"

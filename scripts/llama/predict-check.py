@@ -17,6 +17,7 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,30 +63,47 @@ def outcome(r: dict) -> str:
                                                                                      f"exit {r['rc']}")
 
 
-def peak_used_mib(r: dict, free_gib: float):
-    """The most device memory the run held: the free memory before it less the least seen after."""
-    frees = [m["free_mib"] for m in r.get("memory", []) if m.get("device") == 0]
-    return free_gib * 1024 - min(frees) if frees else None
+START_REPORT = re.compile(r"cannot allocate a ggml buffer of ([\d.]+) MiB.*?allocated ([\d.]+) MiB of buffers before")
+
+
+def context_buffers_mib(r: dict, log: str):
+    """What the context's buffers (KV cache, compute buffer, outputs) took or asked for, in MiB: from
+    cupool's memory lines when the context was created, else from its start-up report."""
+    stages = {m["stage"]: m["buffers_mib"] for m in r.get("memory", []) if m.get("device") == 0}
+    if "context-created" in stages and "model-loaded" in stages:
+        return stages["context-created"] - stages["model-loaded"]
+    m = START_REPORT.search(log)
+    return float(m.group(1)) + float(m.group(2)) if m else None
+
+
+def mib(x) -> str:
+    return "–" if x is None else f"{x:,.0f}"
 
 
 def report(a) -> None:
     folder = Path(a.folder)
+    logs = tarfile.open(folder / "logs.tar.gz") if (folder / "logs.tar.gz").exists() else None
+
+    def log_of(case: str, r: dict) -> str:
+        if logs is None:
+            return (folder / case / f"{r['name']}.log").read_text(errors="replace")
+        return logs.extractfile(f"{case}/{r['name']}.log").read().decode(errors="replace")
+
     lines = ["<!-- predict-check: begin (python3 scripts/llama/predict-check.py report DATA) -->",
              "| case | free before start | plan: largest `-c` | real at that `-c` | real one ubatch above | "
-             "plan: peak device memory (MiB) | real peak at that `-c` (MiB) |",
-             "|---|---:|---:|---|---|---:|---:|"]
+             "cupool's start-up report: `-c` that fits | plan: KV + compute buffer (MiB) | real (MiB) |",
+             "|---|---:|---:|---|---|---:|---:|---:|"]
     for pj in sorted(folder.glob("*.plan.json")):
         name = pj.name[: -len(".plan.json")]
         p = json.loads(pj.read_text())
         runs = [json.loads(x) for x in (folder / name / "runs.jsonl").read_text().splitlines() if x.strip()]
-        fits = next((r for r in runs if "-fits-" in r["name"]), None)
-        above = next((r for r in runs if "-above-" in r["name"]), None)
-        free = fits["card_gib"] if fits else None
-        real_peak = peak_used_mib(fits, free) if fits else None
+        fits = next(r for r in runs if "-fits-" in r["name"])
+        above = next(r for r in runs if "-above-" in r["name"])
+        told = next((r["fits_ctx"] for r in (fits, above) if r.get("fits_ctx")), None)
+        planned = (p["kv_bytes"] + p["compute_bytes"]) / 2**20
         lines.append(
-            f"| {name} | {free:g} GiB | {p['max_ctx_that_fits']:,} | {outcome(fits) if fits else '–'} | "
-            f"{outcome(above) if above else '–'} | {p['peak_device_bytes'] / 2**20:,.0f} | "
-            f"{'–' if real_peak is None else f'{real_peak:,.0f}'} |")
+            f"| {name} | {fits['card_gib']:g} GiB | {p['max_ctx_that_fits']:,} | {outcome(fits)} | {outcome(above)} | "
+            f"{'–' if told is None else f'{told:,}'} | {mib(planned)} | {mib(context_buffers_mib(fits, log_of(name, fits)))} |")
     lines.append("<!-- predict-check: end -->")
     print("\n".join(lines))
 
