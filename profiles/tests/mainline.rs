@@ -19,6 +19,7 @@ use common::{phases, prompt_ubatch, read_trace, same, setup};
 use cupool_kernels::KvType;
 use cupool_pool::trace::{replay, Op};
 use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
+use cupool_profiles::llama::{compute_buffer_bytes, Version};
 use cupool_profiles::predict::{engine_trace, EngineRun, Schedule};
 use cupool_profiles::{trace_events, Device, EngineModel, Profile, Setup, Weights};
 
@@ -67,6 +68,9 @@ struct Logged {
     batch: usize,
     ubatch: usize,
     pool_peak_reserved_bytes: usize,
+    n_ctx: usize,
+    /// `~llama_context`'s CUDA0 compute buffer: MiB with 4 decimals, as printed.
+    compute_mib: String,
 }
 
 impl Run {
@@ -96,6 +100,8 @@ impl Run {
             batch: n("n_batch"),
             ubatch: n("n_ubatch"),
             pool_peak_reserved_bytes: n("pool_peak_reserved_bytes"),
+            n_ctx: n("n_ctx"),
+            compute_mib: r["compute_mib"].as_str().unwrap().to_string(),
         }
     }
 }
@@ -170,5 +176,46 @@ fn the_replayed_peak_reserve_equals_the_run_s() {
             "{}: the profile's replay against the recorded one's",
             r.name
         );
+    }
+}
+
+/// The compute buffer `llama::compute_buffer_bytes` predicts for each run's context and ubatch
+/// against the one llama.cpp logged at teardown (`~llama_context: CUDA0 compute buffer size is
+/// … MiB`), to the precision llama.cpp prints it: 4 decimals of MiB. Equal where the peak is
+/// one of the two stages the profile counts with nothing under it: llama3-8b's logits and
+/// final norm (258.5000 MiB at both contexts: its attention stage, f16 copies of K and V
+/// included, stays below), and phi3-mini's attention at 20,480 positions (278.0117 MiB: the
+/// f16 copies, the mask, the layer's input, query and output, and 12 KiB of positions and row
+/// indices). Elsewhere the prediction is a lower bound: ggml-alloc placed the peak's block above
+/// a hole, which the profile does not model (it does not replay ggml-alloc's best fit over the
+/// graph's nodes): phi3-mini at 5,120 positions logged 85.6367 MiB for an attention stage of
+/// 83.0117 (2.625 MiB over it), at `-ub 2048` 298.5000 for an output stage of 274.5000 (24 MiB,
+/// one f32 row of `n_embd` per token, over it), and Qwen3-30B-A3B's shape 341.5352 for an
+/// output stage of 300.7500 (40.79 MiB over it).
+#[test]
+fn the_compute_buffer_equals_the_logged_one_where_no_hole_lies_under_its_peak() {
+    const MIB: f64 = 1048576.0;
+    const EXACT: [&str; 3] = [
+        "llama3-q8-p5000-ub512",
+        "llama3-q8-p20480-ub512",
+        "phi3-f16-p20480-ub512",
+    ];
+    for r in &RUNS {
+        let log = r.logged();
+        let s = r.setup();
+        let bytes = compute_buffer_bytes(Version::D99724f2, &s.model, s.kv, log.n_ctx, log.ubatch);
+        let predicted = format!("{:.4}", bytes as f64 / MIB);
+        if EXACT.contains(&r.name) {
+            assert_eq!(predicted, log.compute_mib, "{}: MiB", r.name);
+        } else {
+            // Within the 4 decimals' rounding, below what llama.cpp reserved.
+            let logged: f64 = log.compute_mib.parse().unwrap();
+            assert!(
+                bytes as f64 / MIB < logged + 0.00005,
+                "{}: {predicted} MiB predicted, {} logged",
+                r.name,
+                log.compute_mib
+            );
+        }
     }
 }

@@ -49,7 +49,10 @@
 //! before Ampere.
 
 mod attention;
+mod compute;
 mod mat_mul;
+
+pub use compute::compute_buffer_bytes;
 
 use crate::error::ProfileError;
 use crate::graph::{self, LayerOps};
