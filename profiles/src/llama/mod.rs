@@ -44,6 +44,12 @@
 //!   rows per token, and the fixup over the tiles of all experts. Routing (softmax, top-k,
 //!   weights) is the fused `topk_moe` kernel: no pool memory.
 //!
+//! One column's fused groups (gate, up and the GLU; a multiply and the residual add after it)
+//! run from `ggml_cuda_graph_evaluate_and_capture`, outside the op dispatch that names pool
+//! requests: their requests have no name. [`compute_buffer_bytes`] gives the CUDA compute
+//! buffer's two largest stages. Checked against mainline 0c1e5709 on an H100 (its ggml matches
+//! d99724f2's in what this models): `profiles/tests/mainline.rs`.
+//!
 //! Not modelled, refused with a message: f16 experts (MMF's expert path, or cuBLAS per expert
 //! sized by the routing), head dimensions other than 64, 80, 96, 112, 128 and 256, and devices
 //! before Ampere.
