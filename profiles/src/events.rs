@@ -13,7 +13,8 @@ pub fn trace_events(calls: &[OpCall], first_id: u64, out: &mut Vec<TraceEvent>) 
             id: *id,
             size: r.bytes,
             stream: 0,
-            name: Some(r.name.to_string()),
+            // A fused group's requests have no name (see `Request::name`).
+            name: (!r.name.is_empty()).then(|| r.name.to_string()),
         });
         *id += 1;
         *id - 1

@@ -12,6 +12,14 @@ pub(crate) trait LayerOps {
     /// `n` columns of `input` values through one matrix of `output` rows.
     fn matmul(&self, input: usize, output: usize, n: usize) -> Option<OpCall>;
 
+    /// A projection whose result the residual add takes next, with no op between: the
+    /// attention output projection (in every layer but the last, whose rows go through
+    /// `inp_out_ids` first) and the feed-forward's down projection. An engine that fuses the
+    /// multiply with that add says so here; by default it is [`Self::matmul`].
+    fn residual_matmul(&self, input: usize, output: usize, n: usize) -> Option<OpCall> {
+        self.matmul(input, output, n)
+    }
+
     /// Llama's Q, K and V projections (Phi-3 has one fused matrix and goes to [`Self::matmul`]).
     fn qkv(&self, m: &EngineModel, n: usize) -> Vec<OpCall> {
         let e = m.n_embd;
@@ -61,7 +69,11 @@ pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize
     }
     if m.mla.is_none() {
         calls.extend(k.attention(m, n, u.n_kv));
-        calls.extend(k.matmul(m.q_dim(), e, n));
+        if l + 1 == m.n_layer {
+            calls.extend(k.matmul(m.q_dim(), e, n));
+        } else {
+            calls.extend(k.residual_matmul(m.q_dim(), e, n));
+        }
     }
     let n = if l + 1 == m.n_layer {
         k.rows_after_attention(m, u)
@@ -83,7 +95,7 @@ pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize
         Arch::Phi3 => calls.extend(k.matmul(e, 2 * m.n_ff, n)),
         Arch::Llama | Arch::Qwen3Moe => calls.extend(k.gate_up(e, m.n_ff, n)),
     }
-    calls.extend(k.matmul(m.n_ff, e, n));
+    calls.extend(k.residual_matmul(m.n_ff, e, n));
     calls
 }
 

@@ -4,7 +4,8 @@
 /// One buffer an op takes from the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
-    /// ggml's name for it where the engine gives one (`K_f16`), else the op's (`MUL_MAT`).
+    /// ggml's name for it where the engine gives one (`K_f16`), else the op's (`MUL_MAT`);
+    /// empty where the engine runs the op inside a fused group, which names nothing.
     pub name: &'static str,
     /// Bytes asked for.
     pub bytes: usize,

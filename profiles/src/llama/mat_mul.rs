@@ -26,6 +26,19 @@ const MMQ_J_FALLBACK: [usize; 5] = [8, 16, 32, 64, 128];
 
 const MUL_MAT: &str = "MUL_MAT";
 const MUL_MAT_ID: &str = "MUL_MAT_ID";
+/// The name of a fused group's requests: none. ggml runs a fused group from
+/// `ggml_cuda_graph_evaluate_and_capture` itself, not through `ggml_cuda_compute_forward`,
+/// where the op being computed names what the pool is asked for (a recorded trace has no
+/// name on them).
+const FUSED: &str = "";
+
+/// `call` run as part of a fused group: its requests carry no op name.
+pub(super) fn fused(mut call: OpCall) -> OpCall {
+    for r in call.held.iter_mut().chain(call.inner.iter_mut()) {
+        r.name = FUSED;
+    }
+    call
+}
 
 impl Llama {
     /// `n` columns of `input` values through one matrix of `output` rows (`ggml_cuda_mul_mat`);
@@ -57,13 +70,15 @@ impl Llama {
         let rows = n * moe.n_expert_used;
         if n <= MMVQ_MAX_BATCH {
             // MMVQ's expert path; one token's gate, up and GLU are one fused op.
-            let gate_up = if n == 1 { 1 } else { 2 };
-            let mut calls: Vec<OpCall> = (0..gate_up)
-                .map(|_| {
-                    let held = vec![req(MUL_MAT_ID, graph::q8_1_bytes(e, n))];
-                    OpCall::new(OpKind::MatMul, held, vec![])
-                })
-                .collect();
+            let one = || {
+                let held = vec![req(MUL_MAT_ID, graph::q8_1_bytes(e, n))];
+                OpCall::new(OpKind::MatMul, held, vec![])
+            };
+            let mut calls = if n == 1 {
+                vec![fused(one())]
+            } else {
+                vec![one(), one()]
+            };
             let held = vec![req(MUL_MAT_ID, graph::q8_1_bytes(ff, rows))];
             calls.push(OpCall::new(OpKind::MatMul, held, vec![]));
             return calls;

@@ -44,12 +44,21 @@
 //!   rows per token, and the fixup over the tiles of all experts. Routing (softmax, top-k,
 //!   weights) is the fused `topk_moe` kernel: no pool memory.
 //!
+//! One column's fused groups (gate, up and the GLU; a multiply and the residual add after it)
+//! run from `ggml_cuda_graph_evaluate_and_capture`, outside the op dispatch that names pool
+//! requests: their requests have no name. [`compute_buffer_bytes`] gives the CUDA compute
+//! buffer's two largest stages. Checked against mainline 0c1e5709 on an H100 (its ggml matches
+//! d99724f2's in what this models): `profiles/tests/mainline.rs`.
+//!
 //! Not modelled, refused with a message: f16 experts (MMF's expert path, or cuBLAS per expert
 //! sized by the routing), head dimensions other than 64, 80, 96, 112, 128 and 256, and devices
 //! before Ampere.
 
 mod attention;
+mod compute;
 mod mat_mul;
+
+pub use compute::compute_buffer_bytes;
 
 use crate::error::ProfileError;
 use crate::graph::{self, LayerOps};
@@ -166,9 +175,22 @@ impl LayerOps for Llama {
 
     fn gate_up(&self, e: usize, n_ff: usize, n: usize) -> Vec<OpCall> {
         // One column: gate, up and the GLU are one fused vector op (`ggml_cuda_should_fuse_mul_mat_vec_q`).
-        let fused = n == 1 && self.weights == Weights::Q8_0;
-        let ops = if fused { 1 } else { 2 };
-        (0..ops).filter_map(|_| self.matmul(e, n_ff, n)).collect()
+        if n == 1 && self.weights == Weights::Q8_0 {
+            return self
+                .matmul(e, n_ff, n)
+                .map(mat_mul::fused)
+                .into_iter()
+                .collect();
+        }
+        (0..2).filter_map(|_| self.matmul(e, n_ff, n)).collect()
+    }
+
+    fn residual_matmul(&self, input: usize, output: usize, n: usize) -> Option<OpCall> {
+        // One column: the multiply and the residual add of the same shape are one fused
+        // vector op (`ggml_cuda_graph_evaluate_and_capture`'s "mul_mat + add", MMVQ with
+        // `x_bias`); MMVF takes nothing either way.
+        let c = self.matmul(input, output, n)?;
+        Some(if n == 1 { mat_mul::fused(c) } else { c })
     }
 
     fn mla_attention(&self, _: &EngineModel, _: Mla, _: usize, _: usize) -> Vec<OpCall> {
@@ -253,6 +275,32 @@ mod tests {
         assert!(output(v, &setup(&m, w, kv, dev), shape(512, 1024, 0)).is_none());
         // f16 weights: one output row goes to MMVF, which takes nothing.
         assert!(output(v, &setup(&m, Weights::F16, kv, dev), shape(512, 1024, 1)).is_none());
+    }
+
+    #[test]
+    fn one_column_s_fused_ops_carry_no_name() {
+        let m = EngineModel::preset("llama3-8b").unwrap();
+        let s = setup(&m, Weights::Q8_0, KvType::Q8_0, Device::H100_SXM);
+        let names = |l: usize| -> Vec<&str> {
+            layer(Version::D99724f2, &s, shape(1, 256, 1), l)
+                .unwrap()
+                .iter()
+                .flat_map(|c| c.held.iter().map(|r| r.name))
+                .collect()
+        };
+        // Q, K, V, attention's vector kernel (its split buffers), the output projection fused
+        // with the residual add, gate-up-GLU fused, down fused with its add.
+        let attention = ["dst_tmp", "dst_tmp_meta"];
+        let mut want = vec!["MUL_MAT"; 3];
+        want.extend(attention);
+        want.extend(["", "", ""]);
+        assert_eq!(names(0), want);
+        // The last layer's output projection feeds `inp_out_ids`' row selection, not the add.
+        assert_eq!(names(m.n_layer - 1)[5], "MUL_MAT");
+        // Two columns: nothing fused.
+        let two = layer(Version::D99724f2, &s, shape(2, 256, 1), 0).unwrap();
+        let named = |name: &str| name == "MUL_MAT" || attention.contains(&name);
+        assert!(two.iter().all(|c| c.held.iter().all(|r| named(r.name))));
     }
 
     #[test]
