@@ -2,6 +2,7 @@
 //! with one `$ repro-prefill ...` line is run (on the simulated device) and its stdout compared
 //! with the lines that follow. A `--gguf NAME` example reads a file the test writes under that
 //! name (the profiles' test writer: the preset's metadata and tensor infos, its data a hole).
+//! `CUPOOL_BLESS=1` writes the binary's output into the docs instead of comparing.
 
 mod common;
 #[path = "../../profiles/tests/gguf/mod.rs"]
@@ -32,8 +33,8 @@ fn model_file(name: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
-/// The documented examples: (the command's arguments, the output shown).
-fn examples(doc: &str) -> Vec<(Vec<String>, String)> {
+/// The documented examples: (the command line as written, its arguments, the output shown).
+fn examples(doc: &str) -> Vec<(String, Vec<String>, String)> {
     let mut out = Vec::new();
     let mut rest = doc;
     while let Some(at) = rest.find("```text\n") {
@@ -54,7 +55,7 @@ fn examples(doc: &str) -> Vec<(Vec<String>, String)> {
             continue;
         }
         let args = cmd.split_whitespace().map(str::to_string).collect();
-        out.push((args, output.join("\n")));
+        out.push((cmd.to_string(), args, output.join("\n")));
     }
     out
 }
@@ -65,7 +66,9 @@ fn every_documented_example_prints_what_the_docs_show() {
     let doc = std::fs::read_to_string(path).unwrap();
     let examples = examples(&doc);
     assert!(examples.len() >= 4, "{} examples", examples.len());
-    for (mut args, shown) in examples {
+    let bless = std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1");
+    let mut blessed = doc.clone();
+    for (line, mut args, shown) in examples {
         let files: Vec<String> = args
             .windows(2)
             .filter(|w| w[0] == "--gguf")
@@ -88,9 +91,18 @@ fn every_documented_example_prints_what_the_docs_show() {
         let out = c.output().unwrap();
         let got = String::from_utf8_lossy(&out.stdout);
         let trim = |s: &str| s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n");
-        assert_eq!(trim(&got), trim(&shown), "repro-prefill {}", args.join(" "));
+        if bless {
+            let was = format!("$ repro-prefill {line}\n{shown}");
+            let now = format!("$ repro-prefill {line}\n{}", trim(&got));
+            blessed = blessed.replacen(&was, &now, 1);
+        } else {
+            assert_eq!(trim(&got), trim(&shown), "repro-prefill {}", args.join(" "));
+        }
         for path in written {
             std::fs::remove_file(path).unwrap();
         }
+    }
+    if bless && blessed != doc {
+        std::fs::write(path, blessed).unwrap();
     }
 }

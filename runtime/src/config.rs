@@ -7,7 +7,7 @@ use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
 use cupool_kernels::{KvType, QK8_0};
 use cupool_pool::{AutoHeadroom, PoolConfig};
-use cupool_profiles::{EngineModel, Profile, Weights};
+use cupool_profiles::{llama, EngineModel, Profile, Weights};
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
 /// it bounds the planner's search and every buffer the runtime sizes from the context.
@@ -163,10 +163,9 @@ impl RunConfig {
 
     /// The compute buffer: cupool's layout, or with an engine profile at least what the
     /// engine's worst-case graph holds when its output matrix runs
-    /// ([`cupool_profiles::Profile::output_stage_bytes`]). Mainline after #23907 logs a compute
-    /// buffer of its K/V copies plus less than that stage (Llama-3-8B q8_0, -c 56832: 309.6 MiB,
-    /// 222 MiB of it copies; Phi-3 f16, -c 20992: 296.5, 246 of it copies): its worst-case
-    /// graph does not hold every row's logits, so the layout alone stands beside the copies.
+    /// ([`cupool_profiles::Profile::output_stage_bytes`]). For mainline (`llama`) the layout
+    /// alone: the engine's compute buffer depends on the context and is
+    /// [`Self::profile_compute_bytes`]'s.
     pub fn compute_bytes(&self) -> usize {
         let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
         match (self.engine, self.profile_model()) {
@@ -186,13 +185,31 @@ impl RunConfig {
 
     /// What the engine profile holds beside cupool's compute buffer for a context of `n_ctx`:
     /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]) and mainline's K/V
-    /// copies in it. What the engine takes outside its buffers and pool (the cuBLAS workspace,
-    /// kernel modules, the CUDA context) is the planner's `Outside`, counted against the free
-    /// memory before start.
+    /// copies in it. For mainline (`llama`) the engine's whole compute buffer is the profile's
+    /// model of its worst-case graph ([`cupool_profiles::llama::compute_buffer_bytes`]: the larger
+    /// of the output stage and the attention stage with the K/V copies), checked against the
+    /// buffers llama.cpp logged (profiles/tests/mainline.rs); this is what it adds to cupool's
+    /// layout (nothing where the layout is larger). What the engine takes outside its buffers and
+    /// pool (the cuBLAS workspace, kernel modules, the CUDA context) is the planner's `Outside`,
+    /// counted against the free memory before start.
     pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
+        let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
         match (self.engine, self.profile_model()) {
+            (
+                EngineKind::Profile {
+                    profile: Profile::Llama,
+                    ..
+                },
+                Some(m),
+            ) => llama::compute_buffer_bytes(
+                llama::Version::D99724f2,
+                &m,
+                self.kv_type,
+                n_ctx,
+                self.n_ubatch,
+            )
+            .saturating_sub(own),
             (EngineKind::Profile { profile, .. }, Some(m)) => {
-                let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
                 self.compute_bytes() - own + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
             }
             _ => 0,
