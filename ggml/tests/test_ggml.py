@@ -313,3 +313,31 @@ def test_the_prediction_check_in_the_docs_is_its_data_s():
     assert block in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read(), \
         f"docs/llama-cpp.md's predict-check table differs from {folder}: python3 scripts/llama/predict-check.py report {folder}"
     assert block.count("\n| ") == 7, "a header and six cases"
+
+
+def test_the_plan_still_gives_the_recorded_predictions():
+    """The prediction check's data holds the plan of each case as it was when the engine ran it;
+    today's plan of the same case (the presets the GGUF files were made from, on the simulated
+    device) must give the same largest context and buffers, or the check must be run again."""
+    lib = os.environ.get("CUPOOL_LIB") or os.path.join(ROOT, "target", "release")
+    repro = os.path.join(lib if os.path.isdir(lib) else os.path.dirname(lib), "repro-prefill")
+    if not os.path.exists(repro):
+        pytest.skip(f"no {repro}: cargo build --release -p cupool-cli")
+    folder = os.path.join(ROOT, "data", "h100-2026-11-25-mainline-predict")
+    presets = {"phi3-f16": ("phi3-mini", "f16"), "llama3-q8": ("llama3-8b", "q8_0")}
+    checked = 0
+    for path in sorted(glob.glob(os.path.join(folder, "*.plan.json"))):
+        name = os.path.basename(path)[: -len(".plan.json")]
+        shape, free = name.rsplit("-", 1)
+        if shape not in presets:
+            continue  # the 4-layer MoE file has no preset
+        want = json.load(open(path))
+        model, wtype = presets[shape]
+        got = json.loads(subprocess.run(
+            [repro, "plan", "--device", "sim", "--model", model, "--weight-type", wtype, "--free", free, "--engine",
+             "llama", "-b", "2048", "-ub", "512", "-c", str(want["max_ctx_that_fits"]), "--kv-type", "q8_0",
+             "--format", "json", "--quiet"], capture_output=True, text=True, check=True).stdout)
+        for key in ("max_ctx_that_fits", "weights_bytes", "kv_bytes", "compute_bytes", "peak_device_bytes"):
+            assert got[key] == want[key], f"{name}: {key} {got[key]} != recorded {want[key]}"
+        checked += 1
+    assert checked == 4
