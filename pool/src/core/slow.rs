@@ -10,7 +10,7 @@ use crate::owners::Parts;
 use crate::placement::{Fit, Placement};
 use crate::pool::{Purge, Released};
 use crate::sync::{synchronize, SyncToken};
-use crate::upstream::Upstream;
+use crate::upstream::{Grow, Upstream};
 use std::sync::atomic::Ordering;
 impl Ctx {
     #[inline]
@@ -51,7 +51,10 @@ impl Ctx {
             let r = self.release(g, &token, &Purge::SmallerThan(size))?;
             tracing::debug!(pool = %self.kind, bytes = r.bytes, buffers = r.buffers, "released idle smaller buffers before growing");
         }
-        let want = g.placement.grow_request(size);
+        let want = Grow {
+            extend: g.placement.grow_request(size),
+            alone: g.placement.grow_alone(size),
+        };
         let mut result = g.upstream.acquire(want, &mut g.tracker.s.calls);
         if matches!(&result, Err(e) if e.is_oom())
             && self.options.flush_and_retry
