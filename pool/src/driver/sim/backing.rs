@@ -8,9 +8,7 @@
 //! (`space.rs`), so a reservation can be placed at an address hint right after another, as
 //! `cuMemAddressReserve` does; when the arena is full they fall back to a mapping of their own.
 
-use super::space::Space;
-
-pub(crate) const PAGE: usize = 4096;
+use super::space::{Range, Space, PAGE};
 
 #[cfg(unix)]
 mod imp {
@@ -141,15 +139,6 @@ pub(super) enum Backing {
     /// from 2^44 up to 2^62, so running past the end is a refusal, never a wrap onto live
     /// addresses.
     Fake(Space),
-}
-
-/// A range of addresses taken from the backing: `base` is aligned as asked, `host_base` and
-/// `host_len` are what must be handed back.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Range {
-    pub base: u64,
-    pub host_base: u64,
-    pub host_len: usize,
 }
 
 impl Backing {

@@ -2,8 +2,8 @@
 //! leaves free. Pure bookkeeping over address ranges; where the addresses come from is
 //! `backing.rs`.
 
-use super::backing::Range;
 use super::ledger::Ledger;
+use super::space::Range;
 use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug)]

@@ -8,9 +8,21 @@
 //! neighbours, and a range that ends at the bump pointer gives its space back to it, so the
 //! free list stays as short as the holes really are.
 
-use super::backing::{Range, PAGE};
 use std::collections::BTreeMap;
 
+/// The host's page size, the unit of the guard between ranges.
+pub(crate) const PAGE: usize = 4096;
+
+/// A range of addresses taken from the backing or a space: `base` is aligned as asked,
+/// `host_base` and `host_len` are what must be handed back.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Range {
+    pub base: u64,
+    pub host_base: u64,
+    pub host_len: usize,
+}
+
+/// See the module docs.
 #[derive(Debug)]
 pub(super) struct Space {
     start: u64,
