@@ -205,6 +205,42 @@ fn a_segment_across_two_reservations_is_released_whole_or_not_at_all() {
     assert!(dev.ledger().is_empty(), "{:?}", dev.ledger());
 }
 
+#[test]
+fn memory_a_failed_growth_cannot_unmap_is_counted_and_released_at_the_next_purge() {
+    let dev = sim(1.0);
+    let faults = Arc::new(FaultInjector::new(dev.clone()));
+    let p = pool(faults.clone(), Some(4 * MIB), 0);
+    let a = p.alloc(2 * MIB).unwrap();
+    // 4 MiB more: 2 MiB in the first reservation, 2 in one right after it. The second
+    // mapping fails, and the first cannot be undone: the driver refuses every unmap.
+    faults.fail_nth(CallKind::Create, 2, ErrorCode::Injected);
+    for n in 1..=3 {
+        faults.fail_nth(CallKind::Unmap, n, ErrorCode::Injected);
+    }
+    p.alloc(4 * MIB).unwrap_err();
+    let s = p.stats();
+    assert_eq!((s.live_blocks, s.live_bytes), (1, 2 * MIB));
+    assert_eq!(s.reserved_bytes, 4 * MIB, "the leftover is counted");
+    assert_eq!(s.reserved_bytes, dev.ledger().device_bytes);
+    // Growth goes on above the leftover.
+    let b = p.alloc(4 * MIB).unwrap();
+    fill_and_check(&dev, &a, 1);
+    fill_and_check(&dev, &b, 2);
+    assert!(b.ptr() >= a.ptr() + 4 * MIB as u64);
+    // A purge that releases no idle segment still returns the leftover.
+    let t = synchronize(dev.as_ref()).unwrap();
+    let r = p.purge(&t, Purge::SmallerThan(1)).unwrap();
+    assert_eq!(r.bytes, 2 * MIB);
+    assert_eq!(p.stats().reserved_bytes, 6 * MIB);
+    assert_eq!(dev.ledger().device_bytes, 6 * MIB);
+    p.free(b).unwrap();
+    p.free(a).unwrap();
+    trim(&p, &dev);
+    assert_eq!(dev.ledger().mappings, 0);
+    drop(p);
+    assert!(dev.ledger().is_empty(), "{:?}", dev.ledger());
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Alloc(usize),

@@ -66,6 +66,7 @@ impl Ctx {
             tracing::warn!(pool = %self.kind, requested = size, flushed = r.bytes, "allocation failed; flushed the cache and retrying once");
             result = g.upstream.acquire(want, &mut g.tracker.s.calls);
         }
+        self.adopt_leftovers(g);
         match result {
             Ok(seg) => {
                 g.tracker.on_reserve(seg.len);
@@ -89,6 +90,22 @@ impl Ctx {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Counts what the upstream could not give back while undoing a failed call as reserved,
+    /// and keeps it with the refused releases, so the next purge releases it.
+    #[inline]
+    fn adopt_leftovers<P: Placement, U: Upstream>(&self, g: &mut State<P, U>) {
+        let leftovers = g.upstream.take_leftovers();
+        if leftovers.is_empty() {
+            return;
+        }
+        for seg in leftovers {
+            tracing::debug!(pool = %self.kind, bytes = seg.len, "kept memory a failed driver call left behind, to release at the next purge");
+            g.tracker.on_reserve(seg.len);
+            g.pending.push(seg);
+        }
+        self.publish(g);
     }
 
     pub(super) fn oom_report<P: Placement, U: Upstream>(
@@ -129,6 +146,7 @@ impl Ctx {
                     g.pending.push(seg);
                 }
             }
+            self.adopt_leftovers(g);
             self.publish(g);
         }
     }
@@ -171,6 +189,7 @@ impl Ctx {
             out.bytes += idle.seg.len;
             out.buffers += 1;
         }
+        self.adopt_leftovers(g);
         if out.bytes > 0 {
             g.tracker.s.purges += 1;
         }

@@ -50,6 +50,13 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     /// Returns `seg`. On error the upstream still holds it and it may be released again later.
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError>;
 
+    /// Memory the upstream could not give back while undoing a failed acquire or release: still
+    /// held on the device, in no block. The core counts each as reserved and releases it with
+    /// the releases the driver refused (at the next purge). Each is handed out once.
+    fn take_leftovers(&mut self) -> Vec<Segment> {
+        Vec::new()
+    }
+
     /// A block was freed (the VMM upstream's growth starts small again).
     #[inline]
     fn note_free(&mut self) {}

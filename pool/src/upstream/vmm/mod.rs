@@ -21,6 +21,7 @@
 
 mod config;
 mod space;
+mod unmap;
 
 pub use config::VmmConfig;
 
@@ -89,16 +90,26 @@ impl VmmReserve {
             })
     }
 
-    /// The granularity and the first reservation's size, asked of the driver once.
+    /// The granularity and the first reservation's size, asked of the driver once (again at
+    /// the next growth if either call fails).
     #[cold]
     fn init(&mut self) -> Result<(), DriverError> {
-        self.granularity = self.driver.granularity()?;
+        let gran = self.driver.granularity()?;
         let want = match self.config.reserve_bytes {
             Some(b) => b,
             None => self.driver.mem_info()?.total,
         };
-        self.reserve_len = self.round(want)?;
-        Ok(())
+        self.granularity = gran;
+        match self.round(want) {
+            Ok(len) => {
+                self.reserve_len = len;
+                Ok(())
+            }
+            Err(e) => {
+                self.granularity = 0;
+                Err(e)
+            }
+        }
     }
 
     /// What this growth would like to map, at least `need` and at most `room`.
@@ -235,6 +246,10 @@ impl Upstream for VmmReserve {
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError> {
         let driver = self.driver.clone();
         self.space.unmap(driver.as_ref(), &seg, calls)
+    }
+
+    fn take_leftovers(&mut self) -> Vec<Segment> {
+        self.space.take_leftovers()
     }
 
     #[inline]

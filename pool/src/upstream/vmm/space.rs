@@ -9,17 +9,23 @@
 //! address space a pool holds follows its peak down after a trim. The first stays until the
 //! pool closes, as ggml keeps its one reservation: a pool that trims at every ubatch does not
 //! reserve again each time.
+//!
+//! A mapping that a failed growth made and could not undo (the driver refused the unmap every
+//! time) is a leftover: no block may use it, yet the device holds it. It is handed to the pool
+//! as a segment of its own ([`AddressSpace::take_leftovers`]), which counts it as reserved and
+//! releases it with the releases the driver refused, at the next purge (`unmap.rs`). Growth
+//! goes on above it.
 
 use crate::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, PhysHandle};
 use crate::placement::Segment;
 use crate::stats::DriverCalls;
 
 #[derive(Clone, Copy, Debug)]
-struct Reservation {
-    base: DevicePtr,
-    len: usize,
-    /// Bytes mapped from `base`.
-    mapped: usize,
+pub(super) struct Reservation {
+    pub base: DevicePtr,
+    pub len: usize,
+    /// End of its highest mapping, from `base`: where the next mapping in it goes.
+    pub top: usize,
 }
 
 impl Reservation {
@@ -29,16 +35,16 @@ impl Reservation {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Mapping {
-    ptr: DevicePtr,
-    len: usize,
-    handle: PhysHandle,
+pub(super) struct Mapping {
+    pub ptr: DevicePtr,
+    pub len: usize,
+    pub handle: PhysHandle,
     /// Index of its reservation.
-    res: usize,
+    pub res: usize,
 }
 
 impl Mapping {
-    fn end(&self) -> DevicePtr {
+    pub(super) fn end(&self) -> DevicePtr {
         self.ptr + self.len as u64
     }
 }
@@ -60,20 +66,54 @@ pub(super) struct Tail {
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(super) struct AddressSpace {
-    reservations: Vec<Reservation>,
-    maps: Vec<Mapping>,
-    /// Mappings of a failed growth that could not be undone: no segment holds them; close
-    /// unmaps them. Mappings never go below them (their reservation's mapped end is above).
-    strays: Vec<Mapping>,
+    pub(super) reservations: Vec<Reservation>,
+    /// The mappings behind the pool's segments, in the order they were made.
+    pub(super) maps: Vec<Mapping>,
+    /// Leftover mappings (see the module docs), each a segment of the pool's refused releases.
+    pub(super) strays: Vec<Mapping>,
+    /// How many of `strays`, from the end, the pool has not been handed yet.
+    unclaimed: usize,
 }
 
-/// How often undoing part of a failed growth is tried before the mapping is left for close.
-const UNDO_TRIES: usize = 3;
+/// How often undoing part of a failed growth, or finishing a half-done release, is tried.
+pub(super) const UNDO_TRIES: usize = 3;
 
 impl AddressSpace {
     /// Bytes mapped in all reservations.
     pub fn mapped(&self) -> usize {
-        self.reservations.iter().map(|r| r.mapped).sum()
+        self.maps.iter().chain(&self.strays).map(|m| m.len).sum()
+    }
+
+    /// Recomputes where the next mapping in reservation `res` goes, after an unmap: the end
+    /// of its highest mapping. Within a reservation the stack is in address order, so that is
+    /// its last mapping in `maps`, unless a leftover lies above.
+    pub(super) fn settle_top(&mut self, res: usize) {
+        let base = self.reservations[res].base;
+        let ends = self.maps.iter().rev().find(|m| m.res == res).into_iter();
+        let ends = ends.chain(self.strays.iter().filter(|m| m.res == res));
+        self.reservations[res].top = ends.map(|m| (m.end() - base) as usize).max().unwrap_or(0);
+    }
+
+    /// Makes `rest` (mappings in no segment any more, in no list) leftovers.
+    pub(super) fn adopt(&mut self, rest: &[Mapping]) {
+        self.strays.extend_from_slice(rest);
+        self.unclaimed += rest.len();
+        for m in rest {
+            self.settle_top(m.res);
+        }
+    }
+
+    /// The leftovers made since the last call, as segments for the pool to count and release.
+    pub fn take_leftovers(&mut self) -> Vec<Segment> {
+        let new = &self.strays[self.strays.len() - self.unclaimed..];
+        self.unclaimed = 0;
+        new.iter()
+            .map(|m| Segment {
+                ptr: m.ptr,
+                len: m.len,
+                handle: m.handle.0,
+            })
+            .collect()
     }
 
     /// Live reservations.
@@ -84,10 +124,10 @@ impl AddressSpace {
     /// Where the next mapping goes; `None` before the first reservation.
     pub fn tail(&self) -> Option<Tail> {
         let r = self.reservations.last()?;
-        let at = r.base + r.mapped as u64;
+        let at = r.base + r.top as u64;
         Some(Tail {
             at,
-            room: r.len - r.mapped,
+            room: r.len - r.top,
             extends: self.maps.last().is_none_or(|m| m.end() == at),
             end: r.end(),
         })
@@ -110,11 +150,7 @@ impl AddressSpace {
             match driver.reserve(len, hint) {
                 Ok(base) => {
                     calls.record(CallKind::Reserve);
-                    self.reservations.push(Reservation {
-                        base,
-                        len,
-                        mapped: 0,
-                    });
+                    self.reservations.push(Reservation { base, len, top: 0 });
                     tracing::debug!(
                         base = format_args!("{base:#x}"),
                         bytes = len,
@@ -144,7 +180,7 @@ impl AddressSpace {
         len: usize,
         calls: &mut DriverCalls,
     ) -> Result<Segment, DriverError> {
-        let continues = |r: &Reservation| r.base + r.mapped as u64 == at && at < r.end();
+        let continues = |r: &Reservation| r.base + r.top as u64 == at && at < r.end();
         let Some(first) = self.reservations.iter().rposition(continues) else {
             return Err(outside(at, len));
         };
@@ -153,7 +189,7 @@ impl AddressSpace {
         while left > 0 {
             let r = self.reservations.get(res).copied();
             let part = match r {
-                Some(r) if r.base + r.mapped as u64 == ptr && ptr < r.end() => {
+                Some(r) if r.base + r.top as u64 == ptr && ptr < r.end() => {
                     left.min((r.end() - ptr) as usize)
                 }
                 _ => {
@@ -170,7 +206,7 @@ impl AddressSpace {
                         handle,
                         res,
                     });
-                    self.reservations[res].mapped += part;
+                    self.reservations[res].top += part;
                 }
                 Err(e) => {
                     self.undo(driver, &done, calls);
@@ -187,8 +223,9 @@ impl AddressSpace {
         })
     }
 
-    /// Unmaps what one [`AddressSpace::map`] call mapped before it failed.
-    fn undo(&mut self, driver: &dyn Driver, done: &[Mapping], calls: &mut DriverCalls) {
+    /// Unmaps what one [`AddressSpace::map`] call mapped before it failed (`done`, not in
+    /// `maps`); what the driver refuses to unmap becomes a leftover.
+    pub(super) fn undo(&mut self, driver: &dyn Driver, done: &[Mapping], calls: &mut DriverCalls) {
         for m in done.iter().rev() {
             let mut result = driver.unmap(m.ptr, m.len, m.handle);
             for _ in 1..UNDO_TRIES {
@@ -198,113 +235,14 @@ impl AddressSpace {
                 result = driver.unmap(m.ptr, m.len, m.handle);
             }
             match result {
-                Ok(()) => {
-                    calls.record(CallKind::Unmap);
-                    self.reservations[m.res].mapped -= m.len;
-                }
+                Ok(()) => calls.record(CallKind::Unmap),
                 Err(e) => {
-                    tracing::error!(error = %e, bytes = m.len, "could not undo part of a failed vmm growth; it stays mapped until the pool closes");
-                    self.strays.push(*m);
+                    tracing::error!(error = %e, bytes = m.len, "could not undo part of a failed vmm growth; the pool keeps it as reserved and releases it at its next purge");
+                    self.adopt(std::slice::from_ref(m));
                 }
             }
+            self.settle_top(m.res);
         }
-    }
-
-    /// Unmaps `seg`, which must be the top of the stack: its mappings from the top down. A
-    /// refusal leaves `seg` whole, to be unmapped again later; only if a segment crossing two
-    /// reservations can neither finish nor be made whole again is it given up (`Ok`, with its
-    /// leftovers unmapped at close; see [`AddressSpace::settle_partial`]).
-    pub fn unmap(
-        &mut self,
-        driver: &dyn Driver,
-        seg: &Segment,
-        calls: &mut DriverCalls,
-    ) -> Result<(), DriverError> {
-        let end = seg.ptr + seg.len as u64;
-        // The mappings of `seg` still held: a run at the top of the stack from `seg.ptr`.
-        let mut first = self.maps.len();
-        while first > 0 {
-            let m = self.maps[first - 1];
-            if m.ptr < seg.ptr || m.end() > end {
-                break;
-            }
-            first -= 1;
-            if m.ptr == seg.ptr {
-                break;
-            }
-        }
-        if first == self.maps.len() || self.maps[first].ptr != seg.ptr {
-            return Err(DriverError::new(
-                CallKind::Unmap,
-                ErrorCode::InvalidValue,
-                format!(
-                    "{} bytes at {:#x} are not the end of the mapped range",
-                    seg.len, seg.ptr
-                ),
-            ));
-        }
-        let mut gone: Vec<Mapping> = Vec::new();
-        while self.maps.len() > first {
-            let m = self.maps[self.maps.len() - 1];
-            let mut result = driver.unmap(m.ptr, m.len, m.handle);
-            // Once part of a segment that crosses into a further reservation is unmapped, the
-            // rest is retried: a half-unmapped segment must not stay behind.
-            let tries = if gone.is_empty() { 1 } else { UNDO_TRIES };
-            for _ in 1..tries {
-                if result.is_ok() {
-                    break;
-                }
-                result = driver.unmap(m.ptr, m.len, m.handle);
-            }
-            if let Err(e) = result {
-                if gone.is_empty() || self.settle_partial(driver, &gone, first, calls) {
-                    return Err(e);
-                }
-                // Given up: the segment is no longer the pool's.
-                return Ok(());
-            }
-            calls.record(CallKind::Unmap);
-            self.maps.pop();
-            self.reservations[m.res].mapped -= m.len;
-            gone.push(m);
-        }
-        self.drop_empty_tail(driver);
-        Ok(())
-    }
-
-    /// After the mappings `gone` (the top of a segment, from the top down) were unmapped and
-    /// the one below them refused: maps them again, so the segment is whole and its release
-    /// can be retried. If that fails too, the segment is given up: what is still mapped of it
-    /// becomes stray (no segment holds it; close unmaps it), so the pool never places a block
-    /// over the unmapped part. Returns whether the segment is whole again.
-    #[cold]
-    fn settle_partial(
-        &mut self,
-        driver: &dyn Driver,
-        gone: &[Mapping],
-        first: usize,
-        calls: &mut DriverCalls,
-    ) -> bool {
-        for (i, m) in gone.iter().rev().enumerate() {
-            match driver.map(m.ptr, m.len) {
-                Ok(handle) => {
-                    calls.record(CallKind::Map);
-                    self.maps.push(Mapping { handle, ..*m });
-                    self.reservations[m.res].mapped += m.len;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, bytes = m.len, "could not map again the unmapped part of a vmm segment whose release failed halfway; the rest of it stays mapped until the pool closes");
-                    // Mapped again so far: unmapped once more (best effort), then the segment's
-                    // remaining mappings are strays.
-                    let again: Vec<Mapping> = self.maps.drain(self.maps.len() - i..).collect();
-                    self.undo(driver, &again, calls);
-                    let rest: Vec<Mapping> = self.maps.drain(first..).collect();
-                    self.strays.extend(rest);
-                    return false;
-                }
-            }
-        }
-        true
     }
 
     /// Releases the reservations after the first that nothing is mapped in, from the last.
@@ -312,7 +250,7 @@ impl AddressSpace {
     pub fn drop_empty_tail(&mut self, driver: &dyn Driver) {
         while self.reservations.len() > 1 {
             let r = self.reservations[self.reservations.len() - 1];
-            if r.mapped > 0 {
+            if r.top > 0 {
                 return;
             }
             if let Err(e) = driver.release_reservation(r.base, r.len) {
@@ -323,15 +261,11 @@ impl AddressSpace {
         }
     }
 
-    /// Releases every reservation, once no segment is mapped.
+    /// Releases every reservation, once nothing is mapped (the pool releases its leftovers
+    /// before it closes).
     pub fn close(&mut self, driver: &dyn Driver) -> Result<(), DriverError> {
-        if !self.maps.is_empty() {
+        if !self.maps.is_empty() || !self.strays.is_empty() {
             return Ok(());
-        }
-        while let Some(m) = self.strays.last().copied() {
-            driver.unmap(m.ptr, m.len, m.handle)?;
-            self.strays.pop();
-            self.reservations[m.res].mapped -= m.len;
         }
         while let Some(r) = self.reservations.last().copied() {
             driver.release_reservation(r.base, r.len)?;
