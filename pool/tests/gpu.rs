@@ -309,10 +309,11 @@ fn cuda_memory_of_live_blocks_outlives_their_pool() {
 }
 
 /// More than ggml's fixed 32 GiB of address space live in one VMM pool: 40 blocks of 1 GiB over
-/// reservations of 8 GiB, so the pool grows through at least five of them. Each block gets its
-/// own byte at its start, middle and end (cuMemsetD8), read back after all are allocated: the
-/// blocks are mapped, writable and distinct. Skipped (with a line saying why) on a card with
-/// less free memory.
+/// reservations of 8 GiB, so the pool grows through at least five of them. Each block is filled
+/// with its own byte (cuMemsetD8 over all of it, so a block that crosses from one reservation
+/// into the next is written across the boundary), and bytes at its start, middle and end are
+/// read back after all are allocated: the blocks are mapped, writable and distinct. Skipped
+/// (with a line saying why) on a card with less free memory.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_vmm_serves_more_than_32_gib_over_small_reservations() {
@@ -344,12 +345,10 @@ fn cuda_vmm_serves_more_than_32_gib_over_small_reservations() {
     let mut blocks = Vec::with_capacity(BLOCKS);
     for i in 0..BLOCKS {
         let b = pool.alloc(GIB).unwrap();
-        for off in offsets {
-            // SAFETY: PROBE bytes inside a live block of 1 GiB, on the bound context.
-            unsafe { sys::cuMemsetD8_v2(b.ptr() + off as u64, i as u8 + 1, PROBE) }
-                .result()
-                .unwrap();
-        }
+        // SAFETY: writes the live block's own bytes (its size), on the bound context.
+        unsafe { sys::cuMemsetD8_v2(b.ptr(), i as u8 + 1, b.size()) }
+            .result()
+            .unwrap();
         blocks.push(b);
     }
     let mut spans: Vec<(u64, u64)> = blocks
