@@ -241,6 +241,17 @@ fn memory_a_failed_growth_cannot_unmap_is_counted_and_released_at_the_next_purge
     assert!(dev.ledger().is_empty(), "{:?}", dev.ledger());
 }
 
+/// A cap on the simulated address space below one granule could hold no reservation at all: it
+/// is refused when the device is built, naming the field and what is accepted.
+#[test]
+fn an_address_space_smaller_than_a_granule_is_refused() {
+    let e = SimDevice::new(SimConfig::gib(1.0).address_space(4096)).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("SimConfig::address_space"), "{msg}");
+    assert!(msg.contains("4096"), "{msg}");
+    SimDevice::new(SimConfig::gib(1.0).address_space(2 * MIB)).unwrap();
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Alloc(usize),

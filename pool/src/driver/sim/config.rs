@@ -121,6 +121,10 @@ impl SimConfig {
                 "a power of two from 4096 to 1073741824 bytes",
             ));
         }
+        if let Some(b) = self.address_space {
+            // At least one granule, at most a 48-bit address space.
+            InvalidConfig::range("SimConfig::address_space", b, g, 1 << 48)?;
+        }
         Ok(())
     }
 }
