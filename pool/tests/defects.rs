@@ -82,8 +82,8 @@ impl Driver for Meter {
     fn granularity(&self) -> Result<usize, DriverError> {
         self.inner.granularity()
     }
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.inner.reserve(bytes)
+    fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
+        self.inner.reserve(bytes, hint)
     }
     fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError> {
         self.inner.release_reservation(base, bytes)
@@ -387,7 +387,7 @@ fn the_unbacked_address_space_is_reused_and_never_wraps() {
     let big = SimDevice::new(SimConfig::gib(256.0 * 1024.0).backed(false)).unwrap();
     let mut bases = std::collections::BTreeSet::new();
     let err = loop {
-        match big.reserve(1 << 48) {
+        match big.reserve(1 << 48, 0) {
             Ok(b) => assert!(bases.insert(b), "address {b:#x} handed out twice"),
             Err(e) => break e,
         }

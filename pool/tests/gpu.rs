@@ -307,3 +307,83 @@ fn cuda_memory_of_live_blocks_outlives_their_pool() {
         assert_eq!(counted.used(), 0, "{kind}: memory left behind");
     }
 }
+
+/// More than ggml's fixed 32 GiB of address space live in one VMM pool: 40 blocks of 1 GiB over
+/// reservations of 8 GiB, so the pool grows through at least five of them. Each block is filled
+/// with its own byte (cuMemsetD8 over all of it, so a block that crosses from one reservation
+/// into the next is written across the boundary), and bytes at its start, middle and end are
+/// read back after all are allocated: the blocks are mapped, writable and distinct. Skipped
+/// (with a line saying why) on a card with less free memory.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_vmm_serves_more_than_32_gib_over_small_reservations() {
+    use cudarc::driver::sys;
+    use cupool_pool::upstream::vmm::VmmConfig;
+    const GIB: usize = 1 << 30;
+    const BLOCKS: usize = 40;
+    const PROBE: usize = 16;
+    let drv = Arc::new(CudaDriver::new(0).unwrap());
+    let d: Arc<dyn Driver> = drv.clone();
+    let free = d.mem_info().unwrap().free;
+    let needed = (BLOCKS + 1) * GIB;
+    if free < needed {
+        eprintln!(
+            "skipped: {} has {} MiB free, this test needs {} MiB",
+            d.name(),
+            free / MIB,
+            needed / MIB
+        );
+        return;
+    }
+    let config = VmmConfig {
+        reserve_bytes: Some(8 * GIB),
+        ..VmmConfig::default()
+    };
+    let pool = VmmPool::with_config(d.clone(), config).unwrap();
+    drv.context().bind_to_thread().unwrap();
+    let offsets = [0, GIB / 2, GIB - PROBE];
+    let mut blocks = Vec::with_capacity(BLOCKS);
+    for i in 0..BLOCKS {
+        let b = pool.alloc(GIB).unwrap();
+        // SAFETY: writes the live block's own bytes (its size), on the bound context.
+        unsafe { sys::cuMemsetD8_v2(b.ptr(), i as u8 + 1, b.size()) }
+            .result()
+            .unwrap();
+        blocks.push(b);
+    }
+    let mut spans: Vec<(u64, u64)> = blocks
+        .iter()
+        .map(|b| (b.ptr(), b.ptr() + b.size() as u64))
+        .collect();
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "blocks overlap");
+    for (i, b) in blocks.iter().enumerate() {
+        for off in offsets {
+            let mut got = [0u8; PROBE];
+            // SAFETY: copies PROBE bytes of a live block into a buffer of that size.
+            unsafe { sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), b.ptr() + off as u64, PROBE) }
+                .result()
+                .unwrap();
+            assert_eq!(got, [i as u8 + 1; PROBE], "block {i} at offset {off}");
+        }
+    }
+    let s = pool.stats();
+    eprintln!(
+        "{}: {} GiB live in one vmm pool, {} reservations of at most 8 GiB, {} maps",
+        d.name(),
+        s.live_bytes / GIB,
+        s.calls.reserves,
+        s.calls.maps
+    );
+    assert!(s.live_bytes >= BLOCKS * GIB);
+    assert!(s.calls.reserves >= 5, "{:?}", s.calls);
+    for b in blocks {
+        pool.free(b).unwrap();
+    }
+    let token = synchronize(d.as_ref()).unwrap();
+    pool.purge(&token, Purge::All).unwrap();
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    drop(pool);
+    let after = d.mem_info().unwrap().free;
+    assert!(after + 64 * MIB >= free, "before {free}, after {after}");
+}

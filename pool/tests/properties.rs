@@ -43,3 +43,22 @@ proptest! {
         }
     }
 }
+
+/// A sequence the fault property once failed on: over the managed fallback, a VMM growth fails
+/// and the driver refuses to undo its first mapping. That mapping is in no block yet the device
+/// holds it: the pool must count it as reserved and give it back at the next purge.
+#[test]
+fn memory_a_failed_growth_could_not_unmap_is_counted() {
+    use cupool_pool::check::Flavor;
+    let ops = [
+        Op::Alloc(16311499),
+        Op::Free(22189),
+        Op::Fault(101),
+        Op::Fault(102),
+        Op::PurgeAll,
+        Op::Fault(75),
+        Op::Alloc(4024030672),
+        Op::Alloc(1377622),
+    ];
+    run(Flavor::FallbackOverVmm, &ops, true).unwrap();
+}

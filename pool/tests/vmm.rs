@@ -1,4 +1,5 @@
-//! The VMM pool: growth, any-order frees, trim, exhaustion.
+//! The VMM pool: growth, any-order frees, trim, device exhaustion (its address space:
+//! `vmm_space.rs`).
 mod common;
 use common::*;
 use cupool_pool::driver::fault::FaultInjector;
@@ -188,25 +189,6 @@ fn device_exhaustion_is_an_error_with_a_report() {
     // Still usable.
     let b = p.alloc(100 * MIB).unwrap();
     p.free(b).unwrap();
-}
-
-#[test]
-fn reservation_exhaustion_is_an_error() {
-    let dev = sim(4.0);
-    let p = VmmPool::with_config(
-        as_driver(&dev),
-        VmmConfig {
-            reserve_bytes: Some(8 * MIB),
-            min_grow: 0,
-            max_grow: 0,
-            ..VmmConfig::default()
-        },
-    )
-    .unwrap();
-    let a = p.alloc(6 * MIB).unwrap();
-    let e = p.alloc(4 * MIB).unwrap_err();
-    assert!(e.to_string().contains("reservation is exhausted"), "{e}");
-    p.free(a).unwrap();
 }
 
 #[test]

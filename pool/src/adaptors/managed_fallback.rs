@@ -93,12 +93,23 @@ impl Pool for ManagedFallback {
     forward_identity!(inner);
 
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
-        let block = match self.inner.alloc(bytes) {
-            Err(e @ PoolError::OutOfMemory(_)) => self.fall_back(bytes, e)?,
-            other => other?,
+        let result = match self.inner.alloc(bytes) {
+            Err(e @ PoolError::OutOfMemory(_)) => self.fall_back(bytes, e),
+            other => other,
         };
-        self.note_alloc(block.size());
-        Ok(block)
+        match result {
+            Ok(block) => {
+                self.note_alloc(block.size());
+                Ok(block)
+            }
+            Err(e) => {
+                // A failed growth may still leave memory reserved (what the driver refused to
+                // undo is kept until the next purge): the peak of the sums must see it.
+                self.reserved_peak
+                    .fetch_max(self.reserved_bytes(), Ordering::Relaxed);
+                Err(e)
+            }
+        }
     }
 
     fn free(&self, block: Block) -> Result<(), FreeError> {

@@ -29,6 +29,9 @@ pub enum Flavor {
     /// libcupool's VMM setting: size classes (up to 1 MiB, above), large requests rounded to
     /// 2 MiB.
     VmmSizeClasses,
+    /// VMM over address reservations of 6 MiB (three granules): the pool grows from one
+    /// reservation into the next, contiguously where the address after the last is free.
+    VmmSmallReservations,
 }
 
 /// Every flavour: each kind, then the variants.
@@ -39,6 +42,7 @@ pub fn flavors() -> Vec<Flavor> {
         Flavor::LegacyFewSlotsRetry,
         Flavor::FallbackOverVmm,
         Flavor::VmmSizeClasses,
+        Flavor::VmmSmallReservations,
     ]);
     v
 }
@@ -115,6 +119,18 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                 false,
             ))
         }
+        Flavor::VmmSmallReservations => Arc::new(
+            crate::pools::VmmPool::with_config(
+                driver,
+                VmmConfig {
+                    reserve_bytes: Some(6 * MIB),
+                    min_grow: 2 * MIB,
+                    max_grow: 8 * MIB,
+                    ..VmmConfig::default()
+                },
+            )
+            .expect("valid settings"),
+        ),
         Flavor::VmmSizeClasses => {
             let mut c = PoolConfig::default().kind(PoolKind::Vmm);
             c.size_classes = vec![MIB];

@@ -249,7 +249,12 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
         Flavor::Plain(PoolKind::Vmm) | Flavor::VmmExactGrowth
     ) {
         // Everything is free: the whole mapped range must be one reusable run, with no growth.
+        // Memory a refused driver call left in no block goes back first: a purge that releases
+        // no idle segment still retries refused releases.
+        let token = synchronize(dev).map_err(|e| e.to_string())?;
         for pool in &pools {
+            pool.purge(&token, Purge::SmallerThan(1))
+                .map_err(|e| format!("{flavor:?}: retrying refused releases: {e}"))?;
             let s = pool.stats();
             if s.reserved_bytes > 0 {
                 let all = pool.alloc(s.reserved_bytes).map_err(|e| {

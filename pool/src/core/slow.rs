@@ -10,7 +10,7 @@ use crate::owners::Parts;
 use crate::placement::{Fit, Placement};
 use crate::pool::{Purge, Released};
 use crate::sync::{synchronize, SyncToken};
-use crate::upstream::Upstream;
+use crate::upstream::{Grow, Upstream};
 use std::sync::atomic::Ordering;
 impl Ctx {
     #[inline]
@@ -51,7 +51,10 @@ impl Ctx {
             let r = self.release(g, &token, &Purge::SmallerThan(size))?;
             tracing::debug!(pool = %self.kind, bytes = r.bytes, buffers = r.buffers, "released idle smaller buffers before growing");
         }
-        let want = g.placement.grow_request(size);
+        let want = Grow {
+            extend: g.placement.grow_request(size),
+            alone: g.placement.grow_alone(size),
+        };
         let mut result = g.upstream.acquire(want, &mut g.tracker.s.calls);
         if matches!(&result, Err(e) if e.is_oom())
             && self.options.flush_and_retry
@@ -63,6 +66,7 @@ impl Ctx {
             tracing::warn!(pool = %self.kind, requested = size, flushed = r.bytes, "allocation failed; flushed the cache and retrying once");
             result = g.upstream.acquire(want, &mut g.tracker.s.calls);
         }
+        self.adopt_leftovers(g);
         match result {
             Ok(seg) => {
                 g.tracker.on_reserve(seg.len);
@@ -86,6 +90,22 @@ impl Ctx {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Counts what the upstream could not give back while undoing a failed call as reserved,
+    /// and keeps it with the refused releases, so the next purge releases it.
+    #[inline]
+    fn adopt_leftovers<P: Placement, U: Upstream>(&self, g: &mut State<P, U>) {
+        let leftovers = g.upstream.take_leftovers();
+        if leftovers.is_empty() {
+            return;
+        }
+        for seg in leftovers {
+            tracing::debug!(pool = %self.kind, bytes = seg.len, "kept memory a failed driver call left behind, to release at the next purge");
+            g.tracker.on_reserve(seg.len);
+            g.pending.push(seg);
+        }
+        self.publish(g);
     }
 
     pub(super) fn oom_report<P: Placement, U: Upstream>(
@@ -126,6 +146,7 @@ impl Ctx {
                     g.pending.push(seg);
                 }
             }
+            self.adopt_leftovers(g);
             self.publish(g);
         }
     }
@@ -168,6 +189,7 @@ impl Ctx {
             out.bytes += idle.seg.len;
             out.buffers += 1;
         }
+        self.adopt_leftovers(g);
         if out.bytes > 0 {
             g.tracker.s.purges += 1;
         }

@@ -258,12 +258,13 @@ impl Driver for CudaDriver {
         }
     }
 
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
+    fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
         let _restore = self.bind(CallKind::Reserve)?;
         let mut base = MaybeUninit::<sys::CUdeviceptr>::uninit();
-        // SAFETY: reserves address space only; `base` is written on success.
+        // SAFETY: reserves address space only (the hint is a wish the driver may ignore);
+        // `base` is written on success.
         unsafe {
-            sys::cuMemAddressReserve(base.as_mut_ptr(), bytes, 0, 0, 0)
+            sys::cuMemAddressReserve(base.as_mut_ptr(), bytes, 0, hint, 0)
                 .result()
                 .map_err(|e| cuda_err(CallKind::Reserve, e, format!("{bytes} bytes")))?;
             Ok(base.assume_init())

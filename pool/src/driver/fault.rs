@@ -163,9 +163,9 @@ impl Driver for FaultInjector {
         self.inner.granularity()
     }
 
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
+    fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
         self.step(CallKind::Reserve)?;
-        self.inner.reserve(bytes)
+        self.inner.reserve(bytes, hint)
     }
 
     fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError> {

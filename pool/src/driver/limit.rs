@@ -156,8 +156,8 @@ impl Driver for LimitedDriver {
         self.inner.granularity()
     }
 
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.inner.reserve(bytes)
+    fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
+        self.inner.reserve(bytes, hint)
     }
 
     fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError> {

@@ -98,8 +98,11 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// The allocation granularity for physical VMM memory (recommended granularity).
     fn granularity(&self) -> Result<usize, DriverError>;
 
-    /// Reserves `bytes` of device address space, aligned to the granularity.
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError>;
+    /// Reserves `bytes` of device address space, aligned to the granularity
+    /// (cuMemAddressReserve). `hint` is where the caller would like it (0: anywhere), such as
+    /// right after a range it already holds; like CUDA's, it is only a wish, and the range may
+    /// lie anywhere.
+    fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError>;
 
     /// Frees an address range from [`Driver::reserve`]; nothing may be mapped in it any more.
     fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError>;

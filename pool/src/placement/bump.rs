@@ -1,4 +1,4 @@
-//! The VMM pool's placement: one contiguous range, grown at its end.
+//! The VMM pool's placement: contiguous ranges, the last grown at its end.
 //!
 //! Like ggml's `ggml_cuda_pool_vmm`, allocation bumps a pointer and sizes are rounded to 128
 //! bytes. Unlike ggml, frees may come in any order: LIFO is the fast path (the top moves
@@ -6,6 +6,13 @@
 //! fit (smallest, then lowest). Holes are indexed by address and by size, so a placement
 //! stays O(log n) with any number of holes. Segments wholly above the highest live block are
 //! what a trim releases, the highest first.
+//!
+//! A segment that does not start where the last one ends (the upstream's address reservation
+//! was full and the next one could not be placed right after it) starts a new range: the free
+//! end of the old range becomes a hole, and the top bumps in the new range. A block never
+//! spans two ranges, and holes of two ranges never merge, even where the ranges happen to
+//! touch. A trim releases the last range from its top down, then the free end of the range
+//! before it, and so on.
 //!
 //! Requests above 1 MiB may be rounded up further ([`Bump::with_large_rounding`]): traffic
 //! where large blocks are replaced by slightly larger ones (a KV cache concatenated every chunk)
@@ -23,13 +30,16 @@ pub const VMM_ALIGN: usize = 128;
 /// See the module docs.
 #[derive(Debug)]
 pub struct Bump {
-    /// The segments, contiguous and ascending.
+    /// The segments in the order they came: each range's contiguous and ascending.
     segments: Vec<Segment>,
-    /// End of the highest live block (an address; the range's start when none is live).
+    /// Where each range starts: an index into `segments` (ascending; the first is 0).
+    ranges: Vec<usize>,
+    /// End of the highest live block of the last range (an address; the range's start when
+    /// none is live).
     top: u64,
-    /// End of the range (an address): the last segment's end.
+    /// End of the last range (an address): the last segment's end.
     end: u64,
-    /// Free ranges below `top`: address → length.
+    /// Free ranges below `top`, and in earlier ranges: address → length.
     holes: BTreeMap<u64, usize>,
     /// The same holes by (length, address): the best fit is the first at or above a size.
     by_size: BTreeSet<(usize, u64)>,
@@ -54,6 +64,7 @@ impl Bump {
     pub fn with_large_rounding(rounding: usize) -> Self {
         Self {
             segments: Vec::new(),
+            ranges: Vec::new(),
             top: 0,
             end: 0,
             holes: BTreeMap::new(),
@@ -70,7 +81,32 @@ impl Bump {
             .map_or(self.top, |s| s.ptr + s.len as u64)
     }
 
-    /// Bytes of the range in segments.
+    /// Whether a range starts at `at`: holes never merge across it.
+    #[inline]
+    fn range_starts_at(&self, at: u64) -> bool {
+        self.ranges.iter().any(|&i| self.segments[i].ptr == at)
+    }
+
+    /// Start of the last range.
+    #[inline]
+    fn base(&self) -> u64 {
+        self.ranges.last().map_or(0, |&i| self.segments[i].ptr)
+    }
+
+    /// The start of the hole that ends at `at`, if any.
+    #[inline]
+    fn hole_before(&self, at: u64) -> Option<u64> {
+        let (&h, &hl) = self.holes.range(..at).next_back()?;
+        (h + hl as u64 == at).then_some(h)
+    }
+
+    /// Where the free end of the range ending at `end` starts: the hole that ends there, or
+    /// `end` itself.
+    fn free_end(&self, end: u64) -> u64 {
+        self.hole_before(end).unwrap_or(end)
+    }
+
+    /// Bytes of every range in segments.
     pub fn mapped(&self) -> usize {
         self.segments.iter().map(|s| s.len).sum()
     }
@@ -93,18 +129,18 @@ impl Bump {
         Some(len)
     }
 
-    /// Adds a free range below `top`, merged with its neighbours.
+    /// Adds a free range, merged with its neighbours in the same range.
     #[inline]
     fn add_hole(&mut self, mut at: u64, mut len: usize) {
-        if let Some((&p, &pl)) = self.holes.range(..at).next_back() {
-            if p + pl as u64 == at {
-                self.remove_hole(p);
+        if let Some(p) = self.hole_before(at) {
+            if !self.range_starts_at(at) {
+                len += self.remove_hole(p).unwrap_or(0);
                 at = p;
-                len += pl;
             }
         }
-        if let Some(nl) = self.remove_hole(at + len as u64) {
-            len += nl;
+        let next = at + len as u64;
+        if !self.range_starts_at(next) {
+            len += self.remove_hole(next).unwrap_or(0);
         }
         self.insert_hole(at, len);
     }
@@ -156,14 +192,19 @@ impl Placement for Bump {
         (need - self.end().min(need)) as usize
     }
 
+    fn grow_alone(&self, size: usize) -> usize {
+        self.rounded(size)
+    }
+
     fn take_new(&mut self, seg: Segment, size: usize) -> Fit {
-        if self.segments.is_empty() {
+        if self.segments.is_empty() || seg.ptr != self.end {
+            // A new range: the free end of the last one is a hole from now on.
+            if self.top < self.end {
+                self.add_hole(self.top, (self.end - self.top) as usize);
+            }
+            self.ranges.push(self.segments.len());
             self.top = seg.ptr;
         }
-        debug_assert!(
-            self.segments.is_empty() || seg.ptr == self.end,
-            "VMM segments must extend the range"
-        );
         self.segments.push(seg);
         self.end = seg.ptr + seg.len as u64;
         let n = self.rounded(size);
@@ -175,11 +216,12 @@ impl Placement for Bump {
     #[inline]
     fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
         self.last_free = self.last_free.max(freed_at);
-        if fit.addr + fit.capacity as u64 == self.top {
-            // LIFO: the top moves down, swallowing a hole that now touches it.
+        if fit.addr + fit.capacity as u64 == self.top && fit.addr >= self.base() {
+            // LIFO: the top moves down, swallowing a hole of its range that now touches it.
+            // (A block of another range can end where this range starts, but never above it.)
             self.top = fit.addr;
-            if let Some((&h, &hl)) = self.holes.iter().next_back() {
-                if h + hl as u64 == self.top {
+            if !self.holes.is_empty() && self.top > self.base() {
+                if let Some(h) = self.hole_before(self.top) {
                     self.remove_hole(h);
                     self.top = h;
                 }
@@ -195,22 +237,50 @@ impl Placement for Bump {
             // Contiguous space never strands: a growing request reuses all of it, so only a
             // full trim releases anything.
             Purge::SmallerThan(_) | Purge::KeepFor(_) => Vec::new(),
-            Purge::All => self
-                .segments
-                .iter()
-                .rev()
-                .take_while(|s| s.ptr >= self.top)
-                .map(|&seg| Idle {
-                    seg,
-                    freed_at: self.last_free,
-                })
-                .collect(),
+            Purge::All => {
+                // The last range above its top; once all of it goes, the free end of the range
+                // before it, and so on.
+                let mut out = Vec::new();
+                let mut stop = self.segments.len();
+                for (k, &first) in self.ranges.iter().enumerate().rev() {
+                    let range = &self.segments[first..stop];
+                    let free_from = if k + 1 == self.ranges.len() {
+                        self.top
+                    } else {
+                        range
+                            .last()
+                            .map_or(0, |s| self.free_end(s.ptr + s.len as u64))
+                    };
+                    for &seg in range.iter().rev() {
+                        if seg.ptr < free_from {
+                            return out;
+                        }
+                        out.push(Idle {
+                            seg,
+                            freed_at: self.last_free,
+                        });
+                    }
+                    stop = first;
+                }
+                out
+            }
         }
     }
 
     fn remove(&mut self, seg: &Segment) {
         if self.segments.last() == Some(seg) {
             self.segments.pop();
+        }
+        if self.ranges.last() == Some(&self.segments.len()) {
+            // The last range is gone: the one before bumps again from its free end.
+            self.ranges.pop();
+            if let Some(s) = self.segments.last() {
+                let end = s.ptr + s.len as u64;
+                self.top = self.free_end(end);
+                if self.top < end {
+                    self.remove_hole(self.top);
+                }
+            }
         }
         match self.segments.last() {
             Some(s) => self.end = s.ptr + s.len as u64,

@@ -63,11 +63,21 @@ pub trait Placement: Send + fmt::Debug + 'static {
     /// Places `size` bytes (1 to [`crate::MAX_REQUEST`]) in memory already held, if it fits.
     fn take(&mut self, size: usize) -> Option<Fit>;
 
-    /// Bytes to ask the upstream for when [`Placement::take`] found no room for `size`.
+    /// Bytes to ask the upstream for when [`Placement::take`] found no room for `size`, for a
+    /// segment that starts where the last one ends.
     fn grow_request(&self, size: usize) -> usize;
 
-    /// Places `size` bytes in `seg`, a new segment of at least [`Placement::grow_request`]
-    /// bytes that the upstream just handed out for it.
+    /// Bytes a new segment needs for `size` when it does not start where the last one ends (a
+    /// VMM upstream that had to reserve address space elsewhere). A placement that serves
+    /// every request from the new segment alone needs no more than
+    /// [`Placement::grow_request`].
+    fn grow_alone(&self, size: usize) -> usize {
+        self.grow_request(size)
+    }
+
+    /// Places `size` bytes in `seg`, a new segment that the upstream just handed out for it:
+    /// of at least [`Placement::grow_request`] bytes if it starts where the last segment ends,
+    /// else of at least [`Placement::grow_alone`] bytes.
     fn take_new(&mut self, seg: Segment, size: usize) -> Fit;
 
     /// Takes a block back, freed at synchronize epoch `freed_at`. Returns a segment the

@@ -1,6 +1,6 @@
 //! Device memory, one `cuMemAlloc` per segment.
 
-use super::Upstream;
+use super::{Grow, Upstream};
 use crate::driver::{CallKind, Driver, DriverError};
 use crate::placement::Segment;
 use crate::stats::DriverCalls;
@@ -27,7 +27,8 @@ impl Upstream for DeviceMalloc {
         &self.driver
     }
 
-    fn acquire(&mut self, bytes: usize, calls: &mut DriverCalls) -> Result<Segment, DriverError> {
+    fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError> {
+        let bytes = want.alone;
         let ptr = self.driver.malloc(bytes)?;
         calls.record(CallKind::Malloc);
         Ok(Segment {

@@ -2,7 +2,7 @@
 //! has free (counting every managed allocation on the device, by any pool) unless
 //! oversubscription is allowed: asking a real GPU for more can hang it for everyone.
 
-use super::Upstream;
+use super::{Grow, Upstream};
 use crate::driver::{CallKind, Driver, DriverError};
 use crate::placement::Segment;
 use crate::stats::DriverCalls;
@@ -33,7 +33,8 @@ impl Upstream for ManagedMalloc {
         &self.driver
     }
 
-    fn acquire(&mut self, bytes: usize, calls: &mut DriverCalls) -> Result<Segment, DriverError> {
+    fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError> {
+        let bytes = want.alone;
         let ledger = &self.driver.shared().managed;
         ledger.admit(bytes, self.allow_oversubscription, || {
             self.driver.managed_headroom()

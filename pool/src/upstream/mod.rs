@@ -8,8 +8,8 @@
 //! - [`managed::ManagedMalloc`]: `cuMemAllocManaged`, admitted against the device's
 //!   [`crate::driver::ManagedLedger`], so managed memory stays within the device's free memory
 //!   across every pool and the fallback unless oversubscription is allowed;
-//! - [`vmm::VmmReserve`]: one address reservation, physical memory mapped at its end with an
-//!   adaptive growth, unmapped from the end.
+//! - [`vmm::VmmReserve`]: address reservations, physical memory mapped at the end of the last
+//!   with an adaptive growth, unmapped from the end; a further reservation when one is full.
 
 pub mod device;
 pub mod managed;
@@ -21,6 +21,19 @@ use crate::stats::DriverCalls;
 use std::fmt;
 use std::sync::Arc;
 
+/// What a growth asks the upstream for: the placement's [`Placement::grow_request`] and
+/// [`Placement::grow_alone`].
+///
+/// [`Placement::grow_request`]: crate::placement::Placement::grow_request
+/// [`Placement::grow_alone`]: crate::placement::Placement::grow_alone
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grow {
+    /// Bytes enough when the new segment starts where the last one ends.
+    pub extend: usize,
+    /// Bytes needed when it starts anywhere else (at least `extend`).
+    pub alone: usize,
+}
+
 /// Where a pool's memory comes from. See the module docs.
 pub trait Upstream: Send + fmt::Debug + 'static {
     /// Whether [`Upstream::release`] waits for the work queued on the device first, as
@@ -30,11 +43,19 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     /// The driver it calls.
     fn driver(&self) -> &Arc<dyn Driver>;
 
-    /// A new segment of at least `bytes` bytes.
-    fn acquire(&mut self, bytes: usize, calls: &mut DriverCalls) -> Result<Segment, DriverError>;
+    /// A new segment for `want`: of at least `want.extend` bytes if it starts where the last
+    /// segment ends, else of at least `want.alone` bytes.
+    fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError>;
 
     /// Returns `seg`. On error the upstream still holds it and it may be released again later.
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError>;
+
+    /// Memory the upstream could not give back while undoing a failed acquire or release: still
+    /// held on the device, in no block. The core counts each as reserved and releases it with
+    /// the releases the driver refused (at the next purge). Each is handed out once.
+    fn take_leftovers(&mut self) -> Vec<Segment> {
+        Vec::new()
+    }
 
     /// A block was freed (the VMM upstream's growth starts small again).
     #[inline]

@@ -4,9 +4,11 @@
 //! when touched, so a dry run that "allocates" gigabytes costs nothing, while a CPU kernel can
 //! still read and write every byte a pool hands out. Reservations are `PROT_NONE` ranges that
 //! become readable and writable when mapped, so touching unmapped simulated memory faults
-//! like it would on a GPU.
+//! like it would on a GPU. Reservations are carved from one arena of address space per device
+//! (`space.rs`), so a reservation can be placed at an address hint right after another, as
+//! `cuMemAddressReserve` does; when the arena is full they fall back to a mapping of their own.
 
-pub(crate) const PAGE: usize = 4096;
+use super::space::{Range, Space, PAGE};
 
 #[cfg(unix)]
 mod imp {
@@ -40,6 +42,11 @@ mod imp {
     /// Address space only: every access faults until [`commit`].
     pub(crate) fn reserve(len: usize) -> Option<*mut u8> {
         mmap(len, libc::PROT_NONE)
+    }
+
+    /// Address space to carve reservations from.
+    pub(crate) fn arena(len: usize) -> Option<*mut u8> {
+        reserve(len)
     }
 
     /// # Safety
@@ -90,6 +97,11 @@ mod imp {
         alloc(len)
     }
 
+    /// No arena: heap memory is committed, so a large one would cost real memory.
+    pub(crate) fn arena(_len: usize) -> Option<*mut u8> {
+        None
+    }
+
     pub(crate) unsafe fn commit(_p: *mut u8, _len: usize) -> bool {
         true
     }
@@ -112,42 +124,58 @@ pub(crate) fn round_to_page(len: usize) -> Option<usize> {
     len.max(1).checked_next_multiple_of(PAGE)
 }
 
+/// Address space of the arena each backed device carves its reservations from: far more than
+/// any simulated pool reserves at once, and only address space (nothing is committed until
+/// mapped).
+const ARENA: usize = 64 << 30;
+
 /// Where the simulated device's addresses come from.
 #[derive(Debug)]
 pub(super) enum Backing {
-    /// Real host memory: CPU code can read and write every address.
-    Host,
-    /// Unique addresses with nothing behind them, for dry runs of cards larger than the host.
-    Fake(FakeSpace),
-}
-
-/// A range of addresses taken from the backing: `base` is aligned as asked, `host_base` and
-/// `host_len` are what must be handed back.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Range {
-    pub base: u64,
-    pub host_base: u64,
-    pub host_len: usize,
+    /// Real host memory: CPU code can read and write every address. Reservations come from the
+    /// arena, made at the first reservation (`None` until then, or where none can be made).
+    Host(Option<Space>),
+    /// Unique addresses with nothing behind them, for dry runs of cards larger than the host:
+    /// from 2^44 up to 2^62, so running past the end is a refusal, never a wrap onto live
+    /// addresses.
+    Fake(Space),
 }
 
 impl Backing {
+    pub fn host() -> Self {
+        Backing::Host(None)
+    }
+
+    pub fn fake() -> Self {
+        Backing::Fake(Space::new(1 << 44, 1 << 62))
+    }
+
     /// `len` bytes (a page multiple) of readable and writable memory.
     pub fn alloc(&mut self, len: usize) -> Option<Range> {
         match self {
-            Backing::Host => imp::alloc(len).map(|p| Range {
+            Backing::Host(_) => imp::alloc(len).map(|p| Range {
                 base: p as u64,
                 host_base: p as u64,
                 host_len: len,
             }),
-            Backing::Fake(f) => f.take(len, PAGE),
+            Backing::Fake(f) => f.take(len, PAGE, 0),
         }
     }
 
-    /// `len` bytes of address space aligned to `align` (a power of two), not yet accessible.
-    pub fn reserve(&mut self, len: usize, align: usize) -> Option<Range> {
+    /// `len` bytes of address space aligned to `align` (a power of two), not yet accessible:
+    /// at `hint` if it is aligned and free there, else anywhere.
+    pub fn reserve(&mut self, len: usize, align: usize, hint: u64) -> Option<Range> {
         match self {
-            Backing::Host => {
-                // Over-reserve by one alignment unit so the base can be aligned.
+            Backing::Host(arena) => {
+                if arena.is_none() {
+                    *arena =
+                        imp::arena(ARENA).map(|p| Space::new(p as u64, (p as u64) + ARENA as u64));
+                }
+                if let Some(r) = arena.as_mut().and_then(|a| a.take(len, align, hint)) {
+                    return Some(r);
+                }
+                // The arena is full: a mapping of its own, over-reserved by one alignment unit
+                // so the base can be aligned.
                 let host_len = len.checked_add(align)?;
                 let p = imp::reserve(host_len)? as u64;
                 Some(Range {
@@ -156,7 +184,7 @@ impl Backing {
                     host_len,
                 })
             }
-            Backing::Fake(f) => f.take(len, align),
+            Backing::Fake(f) => f.take(len, align, hint),
         }
     }
 
@@ -167,7 +195,7 @@ impl Backing {
     pub unsafe fn commit(&mut self, at: u64, len: usize) -> bool {
         match self {
             // SAFETY: as the caller promises.
-            Backing::Host => unsafe { imp::commit(at as *mut u8, len) },
+            Backing::Host(_) => unsafe { imp::commit(at as *mut u8, len) },
             Backing::Fake(_) => true,
         }
     }
@@ -177,120 +205,33 @@ impl Backing {
     /// # Safety
     /// The range was committed and no one uses it any more.
     pub unsafe fn decommit(&mut self, at: u64, len: usize) {
-        if let Backing::Host = self {
+        if let Backing::Host(_) = self {
             // SAFETY: as the caller promises.
             unsafe { imp::decommit(at as *mut u8, len) };
         }
     }
 
-    /// Hands a range from `alloc` or `reserve` back.
+    /// Hands a range from `alloc` or `reserve` back. A reservation from the arena must have
+    /// nothing committed in it any more (it stays inaccessible address space of the arena).
     ///
     /// # Safety
     /// `r` came from this backing and no one uses it any more.
     pub unsafe fn release(&mut self, r: Range) {
         match self {
+            Backing::Host(Some(arena)) if arena.owns(&r) => arena.give_back(r),
             // SAFETY: as the caller promises.
-            Backing::Host => unsafe { imp::release(r.host_base as *mut u8, r.host_len) },
+            Backing::Host(_) => unsafe { imp::release(r.host_base as *mut u8, r.host_len) },
             Backing::Fake(f) => f.give_back(r),
         }
     }
 }
 
-/// Fake addresses for an unbacked device: from 2^44 up to 2^62, with released ranges reused
-/// (first fit), so a long replay that makes and drops many pools never runs out, and running
-/// past the end is a refusal, never a wrap onto live addresses.
-#[derive(Debug, Default)]
-pub(super) struct FakeSpace {
-    next: u64,
-    /// Released ranges: start → length.
-    free: std::collections::BTreeMap<u64, u64>,
-}
-
-impl FakeSpace {
-    const START: u64 = 1 << 44;
-    /// The end of the fake address space.
-    pub const END: u64 = 1 << 62;
-
-    fn take(&mut self, len: usize, align: usize) -> Option<Range> {
-        let len = (len as u64).checked_add(PAGE as u64)?; // a guard page between ranges
-        let align = align as u64;
-        let reuse = self.free.iter().find_map(|(&s, &l)| {
-            let at = s.checked_next_multiple_of(align)?;
-            (at.checked_add(len)? <= s + l).then_some((s, l, at))
-        });
-        let (base, host_base, host_len) = match reuse {
-            Some((s, l, at)) => {
-                self.free.remove(&s);
-                (at, s, l)
-            }
-            None => {
-                let at = self.next.max(Self::START).checked_next_multiple_of(align)?;
-                let end = at.checked_add(len)?;
-                if end > Self::END {
-                    return None;
-                }
-                self.next = end;
-                (at, at, len)
-            }
-        };
-        Some(Range {
-            base,
-            host_base,
-            host_len: host_len as usize,
-        })
-    }
-
-    /// Returns a range: merged with free neighbours, and given back to the bump pointer when it
-    /// ends there, so the free list stays short (first fit scans it) however many ranges a
-    /// long dry run takes and drops.
-    fn give_back(&mut self, r: Range) {
-        let (mut start, mut len) = (r.host_base, r.host_len as u64);
-        if let Some((&s, &l)) = self.free.range(..start).next_back() {
-            if s + l == start {
-                self.free.remove(&s);
-                (start, len) = (s, l + len);
-            }
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Backing::Host(Some(arena)) = self {
+            // SAFETY: the arena is address space this backing mapped; the device owning it is
+            // going away, and with it every range carved from it.
+            unsafe { imp::release(arena.start() as *mut u8, ARENA) };
         }
-        if let Some(&l) = self.free.get(&(start + len)) {
-            self.free.remove(&(start + len));
-            len += l;
-        }
-        if start + len == self.next {
-            self.next = start;
-        } else {
-            self.free.insert(start, len);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Ranges given back in any order merge with their free neighbours and return to the bump
-    /// pointer: the free list a first fit scans stays as short as the holes really are.
-    #[test]
-    fn fake_ranges_coalesce_and_return_to_the_top() {
-        let mut f = FakeSpace::default();
-        let a = f.take(1 << 20, 256).unwrap();
-        let b = f.take(2 << 20, 256).unwrap();
-        let c = f.take(3 << 20, 256).unwrap();
-        let top = f.next;
-        f.give_back(b);
-        assert_eq!(f.free.len(), 1);
-        f.give_back(a);
-        assert_eq!(f.free.len(), 1, "a merged with b");
-        // A range that fits the hole reuses it.
-        let d = f.take(2 << 20, 256).unwrap();
-        assert_eq!(d.host_base, FakeSpace::START);
-        assert_eq!(f.next, top);
-        f.give_back(c);
-        f.give_back(d);
-        assert!(f.free.is_empty(), "{:?}", f.free);
-        assert_eq!(
-            f.next,
-            FakeSpace::START,
-            "everything back to the bump pointer"
-        );
     }
 }

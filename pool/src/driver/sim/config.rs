@@ -29,6 +29,13 @@ pub struct SimConfig {
     /// Back addresses with host memory. Off: addresses are unique but fake (nothing can read
     /// or write them), for dry runs of cards far larger than this machine.
     pub backed: bool,
+    /// Bytes of address space all live reservations may cover together; `None`: as much as
+    /// the host gives. A reservation past it fails as out of memory, as a large
+    /// `cuMemAddressReserve` does on a Jetson.
+    pub address_space: Option<usize>,
+    /// Whether a reservation is placed at its address hint when the range there is free, as
+    /// `cuMemAddressReserve` does. Off: never there, as a driver free to ignore hints may.
+    pub address_hints: bool,
 }
 
 impl SimConfig {
@@ -50,6 +57,8 @@ impl SimConfig {
             ordinal: 0,
             record_calls: true,
             backed: true,
+            address_space: None,
+            address_hints: true,
         }
     }
 
@@ -77,6 +86,18 @@ impl SimConfig {
         self
     }
 
+    /// Caps the address space live reservations may cover together.
+    pub fn address_space(mut self, bytes: usize) -> Self {
+        self.address_space = Some(bytes);
+        self
+    }
+
+    /// Sets whether reservations honour a free address hint.
+    pub fn address_hints(mut self, on: bool) -> Self {
+        self.address_hints = on;
+        self
+    }
+
     /// Sets whether every call is logged.
     pub fn record_calls(mut self, on: bool) -> Self {
         self.record_calls = on;
@@ -99,6 +120,10 @@ impl SimConfig {
                 g,
                 "a power of two from 4096 to 1073741824 bytes",
             ));
+        }
+        if let Some(b) = self.address_space {
+            // At least one granule, at most a 48-bit address space.
+            InvalidConfig::range("SimConfig::address_space", b, g, 1 << 48)?;
         }
         Ok(())
     }

@@ -2,8 +2,8 @@
 //! leaves free. Pure bookkeeping over address ranges; where the addresses come from is
 //! `backing.rs`.
 
-use super::backing::Range;
 use super::ledger::Ledger;
+use super::space::Range;
 use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug)]
@@ -29,6 +29,8 @@ struct Mapping {
 pub(super) struct Memory {
     pub device_used: usize,
     pub managed_used: usize,
+    /// Bytes of address space live reservations cover.
+    pub reserved: usize,
     allocs: BTreeMap<u64, Alloc>,
     reservations: BTreeMap<u64, Reservation>,
     mappings: BTreeMap<u64, Mapping>,
@@ -102,7 +104,19 @@ impl Memory {
         }
     }
 
+    /// Checks that `bytes` more of address space fit under `cap`.
+    pub fn check_reserve(&self, bytes: usize, cap: Option<usize>) -> Result<(), String> {
+        match cap {
+            Some(cap) if self.reserved.saturating_add(bytes) > cap => Err(format!(
+                "no address space left for {bytes} bytes: {} of {cap} bytes already reserved",
+                self.reserved
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub fn add_reservation(&mut self, r: Reservation) {
+        self.reserved += r.bytes;
         self.reservations.insert(r.range.base, r);
     }
 
@@ -126,6 +140,7 @@ impl Memory {
             return Err(format!("reservation at {base:#x} still has mappings"));
         }
         self.reservations.remove(&base);
+        self.reserved -= r.bytes;
         Ok(r)
     }
 

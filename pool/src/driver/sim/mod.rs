@@ -7,10 +7,12 @@
 //! code can read and write pool memory. Faults are injected by wrapping the device in
 //! [`super::fault::FaultInjector`], as for any driver.
 
+mod access;
 mod backing;
 mod config;
 mod ledger;
 mod memory;
+mod space;
 
 pub use config::{SimConfig, MAX_CAPACITY};
 pub use ledger::CallRecord;
@@ -20,7 +22,7 @@ use super::{
     CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
 };
 use crate::invalid::InvalidConfig;
-use backing::{Backing, FakeSpace};
+use backing::Backing;
 use ledger::Calls;
 use memory::{Alloc, Memory, Reservation};
 use parking_lot::Mutex;
@@ -47,9 +49,9 @@ impl SimDevice {
     pub fn new(config: SimConfig) -> Result<Self, InvalidConfig> {
         config.validate()?;
         let backing = if config.backed {
-            Backing::Host
+            Backing::host()
         } else {
-            Backing::Fake(FakeSpace::default())
+            Backing::fake()
         };
         Ok(Self {
             state: Mutex::new(State {
@@ -80,48 +82,6 @@ impl SimDevice {
     /// What is alive on the device.
     pub fn ledger(&self) -> Ledger {
         self.state.lock().memory.ledger()
-    }
-
-    /// Whether `[ptr, ptr+len)` lies inside memory the device handed out and still holds:
-    /// one live allocation, or a run of adjacent live mappings.
-    pub fn contains(&self, ptr: DevicePtr, len: usize) -> bool {
-        self.state.lock().memory.contains(ptr, len)
-    }
-
-    /// Copies `data` to device memory at `ptr`, after checking the range is live.
-    pub fn write(&self, ptr: DevicePtr, data: &[u8]) -> Result<(), DriverError> {
-        self.check_range(ptr, data.len())?;
-        // SAFETY: the range lies inside live, readable and writable host memory of ours.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as *mut u8, data.len()) };
-        Ok(())
-    }
-
-    /// Copies `len` bytes of device memory at `ptr`, after checking the range is live.
-    pub fn read(&self, ptr: DevicePtr, len: usize) -> Result<Vec<u8>, DriverError> {
-        self.check_range(ptr, len)?;
-        let mut out = vec![0u8; len];
-        // SAFETY: as in `write`.
-        unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), len) };
-        Ok(out)
-    }
-
-    fn check_range(&self, ptr: DevicePtr, len: usize) -> Result<(), DriverError> {
-        if !self.config.backed {
-            return Err(DriverError::new(
-                CallKind::MemInfo,
-                ErrorCode::NotSupported,
-                "this simulated device is not backed by host memory (a dry-run device): nothing can be read or written",
-            ));
-        }
-        if self.contains(ptr, len) {
-            Ok(())
-        } else {
-            Err(DriverError::new(
-                CallKind::MemInfo,
-                ErrorCode::InvalidValue,
-                format!("{len} bytes at {ptr:#x} are not inside live device memory"),
-            ))
-        }
     }
 
     /// Counts a call and runs `body` on the state; a failure marks the logged call failed.
@@ -273,12 +233,16 @@ impl Driver for SimDevice {
         })
     }
 
-    fn reserve(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
+    fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
         self.call(CallKind::Reserve, bytes, |s| {
             self.vmm_check(bytes)?;
+            s.memory
+                .check_reserve(bytes, self.config.address_space)
+                .map_err(|e| (ErrorCode::OutOfMemory, e))?;
+            let hint = if self.config.address_hints { hint } else { 0 };
             let range = s
                 .backing
-                .reserve(bytes, self.config.granularity)
+                .reserve(bytes, self.config.granularity, hint)
                 .ok_or_else(|| {
                     (
                         ErrorCode::OutOfMemory,

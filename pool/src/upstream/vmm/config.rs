@@ -1,0 +1,58 @@
+//! The VMM pool's settings.
+
+use crate::invalid::InvalidConfig;
+
+/// The largest reservation or growth step accepted (256 TiB).
+pub(super) const MAX_BYTES: usize = 1 << 48;
+
+/// The VMM pool's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmmConfig {
+    /// Address space each reservation covers, 1 byte to 256 TiB (rounded up to the
+    /// granularity); `None`: the device's total memory. It is no cap: a pool that fills one
+    /// reservation makes another, and where the driver refuses this size it is halved (down to
+    /// what the growth needs). ggml reserves a fixed 32 GiB once, which fails where address
+    /// space is scarce (Jetson) and caps the pool on cards with more memory.
+    pub reserve_bytes: Option<usize>,
+    /// Smallest growth (rounded up to the granularity), 0 to 256 TiB: what a growth maps after
+    /// a free.
+    pub min_grow: usize,
+    /// Largest amortised growth, 0 to 256 TiB: consecutive growths double from `min_grow` up
+    /// to this. A single larger request still maps what it needs.
+    pub max_grow: usize,
+    /// The placement rounds requests above 1 MiB up to a multiple of this: a power of two,
+    /// 128 bytes (ggml's rounding, the default) to 1 GiB. libcupool uses the 2 MiB granule,
+    /// which suits PyTorch's traffic (`CUPOOL_VMM_ROUND_LARGE`).
+    pub large_rounding: usize,
+}
+
+impl Default for VmmConfig {
+    fn default() -> Self {
+        Self {
+            reserve_bytes: None,
+            min_grow: 2 << 20,
+            max_grow: 64 << 20,
+            large_rounding: 128,
+        }
+    }
+}
+
+impl VmmConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if let Some(b) = self.reserve_bytes {
+            InvalidConfig::range("VmmConfig::reserve_bytes", b, 1, MAX_BYTES)?;
+        }
+        InvalidConfig::range("VmmConfig::min_grow", self.min_grow, 0, MAX_BYTES)?;
+        InvalidConfig::range("VmmConfig::max_grow", self.max_grow, 0, MAX_BYTES)?;
+        if !self.large_rounding.is_power_of_two() || !(128..=1 << 30).contains(&self.large_rounding)
+        {
+            return Err(InvalidConfig::new(
+                "VmmConfig::large_rounding",
+                self.large_rounding,
+                "a power of two from 128 to 1073741824",
+            ));
+        }
+        Ok(())
+    }
+}
