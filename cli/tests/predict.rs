@@ -86,15 +86,29 @@ fn mainline_profiles_show_what_pr_23907_moved() {
     };
     let (before, after) = (peak("llama-b8833"), peak("llama"));
     assert!(before > 50 * after, "{before} vs {after}");
-    // ...and the compute buffer holds them instead, for the whole context, from startup.
-    let compute = |engine: &str| {
-        let (v, code) = json(&["plan", "--engine", engine, "--free", "12"]);
+    // ...and the compute buffer holds them instead, for the whole context, from startup: it
+    // grows with the context by the copies and the attention mask, where b8833's does not.
+    let compute = |engine: &str, ctx: &str| {
+        let (v, code) = json(&["plan", "--engine", engine, "--free", "12", "--ctx", ctx]);
         assert!(code == 0 || code == 3, "{engine}: {code}");
         v["compute_bytes"].as_u64().unwrap()
     };
-    let copies = 2 * 20480 * 3072 * 2; // K and V, f16, phi3-mini's 32 KV heads of 96
-    assert_eq!(compute("llama"), compute("llama-b8833") + copies);
-    assert_eq!(compute("llama-b8833"), compute("ik-llama"));
+    // Per cache position: K and V f16 copies (phi3-mini's 32 KV heads of 96) and one f16
+    // mask entry for each of the ubatch's 512 rows.
+    let per_position = 2 * 3072 * 2 + 512 * 2;
+    assert_eq!(
+        compute("llama", "20480") - compute("llama", "10240"),
+        10240 * per_position
+    );
+    assert!(compute("llama", "20480") > 2 * 20480 * 3072 * 2);
+    assert_eq!(
+        compute("llama-b8833", "20480"),
+        compute("llama-b8833", "10240")
+    );
+    assert_eq!(
+        compute("llama-b8833", "20480"),
+        compute("ik-llama", "20480")
+    );
     // The experts of a mixture-of-experts preset, q8_0; f16 experts are refused.
     let (v, code) = predict_json(&[
         "--engine",
