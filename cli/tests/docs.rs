@@ -1,8 +1,11 @@
-//! docs/repro-prefill.md's examples are the binary's real output: every `text` block that opens
-//! with one `$ repro-prefill ...` line is run (on the simulated device) and its stdout compared
-//! with the lines that follow. A `--gguf NAME` example reads a file the test writes under that
-//! name (the profiles' test writer: the preset's metadata and tensor infos, its data a hole).
-//! `CUPOOL_BLESS=1` writes the binary's output into the docs instead of comparing.
+//! The examples of docs/repro-prefill.md and docs/runtime.md are the binary's real output: every
+//! `text` block that opens with one `$ repro-prefill ...` line is run (on the simulated device)
+//! and its stdout compared with the lines that follow; a command line ending in
+//! `2>&1 >/dev/null` shows the log instead (stderr, `RUST_LOG=warn`). A table's time column
+//! (`0.00s`) is not compared: it is the one figure that depends on the machine. A `--gguf NAME`
+//! example reads a file the test writes under that name (the profiles' test writer: the
+//! preset's metadata and tensor infos, its data a hole). `CUPOOL_BLESS=1` writes the binary's
+//! output into the docs instead of comparing.
 
 mod common;
 #[path = "../../profiles/tests/gguf/mod.rs"]
@@ -33,8 +36,28 @@ fn model_file(name: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
-/// The documented examples: (the command line as written, its arguments, the output shown).
-fn examples(doc: &str) -> Vec<(String, Vec<String>, String)> {
+/// What a documented command line shows: its stdout, or with `2>&1 >/dev/null` its log.
+const LOG_ONLY: &str = " 2>&1 >/dev/null";
+
+/// A documented example: the command line as written, its arguments, the output shown, and the
+/// commands before it in the same block (a trace written, then replayed), run first.
+struct Example {
+    line: String,
+    args: Vec<String>,
+    shown: String,
+    before: Vec<Vec<String>>,
+}
+
+/// A command line's arguments, without the shell's redirection.
+fn arguments(cmd: &str) -> Vec<String> {
+    cmd.trim_end_matches(LOG_ONLY)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The documented examples, in the doc's order.
+fn examples(doc: &str) -> Vec<Example> {
     let mut out = Vec::new();
     let mut rest = doc;
     while let Some(at) = rest.find("```text\n") {
@@ -42,33 +65,76 @@ fn examples(doc: &str) -> Vec<(String, Vec<String>, String)> {
         let end = body.find("```").expect("a closed block");
         let block = &body[..end];
         rest = &body[end + 3..];
-        let mut lines = block.lines();
-        let Some(cmd) = lines
-            .next()
-            .and_then(|l| l.strip_prefix("$ repro-prefill "))
-        else {
+        let lines: Vec<&str> = block.lines().collect();
+        let commands: Vec<&str> = lines
+            .iter()
+            .map_while(|l| l.strip_prefix("$ repro-prefill "))
+            .collect();
+        let Some((cmd, before)) = commands.split_last() else {
             continue;
         };
-        let output: Vec<&str> = lines.collect();
+        let output = &lines[commands.len()..];
         if output.iter().any(|l| l.starts_with("$ ")) {
-            // Several commands in one block (a trace written, then replayed): not compared.
+            // Another program's command in the block: not compared.
             continue;
         }
-        let args = cmd.split_whitespace().map(str::to_string).collect();
-        out.push((cmd.to_string(), args, output.join("\n")));
+        out.push(Example {
+            line: cmd.to_string(),
+            args: arguments(cmd),
+            shown: output.join("\n"),
+            before: before.iter().map(|c| arguments(c)).collect(),
+        });
     }
     out
 }
 
-#[test]
-fn every_documented_example_prints_what_the_docs_show() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/repro-prefill.md");
-    let doc = std::fs::read_to_string(path).unwrap();
+/// A line with its time column (a last word like `0.00s`) masked.
+fn untimed(line: &str) -> String {
+    let line = line.trim_end();
+    match line.rsplit_once(' ') {
+        Some((head, last))
+            if last.strip_suffix('s').is_some_and(|t| {
+                t.contains('.') && t.chars().all(|c| c.is_ascii_digit() || c == '.')
+            }) =>
+        {
+            format!("{head} (time)")
+        }
+        _ => line.to_string(),
+    }
+}
+
+/// Runs every example of the doc at `rel` (from the workspace root) and compares, or with
+/// `CUPOOL_BLESS=1` writes the output into the doc. Returns how many examples it ran.
+fn check(rel: &str) -> usize {
+    let path = format!("{}/../{rel}", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(&path).unwrap();
     let examples = examples(&doc);
-    assert!(examples.len() >= 4, "{} examples", examples.len());
+    let count = examples.len();
     let bless = std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1");
     let mut blessed = doc.clone();
-    for (line, mut args, shown) in examples {
+    // Files an example names without a folder (a trace) are written here.
+    let dir = tmp("docs");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A plan or a run reads the device: the docs show the simulated one.
+    let command = |args: &[String]| {
+        let mut c = bin();
+        c.current_dir(&dir).args(args);
+        if args[0] != "predict" && args[0] != "replay" && !args.iter().any(|a| a == "--device") {
+            c.args(["--device", "sim"]);
+        }
+        c
+    };
+    for Example {
+        line,
+        mut args,
+        shown,
+        before,
+    } in examples
+    {
+        for b in &before {
+            let out = command(b).output().unwrap();
+            assert!(out.status.success(), "{rel}: repro-prefill {}", b.join(" "));
+        }
         let files: Vec<String> = args
             .windows(2)
             .filter(|w| w[0] == "--gguf")
@@ -82,27 +148,37 @@ fn every_documented_example_prints_what_the_docs_show() {
             }
             written.push(path);
         }
-        let mut c = bin();
-        c.args(&args);
-        // A plan or a run reads the device: the docs show the simulated one.
-        if args[0] != "predict" && args[0] != "replay" {
-            c.args(["--device", "sim"]);
+        let mut c = command(&args);
+        let log_only = line.ends_with(LOG_ONLY);
+        if log_only {
+            c.env("RUST_LOG", "warn");
         }
         let out = c.output().unwrap();
-        let got = String::from_utf8_lossy(&out.stdout);
+        let got = String::from_utf8_lossy(if log_only { &out.stderr } else { &out.stdout });
         let trim = |s: &str| s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n");
+        let mask = |s: &str| s.lines().map(untimed).collect::<Vec<_>>().join("\n");
         if bless {
             let was = format!("$ repro-prefill {line}\n{shown}");
             let now = format!("$ repro-prefill {line}\n{}", trim(&got));
             blessed = blessed.replacen(&was, &now, 1);
         } else {
-            assert_eq!(trim(&got), trim(&shown), "repro-prefill {}", args.join(" "));
+            assert_eq!(mask(&got), mask(&shown), "{rel}: repro-prefill {line}");
         }
         for path in written {
             std::fs::remove_file(path).unwrap();
         }
     }
+    std::fs::remove_dir_all(&dir).unwrap();
     if bless && blessed != doc {
-        std::fs::write(path, blessed).unwrap();
+        std::fs::write(&path, blessed).unwrap();
     }
+    count
+}
+
+#[test]
+fn every_documented_example_prints_what_the_docs_show() {
+    let n = check("docs/repro-prefill.md");
+    assert!(n >= 6, "{n} examples in docs/repro-prefill.md");
+    let n = check("docs/runtime.md");
+    assert!(n >= 1, "{n} examples in docs/runtime.md");
 }
