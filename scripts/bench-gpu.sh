@@ -5,7 +5,9 @@
 #   1. here:  ./scripts/gpu-bundle.sh
 #   2. there: ./scripts/bench-gpu.sh            (carry .bundle)
 #   3. here:  python3 scripts/bench-report.py DIR_WITH_THE_OUTPUTS
+# REPS (default 3) sets how many full-depth prefills each implementation runs.
 set -uo pipefail
+reps="${REPS:-3}"
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -13,6 +15,8 @@ out="${OUT:-/tmp/out}"; mkdir -p "$out"
   date -u +%Y-%m-%dT%H:%MZ
   nproc
 } > "$out/machine.txt"
+# The command that made these outputs, for the run folder's README.
+echo "REPS=$reps${CUPOOL_PREFILL_LAYERS:+ CUPOOL_PREFILL_LAYERS=$CUPOOL_PREFILL_LAYERS} scripts/bench-gpu.sh" > "$out/command.txt"
 b=.bundle
 log="$out/bench.log"   # every suite's stderr, in one file (few files come back from the machine)
 "$b/bench-cupool-hot_path" --bench --output-format bencher --warm-up-time 0.3 --measurement-time 1 > "$out/hot_path.txt" 2>> "$log"
@@ -23,12 +27,12 @@ log="$out/bench.log"   # every suite's stderr, in one file (few files come back 
 # Full depth against HF transformers (3 runs each), and the README's GPU command, timed whole.
 {
   for wt in f16 q8_0; do
-    for _ in 1 2 3; do
+    for _ in $(seq "$reps"); do
       "$b/repro-prefill" --device cuda --pool vmm --kv-type f16 --weight-type "$wt" --prompt 20000 --ctx 20480 --format json \
         | python3 -c 'import json,sys; r=json.load(sys.stdin)["runs"][0]; print(json.dumps({"suite":"prefill-full","impl":"cupool","weights":sys.argv[1],"prompt":20000,"seconds":r["seconds"],"tokens_per_s":20000/r["seconds"],"completed":r["completed"]}))' "$wt"
     done
   done
-  python3 scripts/hf_prefill.py --prompt 20000 --chunk 512 --reps 3
+  python3 scripts/hf_prefill.py --prompt 20000 --chunk 512 --reps "$reps"
   t0=$(date +%s.%N)
   "$b/repro-prefill" --device cuda --vram 12 > "$out/readme-command.txt" 2>> "$log"
   t1=$(date +%s.%N)

@@ -5,9 +5,21 @@ simulated device)."""
 import json, os, re, statistics, subprocess, sys, tempfile
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-src = sys.argv[1]
+page = os.path.join(root, "docs", "benchmarks.md")
+args = sys.argv[1:]
+check = "--check" in args
+args = [a for a in args if a != "--check"]
+if args:
+    src = args[0]
+else:
+    # With --check and no folder: the run the page says it was written from.
+    m = re.search(r"raw results: `data/([^`]+)`", open(page).read())
+    if not m:
+        sys.exit("usage: bench-report.py [--check] RUN_FOLDER (docs/benchmarks.md names no run)")
+    src = m.group(1)
 if not os.path.isdir(src) and os.path.isdir(os.path.join(root, "data", src)):
     src = os.path.join(root, "data", src)
+src = os.path.abspath(src)
 
 
 def read(name):
@@ -50,6 +62,9 @@ w("Every speed or memory claim cupool makes comes from here. Each number is a me
   "baseline measured **in the same run on the same machine**. This page is written by "
   "`scripts/bench-report.py` from one run of `scripts/bench-gpu.sh`:\n")
 w(f"- machine: {gpu} ({cuda}), {cores} CPU cores; run {date}")
+rel = os.path.relpath(src, root)
+if rel.startswith("data" + os.sep):
+    w(f"- raw results: `{rel}` (`{read('command.txt').strip() if os.path.exists(os.path.join(src, 'command.txt')) else 'scripts/bench-gpu.sh'}`)")
 w("- reproduce: `./scripts/gpu-bundle.sh` here, `./scripts/bench-gpu.sh` on the GPU machine (carrying `.bundle`), "
   "`python3 scripts/bench-report.py OUTPUT_DIR` here\n")
 
@@ -198,10 +213,12 @@ w("## 7. Full-depth prefill against HF transformers\n")
 cup = [x for x in full if x.get("impl") == "cupool"]
 hf = next((x for x in full if x.get("impl", "").startswith("hf-")), None)
 readme = next((x for x in full if x.get("suite") == "readme-command"), None)
+n_runs = max((sum(1 for x in cup if x["weights"] == wt) for wt in {x["weights"] for x in cup}), default=0)
+n_hf = len(hf["runs_s"]) if hf else 0
 w("A Phi-3-mini-shaped model (32 layers, 3072 wide, 32 heads of 96, FFN 8192), a 20,000-token prompt in ubatches "
   "of 512, f16 KV cache. cupool: `repro-prefill --device cuda --pool vmm --kv-type f16 --weight-type W --prompt 20000 "
-  "--ctx 20480` (3 runs each, the runtime's own prefill time). HF: `scripts/hf_prefill.py` (transformers with SDPA "
-  "and a StaticCache, f16 weights, chunks of 512, logits of each chunk's last token only; 3 timed runs after a "
+  f"--ctx 20480` ({n_runs} run{'s' if n_runs != 1 else ''} each, the runtime's own prefill time). HF: `scripts/hf_prefill.py` (transformers with SDPA "
+  f"and a StaticCache, f16 weights, chunks of 512, logits of each chunk's last token only; {n_hf} timed run{'s' if n_hf != 1 else ''} after a "
   "warm-up). Both models are random, with the same matrices per layer (Q, K, V, output; SwiGLU gate, up, "
   "down) and the same attention work; the runtime's layer has no RoPE. Goal: ≥ 0.7× HF's tokens/s.\n")
 w("| implementation | weights | runs (s) | median tokens/s | vs HF |")
@@ -233,6 +250,13 @@ w("|---|---|---|")
 for g, ok, m in goals:
     w(f"| {g} | {'yes' if ok else '**no**'} | {m} |")
 w("")
-with open(os.path.join(root, "docs", "benchmarks.md"), "w") as f:
-    f.write("\n".join(L))
-print("\n".join(L))
+text = "\n".join(L)
+if check:
+    if open(page).read() != text:
+        sys.exit(f"docs/benchmarks.md is not what {os.path.relpath(src, root)} gives: "
+                 "run python3 scripts/bench-report.py on it and commit the page")
+    print(f"docs/benchmarks.md equals the report of {os.path.relpath(src, root)}")
+else:
+    with open(page, "w") as f:
+        f.write(text)
+    print(text)

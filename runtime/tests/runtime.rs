@@ -35,11 +35,16 @@ fn cpu() -> (Arc<dyn Driver>, Box<dyn executor::Executor>) {
     (dev.clone(), Box::new(CpuExecutor::new(dev).unwrap()))
 }
 
-fn seed001(kind: PoolKind, purge: PurgePolicy, budget: BudgetMode, card_gib: f64) -> RunReport {
-    seed001_with(kind, purge, budget, card_gib, AutoHeadroom::Ubatch)
+fn phi3_20k_prefill(
+    kind: PoolKind,
+    purge: PurgePolicy,
+    budget: BudgetMode,
+    card_gib: f64,
+) -> RunReport {
+    phi3_20k_prefill_with(kind, purge, budget, card_gib, AutoHeadroom::Ubatch)
 }
 
-fn seed001_with(
+fn phi3_20k_prefill_with(
     kind: PoolKind,
     purge: PurgePolicy,
     budget: BudgetMode,
@@ -187,8 +192,8 @@ fn ubatching_does_not_change_the_result() {
 }
 
 #[test]
-fn seed_001_legacy_dies_and_every_fix_completes() {
-    let never = seed001(PoolKind::Legacy, PurgePolicy::Never, BudgetMode::Ggml, 12.0);
+fn the_reported_12_gib_prefill_legacy_dies_and_every_fix_completes() {
+    let never = phi3_20k_prefill(PoolKind::Legacy, PurgePolicy::Never, BudgetMode::Ggml, 12.0);
     assert!(
         !never.completed,
         "legacy without purge must run out on the 12 GiB card"
@@ -204,29 +209,29 @@ fn seed_001_legacy_dies_and_every_fix_completes() {
         "the cache it holds is too small to use: {oom}"
     );
 
-    let always = seed001(
+    let always = phi3_20k_prefill(
         PoolKind::Legacy,
         PurgePolicy::Always,
         BudgetMode::Ggml,
         12.0,
     );
-    let auto = seed001(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml, 12.0);
+    let auto = phi3_20k_prefill(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml, 12.0);
     // Returning at every boundary, not only when the card is short: the least auto holds.
-    let eager = seed001_with(
+    let eager = phi3_20k_prefill_with(
         PoolKind::Legacy,
         PurgePolicy::Auto,
         BudgetMode::Ggml,
         12.0,
         AutoHeadroom::Infinite,
     );
-    let vmm = seed001(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Ggml, 12.0);
-    let managed = seed001(
+    let vmm = phi3_20k_prefill(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Ggml, 12.0);
+    let managed = phi3_20k_prefill(
         PoolKind::Managed,
         PurgePolicy::Never,
         BudgetMode::Ggml,
         12.0,
     );
-    let planned = seed001(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Planned, 12.0);
+    let planned = phi3_20k_prefill(PoolKind::Vmm, PurgePolicy::Never, BudgetMode::Planned, 12.0);
     for (name, r) in [
         ("always", &always),
         ("auto", &auto),
@@ -256,8 +261,8 @@ fn seed_001_legacy_dies_and_every_fix_completes() {
     // boundary (it holds more meanwhile), and on a card with room to spare, never.
     assert!(auto.driver_frees <= eager.driver_frees);
     assert!(auto.peak_reserved_bytes > eager.peak_reserved_bytes);
-    let roomy = seed001(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml, 24.0);
-    let roomy_eager = seed001_with(
+    let roomy = phi3_20k_prefill(PoolKind::Legacy, PurgePolicy::Auto, BudgetMode::Ggml, 24.0);
+    let roomy_eager = phi3_20k_prefill_with(
         PoolKind::Legacy,
         PurgePolicy::Auto,
         BudgetMode::Ggml,
@@ -268,7 +273,7 @@ fn seed_001_legacy_dies_and_every_fix_completes() {
     assert_eq!(roomy.driver_frees, 0, "24 GiB is never short");
     assert!(roomy_eager.driver_frees > 0);
     // Driver calls: auto stays near never (measured on a card where never completes).
-    let never_big = seed001(PoolKind::Legacy, PurgePolicy::Never, BudgetMode::Ggml, 24.0);
+    let never_big = phi3_20k_prefill(PoolKind::Legacy, PurgePolicy::Never, BudgetMode::Ggml, 24.0);
     assert!(never_big.completed);
     assert!(
         never_big.peak_reserved_bytes > 10 * never_big.peak_live_bytes,

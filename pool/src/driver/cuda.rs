@@ -79,6 +79,17 @@ pub fn is_available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// Why CUDA work cannot run on this machine (no driver library, a driver that does not start,
+/// no device), or `None` when the driver loads and reports at least one device. The GPU tests
+/// skip on `Some`, saying why, instead of failing inside the driver bindings.
+pub fn unavailable() -> Option<String> {
+    match device_count() {
+        Ok(0) => Some("the CUDA driver reports no device".into()),
+        Ok(_) => None,
+        Err(e) => Some(format!("no CUDA GPU here: {e}")),
+    }
+}
+
 /// How many CUDA devices there are (an error when the driver library is missing).
 pub fn device_count() -> Result<usize, DriverError> {
     if !is_available() {
