@@ -5,8 +5,9 @@ gguf-py reads back.
 
 Run: CUPOOL_LIB=target/release python3 -m pytest -c python/pytest.ini ggml/tests
 The patches are checked against the engine files they touch, kept in ggml/upstream/; where an
-engine's whole tarball is at hand (CUPOOL_ENGINE_TARBALL, CUPOOL_MAINLINE_TARBALL, or a
-third_party/ folder beside the checkout), those files are checked against it too. Tests that need
+engine's whole tarball is at hand (CUPOOL_ENGINE_TARBALL, CUPOOL_MAINLINE_TARBALL, or
+../shared/third_party/ beside the checkout), those files are checked against it too; docs/llama-cpp.md
+says how to make the tarballs. Tests that need
 numpy skip with the reason when it is missing.
 """
 import glob
@@ -29,7 +30,8 @@ def tarball(pattern="ik_llama.cpp-*.tar.gz", env="CUPOOL_ENGINE_TARBALL"):
     path = os.environ.get(env) or next(
         iter(sorted(glob.glob(os.path.join(ROOT, "..", "shared", "third_party", pattern)))), None)
     if not path or not os.path.exists(path):
-        pytest.skip(f"no {pattern} here (a third_party/ folder beside the checkout, or {env})")
+        pytest.skip(f"no {pattern} here: set {env} to the engine's source tarball"
+                    " (docs/llama-cpp.md, \"The engines' sources\", says how to make it)")
     return path
 
 

@@ -4,10 +4,10 @@ real model (its memory traffic and kernels are a real model's; its text is noise
 
     python3 scripts/llama/gen_model.py --preset phi3-mini --type f16 --out phi3-mini-f16.gguf
 
-Needs numpy and the gguf-py package shipped in the engine's source tree (scripts/llama/build.sh
-puts it on PYTHONPATH). The vocabulary is a SentencePiece-style one of the preset's size
-(control tokens, the 256 byte tokens, then placeholders): its size, not its text, shapes the
-embedding and output matrices.
+Needs numpy and gguf: `pip install './python[tools]'` from the checkout installs both, or put
+the gguf-py folder of the engine's source tree on PYTHONPATH. The vocabulary is a
+SentencePiece-style one of the preset's size (control tokens, the 256 byte tokens, then
+placeholders): its size, not its text, shapes the embedding and output matrices.
 """
 import argparse
 import sys
@@ -17,8 +17,10 @@ import numpy as np
 
 try:
     import gguf
-except ImportError:
-    sys.exit("gen_model: the gguf package is not importable: put the engine's gguf-py folder on PYTHONPATH")
+except ImportError as e:
+    sys.exit(f"gen_model: cannot import gguf: {type(e).__name__}: {e}\n"
+             "gen_model: install it (pip install gguf, or pip install './python[tools]' from the checkout)"
+             " or put the engine's gguf-py folder on PYTHONPATH")
 
 # The shapes of cupool's presets (runtime/src/model.rs), with the vocabulary of each model.
 PRESETS = {
