@@ -12,7 +12,8 @@ use cupool_kernels::KvType;
 /// A real engine, at the commit its profile models.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Profile {
-    /// ik_llama.cpp 8337e4cd (the engine of the reported OOMs; K/V f16 copies from the pool).
+    /// ik_llama.cpp 8337e4cd (whose 12 GiB-card prefill runs out in its legacy pool; K/V f16
+    /// copies from the pool).
     #[default]
     IkLlama,
     /// llama.cpp before PR #23907 (b8833, the Windows 7 report): K/V f16 copies from the pool.
@@ -56,7 +57,7 @@ impl Profile {
 
     /// Whether the engine's legacy pool flushes its cache and retries once when the device is
     /// out of memory (ggml PR #22155): mainline's does; ik_llama.cpp's has no such path, and
-    /// `llama-b8833` is modelled as the report's build, which died in the legacy pool's malloc.
+    /// `llama-b8833` is modelled as build b8833, which dies in the legacy pool's malloc.
     pub fn legacy_flush_and_retry(self) -> bool {
         self == Self::Llama
     }

@@ -1,6 +1,6 @@
-//! The schedule of `llama-sweep-bench -n 1` (the 12 GiB-card report's benchmark): at step `k` a
-//! one-token decode over the `k` ubatches already in the cache (then removed again), then the
-//! next prefill ubatch. With flash attention the engine pads the KV length it attends to to 256.
+//! The schedule of `llama-sweep-bench -n 1` (the benchmark of the 12 GiB-card prefill that runs
+//! out in ggml's legacy pool, docs/llama-cpp.md): at step `k` a one-token decode over the `k`
+//! ubatches already in the cache (then removed again), then the next prefill ubatch. With flash attention the engine pads the KV length it attends to to 256.
 
 /// The KV padding of llama.cpp with flash attention (the runtime's own, one constant).
 pub const KV_PADDING: usize = cupool_kernels::fa::KV_PAD;

@@ -1,9 +1,10 @@
 //! The reserved compute budget and its warning: after each ubatch, compute buffer plus the
 //! pool's high-water is compared with what was reserved at startup; crossing it warns once
 //! (until the run drops back under), with the token where the run dies: the rest of the prefill
-//! simulated under the run's pool and purge policy (the first crossing's projection is kept for
-//! the report). A linear extrapolation of the reserve's growth is wrong exactly where it
-//! matters: a legacy pool strands buffers in steps, a purging one does not grow at all.
+//! simulated under the run's pool and purge policy (the first crossing's projection is kept as
+//! the run report's `projected_oom_at_token`). A linear extrapolation of the reserve's growth is
+//! wrong exactly where it matters: a legacy pool strands buffers in steps, a purging one does not
+//! grow at all.
 
 /// See the module docs.
 pub(crate) struct Budget {

@@ -7,8 +7,9 @@
 //!   result of a chunk stays within `-amb` ([`Mla::attn_max_batch_mib`]): per chunk the cache view copied
 //!   to f32, `wkv_b`'s rows converted to f16, a quantized cache's view converted to f16 too, and
 //!   an f16 result of `rows × n_kv`, all held at once. These grow with the KV length: about 67
-//!   KiB a position for DeepSeek-V3, as reported on ik_llama.cpp. Then flash attention with
-//!   heads of 192/128 over the chunk (the "new" MMA kernel: stream-k, no K/V conversion).
+//!   KiB a position for DeepSeek-V3 (68,608 B with a q8_0 cache: cli/tests/predict.rs), the growth
+//!   ik_llama.cpp's users see without `-amb`. Then flash attention with heads of 192/128 over the
+//!   chunk (the "new" MMA kernel: stream-k, no K/V conversion).
 //! - **Fewer tokens** (decode, a prompt's short tail): the absorbed path: `q_nope × wk_b` per head
 //!   (the permuted Q copied to f32, its rows quantized; above 8 tokens one MMQ launch and fixup
 //!   per head), flash attention over the cache with heads of 576/512 (V a view of K; a

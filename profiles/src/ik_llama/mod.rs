@@ -1,5 +1,5 @@
-//! ik_llama.cpp at 8337e4cd (the engine of the reported OOMs), dense models, CUDA devices of
-//! compute capability 8.0 or newer, flash attention on.
+//! ik_llama.cpp at 8337e4cd (whose 12 GiB-card prefill runs out in its legacy pool), dense models,
+//! CUDA devices of compute capability 8.0 or newer, flash attention on.
 //!
 //! Per layer, from `ggml/src/ggml-cuda/` of that commit:
 //! - **matrix multiplies** (`ggml_cuda_op_mul_mat`): f16 weights go to cuBLAS, which takes the

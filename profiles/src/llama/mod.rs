@@ -4,7 +4,7 @@
 //! - [`Version::D99724f2`] (the `llama` profile): ggml at d99724f2 (2026-08-21), after PR
 //!   #23907. A quantized cache's f16 copies of K and V live in the compute buffer, sized at
 //!   startup for the whole context ([`startup_extra_bytes`]), not in the pool.
-//! - [`Version::B8833`] (the `llama-b8833` profile, the Windows 7 report's build): the same
+//! - [`Version::B8833`] (the `llama-b8833` profile, llama.cpp build b8833): the same
 //!   kernels with the f16 copies of K and V taken from the pool per call, as before PR #23907.
 //!   Its other pool traffic is modelled from d99724f2's sources: #23907 changed only where the
 //!   copies live.
