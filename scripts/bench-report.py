@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes docs/benchmarks.md from the outputs of scripts/bench-gpu.sh (a folder: a path, or the
+"""Writes docs/benchmarks.md and README.md's measured section (between its markers) from the outputs of scripts/bench-gpu.sh (a folder: a path, or the
 name of a run folder under data/) and the footprint suite, which it runs here (deterministic,
 simulated device)."""
 import json, os, re, statistics, subprocess, sys, tempfile
@@ -66,7 +66,8 @@ rel = os.path.relpath(src, root)
 if rel.startswith("data" + os.sep):
     w(f"- raw results: `{rel}` (`{read('command.txt').strip() if os.path.exists(os.path.join(src, 'command.txt')) else 'scripts/bench-gpu.sh'}`)")
 w("- reproduce: `./scripts/gpu-bundle.sh` here, `./scripts/bench-gpu.sh` on the GPU machine (carrying `.bundle`), "
-  "`python3 scripts/bench-report.py OUTPUT_DIR` here\n")
+  "the outputs copied into a new folder under `data/`, `python3 scripts/bench-report.py data/FOLDER` here "
+  "(CI checks this page with `python3 scripts/bench-report.py --check`)\n")
 
 w("## 1. Hot path: a cached alloc + free pair\n")
 w("`benches/hot_path.rs` (criterion). The driver baselines are cuMemAlloc + cuMemFree and cuMemAllocAsync + "
@@ -102,8 +103,7 @@ w("\nA pool is one mutex: threads on their own per-stream pools (ggml's model, a
 sim = {k: v for k, v in hot.items() if k.startswith("hot_path/sim/")}
 if sim:
     w(f"\nOn the simulated device (host only) the same pairs cost {min(sim.values())}–{max(sim.values())} ns.")
-w("\nFor context, PyTorch's caching allocator was measured at 330–480 ns a pair from C++ on an H200 "
-  "(a measurement outside this repository's benchmarks); that comparison is not part of this run.\n")
+w("")
 
 w("## 2. VMM growth\n")
 w("`benches/growth.rs` (criterion): a fresh pool grows to 512 MiB in 1 MiB requests; cost per MiB mapped "
@@ -251,12 +251,78 @@ for g, ok, m in goals:
     w(f"| {g} | {'yes' if ok else '**no**'} | {m} |")
 w("")
 text = "\n".join(L)
+
+# The README's measured section: the same run's figures, in prose, between markers.
+cases = {}
+for line in read("readme-command.txt").splitlines():
+    m = re.match(r"^(\S+/\S+)\s+(OOM at token \d+|completed)\s+([\d.]+) MiB\s+([\d.]+) MiB", line)
+    if m:
+        cases[m.group(1)] = (m.group(2), float(m.group(3)), float(m.group(4)))
+never = cases.get("legacy/never")
+cached = [v for p in ("vmm", "legacy") for k, v in hot.items() if re.fullmatch(rf"hot_path/cuda/{p}/\d+", k)]
+asyncs = [v for k, v in hot.items() if k.startswith("hot_path/cuda-baseline/cuMemAllocAsync+cuMemFreeAsync/")]
+fa = [r["ms"] / t["ms"] for r in fattn if r["impl"] == "cupool"
+      for t in fattn if t["impl"] == "pytorch-sdpa" and t["shape"] == r["shape"] and t["n_kv"] == r["n_kv"]]
+f16 = sorted(x["seconds"] for x in cup if x["weights"] == "f16")
+autos = [r["vs_never"] for r in prefill if r["purge"] == "auto"]
+always = [r["vs_never"] for r in prefill if r["purge"] == "always"]
+spread = [(max(r["tokens_per_s"]) - min(r["tokens_per_s"])) / r["median"] * 100 for r in prefill]
+vmm_ratio = [float(r[5]) for r in rows if r[2].strip() == "vmm/never"]
+grow = growth.get("growth/cuda/grow/default")
+pct = lambda v: f"{(v - 1) * 100:+.2f}%"
+R = []
+r = R.append
+r(f"On an {gpu.split(',')[0]}, {date[:10]}; every baseline measured in the same run (raw results "
+  f"`{os.path.relpath(src, root)}`, tables in [docs/benchmarks.md](docs/benchmarks.md)):\n")
+if never:
+    r(f"- **It does not die where ggml does.** A 20,000-token prefill of a Phi-3-mini-shaped model on a 12 GiB "
+      f"card (q8_0 KV, `-b 2048 -ub 512`), with the real kernels: ggml's legacy policy dies ({never[0]}) "
+      f"holding {never[2]:.1f} MiB reserved for {never[1]:.1f} MiB live, the rest cached buffers too small to "
+      f"reuse. Purging the same pool at every boundary completes at {cases['legacy/always'][2]:.1f} MiB "
+      f"reserved for {cases['legacy/always'][1]:.1f} MiB live; `auto` completes at "
+      f"{cases['legacy/auto'][2]:.1f} MiB; the VMM pool holds {cases['vmm/never'][2]:.1f} MiB. The simulated "
+      "device gives the same table (`repro-prefill --vram 12`).")
+if fa and f16 and hf:
+    tps = 20000 / f16[len(f16) // 2]
+    r(f"- **Its runtime runs at engine speed.** Flash attention on tensor cores takes {min(fa):.2f}–{max(fa):.2f}× "
+      "the time of PyTorch's SDPA (flash backend) on 512-query prefill shapes; GEMMs go through cuBLAS with "
+      "the workspace taken from the pool. A full-depth 20,000-token prefill of the Phi-3-mini shape (the same "
+      f"matrices per layer, SwiGLU included) runs at {tps:,.0f} tokens/s, {tps / hf['tokens_per_s']:.2f}× HF "
+      "transformers with SDPA and a StaticCache in the same run"
+      + (f"; `repro-prefill --device cuda --vram 12` (six full prefills) takes {readme['seconds']:.1f} s."
+         if readme else "."))
+r("- **It knows before the run.** `repro-prefill plan` gives the pool's reserve over the whole prefill, which "
+  "equals what the run then measures, and the largest context that fits. The runtime warns the moment compute "
+  "buffer + pool exceed the reserved budget, with the token at which the card runs out.")
+if cached and asyncs:
+    r(f"- **Its hot path is fast.** A cached alloc + free pair costs {min(cached)}–{max(cached)} ns on the vmm "
+      f"and legacy pools, 1/{min(asyncs) / max(cached):.0f} to 1/{max(asyncs) / min(cached):.0f} of "
+      f"cuMemAllocAsync + cuMemFreeAsync from a warm pool ({ns(min(asyncs))}–{ns(max(asyncs))}).")
+if autos and always and grow:
+    layers = prefill[0]["layers"]
+    r(f"- **What its fixes cost.** Over {layers} layers per preset, `auto` purging measured "
+      f"{pct(min(autos))} to {pct(max(autos))} against never purging (each configuration's runs spread over "
+      f"{min(spread):.1f}–{max(spread):.1f}% of its median), returning "
+      f"outgrown buffers at every boundary {pct(min(always))} to {pct(max(always))} (a driver free each), "
+      "which is why `auto` waits until the card is short. VMM growth maps "
+      f"{grow / 1000 / 512:.2f} µs per MiB in a burst, and the VMM pool's reserve stays within "
+      f"{(min(vmm_ratio) - 1) * 100:.1f}–{(max(vmm_ratio) - 1) * 100:.1f}% of the live peak on the simulated "
+      "prefills of every preset.")
+readme_block = "\n".join(R) + "\n"
+readme_path = os.path.join(root, "README.md")
+readme_text = open(readme_path).read()
+begin, end = "<!-- measured:begin -->\n", "<!-- measured:end -->"
+i, j = readme_text.index(begin) + len(begin), readme_text.index(end)
+new_readme = readme_text[:i] + readme_block + readme_text[j:]
+
 if check:
-    if open(page).read() != text:
-        sys.exit(f"docs/benchmarks.md is not what {os.path.relpath(src, root)} gives: "
-                 "run python3 scripts/bench-report.py on it and commit the page")
-    print(f"docs/benchmarks.md equals the report of {os.path.relpath(src, root)}")
+    if open(page).read() != text or readme_text != new_readme:
+        sys.exit(f"docs/benchmarks.md or README.md's measured section is not what {os.path.relpath(src, root)} "
+                 "gives: run python3 scripts/bench-report.py on it and commit both")
+    print(f"docs/benchmarks.md and README.md's measured section equal the report of {os.path.relpath(src, root)}")
 else:
     with open(page, "w") as f:
         f.write(text)
+    with open(readme_path, "w") as f:
+        f.write(new_readme)
     print(text)

@@ -38,7 +38,7 @@ for t in .bundle/test-pool-gpu .bundle/test-pool-gpu-poison .bundle/test-runtime
 done
 # The NVRTC compile test is no GPU test: it runs unfiltered.
 [ -x .bundle/test-kernels-compile ] && step test-kernels-compile-all .bundle/test-kernels-compile --test-threads=1
-step python-gpu env CUPOOL_LIB="$PWD/.bundle/libcupool.so" python3 -m pytest -q -rs -c python/pytest.ini -m gpu python/tests/test_gpu.py
+step python-gpu env CUPOOL_LIB=.bundle/libcupool.so python3 -m pytest -q -rs -c python/pytest.ini -m gpu python/tests/test_gpu.py
 step cli-plan-cuda .bundle/repro-prefill plan --device cuda --free 12
 step test-kernels-gpu .bundle/test-kernels-gpu --ignored --test-threads=1
 grep -E "^(PASS|FAIL|SKIP)" "$pass" | awk '{ n[$1]++ } END { printf "%d passed, %d failed, %d skipped\n", n["PASS"], n["FAIL"], n["SKIP"] }' | tee -a "$pass"
