@@ -22,14 +22,15 @@ status=0
 step() { # step NAME COMMAND...: runs it, logs it whole, and adds its PASS/FAIL line
   local name=$1; shift
   if [[ " ${SKIP:-} " == *" $name "* ]]; then
-    printf '%-6s %5s   %s: %s\n' SKIP - "$name" "$*" >> "$pass"; return
+    printf '%-6s %5s   %s: %s\n' SKIP - "$name" "${*//$PWD\//}" >> "$pass"; return
   fi
-  echo "== $name: $*" >> "$log"
+  local shown=${*//$PWD\//}   # logged relative to the repository root
+  echo "== $name: $shown" >> "$log"
   local t0=$SECONDS
   timeout "${STEP_TIMEOUT:-600}" "$@" >> "$log" 2>&1
   local rc=$?
   local verdict=PASS; [ $rc -eq 0 ] || { verdict="FAIL (exit $rc)"; status=1; }
-  printf '%-6s %5ss  %s: %s\n' "${verdict%% *}" "$((SECONDS - t0))" "$name" "$*" >> "$pass"
+  printf '%-6s %5ss  %s: %s\n' "${verdict%% *}" "$((SECONDS - t0))" "$name" "$shown" >> "$pass"
   [ $rc -eq 0 ] || echo "       exit $rc" >> "$pass"
 }
 # Fast steps first, so a run cut short still says most.
@@ -38,7 +39,7 @@ for t in .bundle/test-pool-gpu .bundle/test-pool-gpu-poison .bundle/test-runtime
 done
 # The NVRTC compile test is no GPU test: it runs unfiltered.
 [ -x .bundle/test-kernels-compile ] && step test-kernels-compile-all .bundle/test-kernels-compile --test-threads=1
-step python-gpu env CUPOOL_LIB=.bundle/libcupool.so python3 -m pytest -q -rs -c python/pytest.ini -m gpu python/tests/test_gpu.py
+step python-gpu env CUPOOL_LIB="$PWD/.bundle/libcupool.so" python3 -m pytest -q -rs -c python/pytest.ini -m gpu python/tests/test_gpu.py
 step cli-plan-cuda .bundle/repro-prefill plan --device cuda --free 12
 step test-kernels-gpu .bundle/test-kernels-gpu --ignored --test-threads=1
 grep -E "^(PASS|FAIL|SKIP)" "$pass" | awk '{ n[$1]++ } END { printf "%d passed, %d failed, %d skipped\n", n["PASS"], n["FAIL"], n["SKIP"] }' | tee -a "$pass"

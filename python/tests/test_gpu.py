@@ -19,7 +19,9 @@ def has_gpu():
         return False
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")]
+# CUPOOL_REQUIRE_GPU=1 (scripts/gpu-run.sh sets it) makes a missing GPU fail instead of skip.
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu() and not os.environ.get("CUPOOL_REQUIRE_GPU"),
+                                                  reason="needs a CUDA GPU")]
 
 
 def run(script, *args, pool="vmm"):
