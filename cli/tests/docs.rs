@@ -182,3 +182,30 @@ fn every_documented_example_prints_what_the_docs_show() {
     let n = check("docs/runtime.md");
     assert!(n >= 1, "{n} examples in docs/runtime.md");
 }
+
+/// The timeline picture in docs/repro-prefill.md is the plot its command draws now, byte for
+/// byte (`CUPOOL_BLESS=1` redraws it).
+#[test]
+fn the_documented_timeline_is_what_its_command_draws() {
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(format!("{root}/docs/repro-prefill.md")).unwrap();
+    let args = ["--device", "sim", "--vram", "12", "--plot"];
+    let shown = format!("`repro-prefill {}", args.join(" "));
+    assert!(doc.contains(&shown), "docs/repro-prefill.md names `{shown} …`");
+    let dir = tmp("docs-plot");
+    std::fs::create_dir_all(&dir).unwrap();
+    let drawn = dir.join("timeline.png");
+    let out = bin().args(args).arg(&drawn).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let picture = format!("{root}/docs/img/repro-prefill-sim-vram12.png");
+    let now = std::fs::read(&drawn).unwrap();
+    if std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(&picture, &now).unwrap();
+    } else {
+        assert!(
+            std::fs::read(&picture).unwrap() == now,
+            "{picture} is not what the command draws now: CUPOOL_BLESS=1 redraws it"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
