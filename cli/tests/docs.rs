@@ -191,12 +191,19 @@ fn the_documented_timeline_is_what_its_command_draws() {
     let doc = std::fs::read_to_string(format!("{root}/docs/repro-prefill.md")).unwrap();
     let args = ["--device", "sim", "--vram", "12", "--plot"];
     let shown = format!("`repro-prefill {}", args.join(" "));
-    assert!(doc.contains(&shown), "docs/repro-prefill.md names `{shown} …`");
+    assert!(
+        doc.contains(&shown),
+        "docs/repro-prefill.md names `{shown} …`"
+    );
     let dir = tmp("docs-plot");
     std::fs::create_dir_all(&dir).unwrap();
     let drawn = dir.join("timeline.png");
     let out = bin().args(args).arg(&drawn).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let picture = format!("{root}/docs/img/repro-prefill-sim-vram12.png");
     let now = std::fs::read(&drawn).unwrap();
     if std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1") {

@@ -3,8 +3,6 @@
 //! inputs in f16 where the CPU's keep f32, and its flash attention rounds Q and P to f16: the
 //! tolerance covers that, and the allocation traces must be equal.
 //! Needs a GPU: `cargo test -p cupool-runtime --test gpu -- --ignored`.
-mod common;
-
 use cupool_kernels::KvType;
 use cupool_pool::driver::cuda::CudaDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
@@ -15,6 +13,20 @@ use cupool_runtime::executor::cuda::CudaExecutor;
 use cupool_runtime::profile::Weights;
 use cupool_runtime::*;
 use std::sync::Arc;
+
+/// True, after saying why, on a machine without a CUDA GPU: the test then returns. With
+/// `CUPOOL_REQUIRE_GPU=1` (the GPU machine's script sets it) a missing GPU fails instead.
+pub fn no_gpu() -> bool {
+    let Some(why) = cupool_pool::driver::cuda::unavailable() else {
+        return false;
+    };
+    assert!(
+        std::env::var_os("CUPOOL_REQUIRE_GPU").is_none(),
+        "CUPOOL_REQUIRE_GPU is set: {why}"
+    );
+    eprintln!("skipped: {why}");
+    true
+}
 
 fn model(v_is_k: bool) -> ModelShape {
     ModelShape {
@@ -34,7 +46,7 @@ fn model(v_is_k: bool) -> ModelShape {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_prefill_equals_the_cpu_executor() {
-    if common::no_gpu() {
+    if no_gpu() {
         return;
     }
     let cuda = Arc::new(CudaDriver::new(0).unwrap());

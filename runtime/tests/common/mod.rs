@@ -31,17 +31,3 @@ pub fn small_cfg(kind: PoolKind) -> RunConfig {
     c.gemm_workspace_bytes = 32 << 10;
     c
 }
-
-/// True, after saying why, on a machine without a CUDA GPU: the test then returns. With
-/// `CUPOOL_REQUIRE_GPU=1` (the GPU machine's script sets it) a missing GPU fails instead.
-pub fn no_gpu() -> bool {
-    let Some(why) = cupool_pool::driver::cuda::unavailable() else {
-        return false;
-    };
-    assert!(
-        std::env::var_os("CUPOOL_REQUIRE_GPU").is_none(),
-        "CUPOOL_REQUIRE_GPU is set: {why}"
-    );
-    eprintln!("skipped: {why}");
-    true
-}
