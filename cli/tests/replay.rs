@@ -205,3 +205,61 @@ fn gzipped_traces_replay_as_their_text_does() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a readable gzip file"));
 }
+
+/// The PyTorch prefill traces recorded through libcupool on an H100 replay, on the simulated
+/// device, to the table in docs/pytorch.md (mapped peak and its ratio to the live peak, per VMM
+/// setting), and libcupool's default setting keeps the ratio it reached: a change to the VMM
+/// placement that maps more for this traffic fails here.
+#[test]
+fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(format!("{root}/docs/pytorch.md")).unwrap();
+    let settings = [
+        ("ggml's (128 B rounding, one range)", "128", "none"),
+        ("2 MiB rounding", "2097152", "none"),
+        (
+            "2 MiB rounding, classes ≤ 1 MiB / above (libcupool's default)",
+            "2097152",
+            "1048576",
+        ),
+        (
+            "2 MiB rounding, classes ≤ 1 MiB / ≤ 64 MiB / above",
+            "2097152",
+            "1048576,67108864",
+        ),
+    ];
+    let replay = |trace: &str, round: &str, classes: &str| -> (f64, f64) {
+        let path = format!("{root}/data/h100-2026-11-22-pytorch/trace-{trace}.jsonl.gz");
+        let out = bin()
+            .args(["replay", &path, "--pool", "vmm", "--round-large", round])
+            .args(["--size-classes", classes, "--format", "json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{trace} {round} {classes}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let live = v["peak_live_bytes"].as_u64().unwrap() as f64;
+        let mapped = v["peak_reserved_bytes"].as_u64().unwrap() as f64;
+        (mapped, mapped / live)
+    };
+    let cell = |(mapped, ratio): (f64, f64)| {
+        let mib = (mapped / (1 << 20) as f64).round() as u64;
+        let (thousands, rest) = (mib / 1000, mib % 1000);
+        format!("{thousands},{rest:03} MiB ({ratio:.3})")
+    };
+    for (label, round, classes) in settings {
+        let phi3 = replay("phi3", round, classes);
+        let llama3 = replay("llama3", round, classes);
+        let row = format!("| {label} | {} | {} |", cell(phi3), cell(llama3));
+        let bold = format!("| **{label}** |");
+        let found = doc.lines().any(|l| l.replace("**", "") == row);
+        assert!(
+            found && !doc.contains(&bold),
+            "docs/pytorch.md lacks the row {row}"
+        );
+        if classes == "1048576" && round == "2097152" {
+            // libcupool's default: today's ratios, to be lowered by the VMM page recycling
+            // that the docs describe (the goal is at most 1.03).
+            assert!(phi3.1 <= 1.088 && llama3.1 <= 1.026, "{phi3:?} {llama3:?}");
+        }
+    }
+}
