@@ -262,4 +262,42 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
             assert!(phi3.1 <= 1.088 && llama3.1 <= 1.026, "{phi3:?} {llama3:?}");
         }
     }
+    // PyTorch's own allocator replayed (`--pool torch`) on a card of the H100's free memory,
+    // against the reserved peak its native runs measured (the docs' first column).
+    for (shape, trace) in [("Llama-3-8B shape", "llama3"), ("Phi-3-mini shape", "phi3")] {
+        let path = format!("{root}/data/h100-2026-11-22-pytorch/trace-{trace}.jsonl.gz");
+        let out = bin()
+            .args([
+                "replay", &path, "--pool", "torch", "--vram", "78.66", "--format", "json",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{trace} --pool torch");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let replayed =
+            (v["peak_reserved_bytes"].as_u64().unwrap() as f64 / (1 << 20) as f64).round();
+        let line = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| {shape} | ")) && l.ends_with("% |"))
+            .unwrap_or_else(|| panic!("docs/pytorch.md has no --pool torch row for {shape}"));
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let mib = |c: &str| {
+            c.trim_end_matches(" MiB")
+                .replace(',', "")
+                .parse::<f64>()
+                .unwrap()
+        };
+        let (measured, shown) = (mib(cells[2]), mib(cells[3]));
+        assert_eq!(
+            shown, replayed,
+            "{shape}: the replay reserves {replayed} MiB"
+        );
+        let diff = format!("{:+.1}%", (replayed / measured - 1.0) * 100.0);
+        let diff2 = format!("{:+.2}%", (replayed / measured - 1.0) * 100.0);
+        assert!(
+            cells[4] == diff || cells[4] == diff2,
+            "{shape}: {} vs {diff}",
+            cells[4]
+        );
+    }
 }
