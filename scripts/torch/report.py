@@ -1,13 +1,15 @@
 """Markdown tables from the benchmarks' JSON lines: median over the repetitions, [min, max] in
-brackets. Usage: python3 scripts/torch/report.py prefill-*.jsonl"""
+brackets. Usage: python3 scripts/torch/report.py prefill-*.jsonl, or
+python3 scripts/torch/report.py --micro micro.jsonl for the micro-benchmark's table."""
 import json
 import statistics
 import sys
 from collections import defaultdict
 
+MICRO = len(sys.argv) == 3 and sys.argv[1] == "--micro"
 ORDER = ["native", "expandable", "async", "cupool", "cupool-mempool"]
 runs = defaultdict(list)
-for path in sys.argv[1:]:
+for path in ([] if MICRO else sys.argv[1:]):
     for line in open(path):
         r = json.loads(line)
         runs[(r["model"], r["allocator"])].append(r)
@@ -41,3 +43,22 @@ for model in sorted({m for m, _ in runs}):
             r["ratio"] = r["driver_peak_mib"] / alloc
         print(f"| {a} | {len(ok)} | {cell(ok, 'reserved')} | {cell(ok, 'driver_peak_mib')} | {cell(ok, 'ratio', '{:.3f}')} "
               f"| {cell(ok, 'prefill_tok_s')} | {cell(ok, 'decode_tok_s', '{:.1f}')} |")
+
+
+def micro(path):
+    """The micro-benchmark's table: microseconds per torch.empty + del pair, one thread / eight
+    threads on their own streams (wall time per pair)."""
+    names = {"native": "native", "async": "`cudaMallocAsync`", "cupool": "cupool"}
+    rows = [json.loads(line) for line in open(path)]
+    sizes = list(rows[0]["ns_per_pair"])
+    label = {"512": "512 B", "65536": "64 KiB", "1048576": "1 MiB", "16777216": "16 MiB", "268435456": "256 MiB"}
+    print("| allocator | " + " | ".join(label.get(s, s) for s in sizes) + " |")
+    print("|---|" + "---|" * len(sizes))
+    for r in rows:
+        cells = [f"{c['1_thread'] / 1000:.2f} / {c['8_threads_wall_per_pair'] / 1000:.1f}"
+                 for c in (r["ns_per_pair"][s] for s in sizes)]
+        print(f"| {names.get(r['allocator'], r['allocator'])} | " + " | ".join(cells) + " |")
+
+
+if MICRO:
+    micro(sys.argv[2])
