@@ -17,7 +17,7 @@ fi
 # -rs: pytest lists every skipped check with its reason; the summary below repeats them.
 status=0
 CUPOOL_LIB="$dir" python3 -m pytest -q -rs -p no:cacheprovider -c python/pytest.ini \
-    python/tests/test_sim.py python/tests/test_install.py ggml/tests scripts/tests 2>    python/tests/test_sim.py python/tests/test_install.py ggml/tests 2>&11 | tee "$tmp/pytest.log" ||
+    python/tests/test_sim.py python/tests/test_install.py ggml/tests scripts/tests 2>&1 | tee "$tmp/pytest.log" ||
     status=$?
 if grep -q '^SKIPPED' "$tmp/pytest.log"; then
     echo
