@@ -216,3 +216,32 @@ fn the_documented_timeline_is_what_its_command_draws() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The GPU run docs/runtime.md shows is its raw output under data/, and the simulated card
+/// prints the same table for the same scenario: every row, the time column aside.
+#[test]
+fn the_simulation_equals_the_documented_gpu_run() {
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    let gpu = std::fs::read_to_string(format!(
+        "{root}/data/h100-2026-11-25-bench/readme-command.txt"
+    ))
+    .unwrap();
+    let doc = std::fs::read_to_string(format!("{root}/docs/runtime.md")).unwrap();
+    assert!(
+        doc.contains(&format!("```text\n{}\n```", gpu.trim_end())),
+        "docs/runtime.md shows the GPU run as data/h100-2026-11-25-bench/readme-command.txt has it"
+    );
+    let out = bin()
+        .args(["--device", "sim", "--vram", "12"])
+        .output()
+        .unwrap();
+    let sim = String::from_utf8_lossy(&out.stdout).into_owned();
+    let rows = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains(" MiB ") && !l.contains(':'))
+            .map(untimed)
+            .collect()
+    };
+    assert_eq!(rows(&gpu).len(), 6, "{gpu}");
+    assert_eq!(rows(&sim), rows(&gpu));
+}
