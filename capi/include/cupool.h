@@ -128,7 +128,8 @@ enum cupool_status cupool_ubatch_end(int32_t device, size_t *released);
 // `count` points to writable memory for one `uint64_t`.
 enum cupool_status cupool_releases(int32_t device, uint64_t *count);
 
-// Sets the peaks of `device`'s statistics (every device when -1) to the current values.
+// Sets the peaks of `device`'s statistics (every device when -1) to the current values. Only
+// this call restarts them (ubatch boundaries do not), as `torch.cuda.reset_peak_memory_stats`.
 enum cupool_status cupool_reset_peaks(int32_t device);
 
 // Writes `device`'s statistics (every device when -1) as a NUL-terminated JSON object into

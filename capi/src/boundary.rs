@@ -119,6 +119,10 @@ fn device_end(
             r.released += s.pool.purge(&token, what)?.bytes;
         }
     }
-    pools.iter().for_each(|s| s.pool.reset_peaks());
+    // The pools' high-water marks restart for the next ubatch; the user's peaks keep them.
+    for s in pools {
+        s.peaks.lock().keep(&s.pool.stats());
+        s.pool.reset_peaks();
+    }
     Ok(r)
 }

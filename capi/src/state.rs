@@ -28,6 +28,8 @@ pub(crate) struct StreamPool {
     pub live: Mutex<HashMap<u64, (usize, Block)>>,
     /// What its requests held at once since the last ubatch boundary.
     pub usage: Mutex<Usage>,
+    /// Its peaks from before the ubatch boundaries since the user last reset them.
+    pub peaks: Mutex<crate::stats::Peaks>,
 }
 
 pub(crate) struct Lib {
@@ -115,6 +117,7 @@ impl Lib {
                     pool,
                     live: Mutex::new(HashMap::new()),
                     usage: Mutex::new(Usage::default()),
+                    peaks: Mutex::new(crate::stats::Peaks::default()),
                 })
             })
             .clone();

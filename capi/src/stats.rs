@@ -1,30 +1,66 @@
 //! Statistics as JSON, with the keys of `torch.cuda.memory_stats()` where they mean the same.
 //!
 //! Per device, over its stream pools. Peaks are each pool's own peak added up: exact with one
-//! stream, an upper bound with several.
+//! stream, an upper bound with several. As in PyTorch, a peak restarts only when the user asks
+//! (`cupool_reset_peaks`): the ubatch boundary restarts each pool's own high-water marks for
+//! its per-ubatch accounting, so what they reached before is kept here first ([`Peaks`]).
 
 use crate::state::StreamPool;
+use cupool_pool::PoolStats;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+/// The highest live and reserved bytes of one stream pool that its own statistics no longer
+/// show: what they reached before the ubatch boundaries since the user last reset the peaks.
+#[derive(Debug, Default)]
+pub(crate) struct Peaks {
+    live: usize,
+    reserved: usize,
+}
+
+impl Peaks {
+    /// Keeps the pool's peaks before a boundary restarts them.
+    pub(crate) fn keep(&mut self, s: &PoolStats) {
+        self.live = self.live.max(s.live_peak_bytes);
+        self.reserved = self.reserved.max(s.reserved_peak_bytes);
+    }
+
+    /// The peaks since the user's last reset: the kept ones or the pool's own, the higher.
+    pub(crate) fn of(&self, s: &PoolStats) -> (usize, usize) {
+        (
+            self.live.max(s.live_peak_bytes),
+            self.reserved.max(s.reserved_peak_bytes),
+        )
+    }
+}
+
 pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
-    let mut t = cupool_pool::PoolStats::default();
+    let mut t = PoolStats::default();
+    let (mut live_peak, mut reserved_peak) = (0, 0);
     for p in pools {
-        t.merge(&p.pool.stats());
+        let s = p.pool.stats();
+        let (live, reserved) = p.peaks.lock().of(&s);
+        live_peak += live;
+        reserved_peak += reserved;
+        t.merge(&s);
     }
     let mut out = String::from("{");
     let mut put = |k: &str, v: u64| {
         let _ = write!(out, "{}\"{k}\":{v}", if out.len() > 1 { "," } else { "" });
     };
     put("allocated_bytes.all.current", t.live_bytes as u64);
-    put("allocated_bytes.all.peak", t.live_peak_bytes as u64);
+    put("allocated_bytes.all.peak", live_peak as u64);
     put("reserved_bytes.all.current", t.reserved_bytes as u64);
-    put("reserved_bytes.all.peak", t.reserved_peak_bytes as u64);
+    put("reserved_bytes.all.peak", reserved_peak as u64);
+    put("active_bytes.all.current", t.live_bytes as u64);
+    put("active_bytes.all.peak", live_peak as u64);
     put("active.all.current", t.live_blocks as u64);
     put("allocation.all.allocated", t.allocs);
     put("allocation.all.freed", t.frees);
     put("num_alloc_retries", t.retries);
     put("num_ooms", t.ooms);
+    put("num_device_alloc", t.calls.acquisitions());
+    put("num_device_free", t.calls.releases());
     put("cupool.pools", pools.len() as u64);
     put("cupool.cached_bytes.current", t.cached_bytes as u64);
     put("cupool.fallbacks", t.fallbacks);

@@ -4,12 +4,15 @@ Two modes:
 
 - ``install(pool="vmm")``: every CUDA tensor of the process goes through cupool
   (``torch.cuda.memory.change_current_allocator``). Must run before PyTorch allocates CUDA
-  memory. PyTorch's own statistics, snapshots and ``empty_cache`` do not see it; use
-  ``cupool.stats()`` and ``cupool.trim()``.
+  memory. PyTorch's own statistics, snapshots and ``empty_cache`` do not see it; use this
+  module's ``memory_stats()``, ``max_memory_allocated()``, ``reset_peak_memory_stats()`` (the
+  names and meanings of ``torch.cuda``'s) and ``cupool.trim()``.
 - ``mempool()``: a ``torch.cuda.MemPool`` whose segments come from cupool; use it with
   ``torch.cuda.use_mem_pool(p)``. PyTorch's caching runs on top; its statistics keep working and
   an out-of-memory is PyTorch's usual ``torch.OutOfMemoryError``.
 """
+
+import collections
 
 import cupool
 from . import _lib
@@ -58,3 +61,53 @@ def mempool(pool=None, config=None, **options):
     import torch
     cupool.ensure_open(pool, "direct", config, dict(options))
     return torch.cuda.MemPool(_pluggable().allocator())
+
+
+def _index(device):
+    """A device ordinal from what ``torch.cuda`` functions take: None (the current device), an
+    int, or a ``torch.device`` / string such as ``"cuda:1"``."""
+    if device is None:
+        import sys
+        torch = sys.modules.get("torch")
+        return torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        index = int(device.split(":")[1]) if ":" in device else None
+    else:
+        index = getattr(device, "index", None)
+    return _index(None) if index is None else index
+
+
+def memory_stats(device=None):
+    """``torch.cuda.memory_stats()`` for what cupool serves: an ordered dict of the keys that
+    mean the same (``allocated_bytes.all.current``/``peak``, ``reserved_bytes.all.*``,
+    ``active_bytes.all.*``, ``num_ooms``, ``num_alloc_retries``, ``num_device_alloc``, ...),
+    sorted as PyTorch sorts them. Peaks restart only at ``reset_peak_memory_stats()``."""
+    s = cupool.stats(_index(device))
+    return collections.OrderedDict(sorted((k, v) for k, v in s.items() if not k.startswith("cupool.")))
+
+
+def reset_peak_memory_stats(device=None):
+    """Sets the peaks of ``memory_stats()`` to the current values, as ``torch.cuda``'s does."""
+    cupool.reset_peaks(_index(device))
+
+
+def memory_allocated(device=None):
+    """Bytes cupool has handed to live tensors on ``device``."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    """The highest ``memory_allocated()`` since the last ``reset_peak_memory_stats()``."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    """Bytes cupool holds from the driver on ``device`` (live and cached)."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    """The highest ``memory_reserved()`` since the last ``reset_peak_memory_stats()``."""
+    return memory_stats(device)["reserved_bytes.all.peak"]

@@ -58,6 +58,27 @@ def test_stats_trim_and_peaks(sim):
     assert cupool.stats(-1)["allocation.all.freed"] == 2
 
 
+def test_torch_style_statistics_keep_their_peaks_over_ubatch_boundaries(sim):
+    """cupool.torch's memory_stats and friends, with torch.cuda's names and meanings: peaks
+    restart only at reset_peak_memory_stats, not at an engine's ubatch boundary."""
+    import cupool.torch as ct
+    a, _ = alloc(sim, 3 * MIB)
+    _lib.check(sim.cupool_free(0, 0, a, 3 * MIB))
+    cupool.ubatch_end(0)
+    s = ct.memory_stats(0)
+    assert list(s) == sorted(s) and not any(k.startswith("cupool.") for k in s)
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+                "reserved_bytes.all.peak", "active_bytes.all.current", "active_bytes.all.peak",
+                "num_ooms", "num_alloc_retries", "num_device_alloc", "num_device_free"):
+        assert key in s, key
+    assert ct.memory_allocated(0) == 0 and ct.max_memory_allocated(0) == 3 * MIB
+    assert ct.max_memory_reserved(0) >= 3 * MIB
+    assert ct.memory_allocated("cuda:0") == 0 and ct.max_memory_allocated(None) == 3 * MIB
+    ct.reset_peak_memory_stats(0)
+    assert ct.max_memory_allocated(0) == 0
+    assert ct.max_memory_reserved(0) == ct.memory_reserved(0)
+
+
 def test_errors_say_what_was_wrong(sim):
     with pytest.raises(cupool.CupoolError, match="already initialised"):
         cupool.init(pool="legacy", device="sim")
@@ -178,7 +199,7 @@ def engine_prefill(lib, ubatches=24, layers=4):
     K and V conversion buffers that grow with the KV length (by 6% a ubatch late in the run,
     past the legacy pool's 5% look-ahead), freed with the usable size as ggml frees; a ubatch
     boundary after each ubatch. Returns the bytes each boundary gave back and the highest reserve
-    (the boundary resets the peaks: each ubatch's is read before it)."""
+    (read at each ubatch's end; a boundary does not restart the reported peaks)."""
     released, peak = [], 0
     for ub in range(ubatches):
         kv = (ub + 1) * 768 * 1024

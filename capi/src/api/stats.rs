@@ -4,7 +4,8 @@ use crate::state;
 use crate::status::{guard, status, CupoolStatus};
 use std::ffi::c_char;
 
-/// Sets the peaks of `device`'s statistics (every device when -1) to the current values.
+/// Sets the peaks of `device`'s statistics (every device when -1) to the current values. Only
+/// this call restarts them (ubatch boundaries do not), as `torch.cuda.reset_peak_memory_stats`.
 #[no_mangle]
 pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {
     status(|| {
@@ -14,7 +15,10 @@ pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {
         } else {
             Some(lib.check_device(device)?)
         };
-        lib.pools_of(d).iter().for_each(|s| s.pool.reset_peaks());
+        for s in lib.pools_of(d) {
+            *s.peaks.lock() = crate::stats::Peaks::default();
+            s.pool.reset_peaks();
+        }
         Ok(())
     })
 }

@@ -405,3 +405,57 @@ fn the_limit_bounds_every_device_s_pools_together_and_loses_nothing() {
         assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
     }
 }
+
+/// Peaks restart only when the user asks, as PyTorch's: an ubatch boundary restarts the pools'
+/// own high-water marks (per-ubatch accounting) but not the peaks the statistics report.
+#[test]
+fn peaks_survive_ubatch_boundaries_and_restart_only_on_request() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(
+        init("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 GGML_POOL=legacy CUPOOL_PURGE=always"),
+        CupoolStatus::Ok,
+        "{}",
+        error()
+    );
+    let (a, _) = alloc(0, 0, 8 * MIB);
+    assert!(!a.is_null(), "{}", error());
+    assert_eq!(cupool_free(0, 0, a, 8 * MIB), CupoolStatus::Ok);
+    let before = stats(0);
+    let mut released = 0usize;
+    // SAFETY: `released` is a writable size_t.
+    let ended = unsafe { cupool_ubatch_end(0, &mut released) };
+    assert_eq!(ended, CupoolStatus::Ok);
+    assert!(
+        released >= 8 * MIB,
+        "`always` returned the 8 MiB block: {released}"
+    );
+    let after = stats(0);
+    for key in ["allocated_bytes.all.peak", "reserved_bytes.all.peak"] {
+        assert!(stat(&before, key) >= 8 * MIB as u64, "{key}: {before}");
+        assert_eq!(
+            stat(&after, key),
+            stat(&before, key),
+            "{key} after the boundary"
+        );
+    }
+    assert_eq!(stat(&after, "reserved_bytes.all.current"), 0);
+    // A smaller block after the boundary leaves the peaks where they were...
+    let (b, _) = alloc(0, 0, MIB);
+    assert_eq!(
+        stat(&stats(0), "allocated_bytes.all.peak"),
+        stat(&before, "allocated_bytes.all.peak")
+    );
+    // ...until the user resets them: then they are what is held now.
+    assert_eq!(cupool_reset_peaks(0), CupoolStatus::Ok);
+    let now = stats(0);
+    assert_eq!(
+        stat(&now, "allocated_bytes.all.peak"),
+        stat(&now, "allocated_bytes.all.current")
+    );
+    assert_eq!(
+        stat(&now, "reserved_bytes.all.peak"),
+        stat(&now, "reserved_bytes.all.current")
+    );
+    assert_eq!(cupool_free(0, 0, b, MIB), CupoolStatus::Ok);
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
+}

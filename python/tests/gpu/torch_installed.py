@@ -72,4 +72,16 @@ before = s["reserved_bytes.all.current"]
 released = cupool.trim(0)
 after = cupool.stats(0)["reserved_bytes.all.current"]
 assert released > 0 and after == before - released, (before, released, after)
+# torch.cuda's statistics functions, for what cupool serves: the same names and meanings.
+ms = cupool.torch.memory_stats()
+assert list(ms) == sorted(ms) and ms["allocated_bytes.all.current"] == s["allocated_bytes.all.current"], ms
+big = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+assert cupool.torch.memory_allocated() >= big.numel()
+high = cupool.torch.max_memory_allocated()
+del big
+cupool.ubatch_end()  # an engine's boundary restarts no peak the user sees
+assert cupool.torch.max_memory_allocated() == high >= 256 << 20, (high, cupool.torch.memory_stats())
+cupool.torch.reset_peak_memory_stats()
+assert cupool.torch.max_memory_allocated() == cupool.torch.memory_allocated() < 256 << 20
+assert cupool.torch.max_memory_reserved() == cupool.torch.memory_reserved()
 print(f"torch installed ({os.environ.get('POOL', 'vmm')}): ok; {n} allocations recorded, trim released {released} bytes")
