@@ -192,6 +192,44 @@ def test_the_mainline_tables_in_the_docs_are_their_data_s():
                                    f"python3 scripts/llama/hold-report.py {folder}"
 
 
+IK_BLOCKS = ["ik-card12", "ik-ubatch-peaks", "ik-auto-cost", "ik-two-gpus", "ik-replay"]
+
+
+def test_the_ik_llama_tables_in_the_docs_are_their_data_s():
+    """docs/llama-cpp.md's ik_llama.cpp tables are what scripts/llama/ik-report.py makes of the runs
+    kept in data/ (h200-2026-11-22-llama, -purge): a table edited by hand, or data changed without
+    the table, fails here; so does a table of that section outside the generated blocks."""
+    report = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "ik-report.py")],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    docs = open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
+    found = re.findall(r"<!-- (ik-[\w-]+): begin.*?<!-- \1: end -->", report, re.S)
+    assert found == IK_BLOCKS
+    for m in re.finditer(r"<!-- (ik-[\w-]+): begin.*?<!-- \1: end -->", report, re.S):
+        assert m.group(0) in docs, f"docs/llama-cpp.md's {m.group(1)} table differs from data/: " \
+                                   "python3 scripts/llama/ik-report.py"
+    section = docs[docs.index("### The 12 GiB-card scenario in the real engine"):docs.index("### Known gaps")]
+    outside = re.sub(r"<!-- (ik-[\w-]+): begin.*?<!-- \1: end -->", "", section, flags=re.S)
+    assert not re.search(r"^\|", outside, re.M), "a table of measured figures outside the generated blocks"
+
+
+def test_the_ik_llama_prose_figures_are_their_data_s():
+    """The figures the ik_llama.cpp section's prose quotes (ik-report.py --facts, one phrase a line)
+    are all in the doc as the data gives them, and each replay in the doc gives its run's statistics."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "ik-report.py"), "--facts"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    facts = out.splitlines()
+    # a claim whose condition the data no longer meets is left out by --facts: the count catches it
+    assert len(facts) == 27, facts
+    docs = " ".join(open(os.path.join(ROOT, "docs", "llama-cpp.md")).read().split())
+    for fact in facts:
+        assert " ".join(fact.split()) in docs, f"docs/llama-cpp.md does not say what the data says: {fact!r}"
+    ik = module("scripts/llama/ik-report.py")
+    rows = ik.replay_rows(ik.Path(os.path.join(ROOT, "data")))
+    assert len(rows) == 3
+    for row in rows:
+        assert row["same"], f"the replay of {row['replay']['trace']} ({row['replay']['flags']}) is not its run's"
+
+
 def test_seed_classifies_where_a_mainline_run_ended():
     seed = module("scripts/llama/seed.py")
     assert seed.failure_phase("anything", 0) is None
