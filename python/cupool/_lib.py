@@ -94,7 +94,11 @@ def load():
         if _loaded is not None:
             return _loaded
         tried = []
-        for path in candidates():
+        paths = candidates()
+        if os.environ.get("CUPOOL_LIB"):
+            # An explicit choice: that library or an error, never a silent fallback to another.
+            paths = paths[:1]
+        for path in paths:
             if not os.path.exists(path):
                 tried.append((path, "no such file"))
                 continue

@@ -20,11 +20,21 @@ from . import _lib
 _allocator = None
 
 
+def _torch():
+    """PyTorch, or an ImportError that says what this module needs."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"cupool.torch needs PyTorch with CUDA ({e}): install it (pip install torch), "
+                          "or use cupool's own API without it") from e
+    return torch
+
+
 def _pluggable():
     """The ``CUDAPluggableAllocator`` over libcupool's PyTorch entry points (made once)."""
     global _allocator
     if _allocator is None:
-        import torch
+        torch = _torch()
         lib = _lib.load()
         _allocator = torch.cuda.memory.CUDAPluggableAllocator(
             lib.path, "cupool_torch_alloc", "cupool_torch_free")
@@ -36,7 +46,7 @@ def install(pool=None, config=None, **options):
     default), legacy, managed, torch or direct; ``options`` are ``cupool.OPTIONS``. If
     ``cupool.init`` already opened the library, pass no settings: its own are used. Raises a
     ``RuntimeError`` if PyTorch already allocated CUDA memory."""
-    import torch
+    torch = _torch()
     if torch.cuda.is_initialized() and (torch.cuda.memory_reserved() > 0
                                         or torch.cuda.memory_allocated() > 0):
         raise RuntimeError(
@@ -58,7 +68,7 @@ def mempool(pool=None, config=None, **options):
     its cache (after an out-of-memory, too), so the default pool, ``direct``, caches nothing
     and gives each segment back to the driver at once; ``fallback_managed=True`` serves what
     the device cannot from managed memory."""
-    import torch
+    torch = _torch()
     cupool.ensure_open(pool, "direct", config, dict(options))
     return torch.cuda.MemPool(_pluggable().allocator())
 

@@ -63,10 +63,22 @@ def test_a_missing_library_names_every_path_tried(tmp_path):
                                                                              "__pycache__"))
     code = ("import cupool\ntry:\n    cupool.stats()\nexcept cupool.LibraryNotFound as e:\n"
             "    print(e)\n")
+    out = fresh_python(code, tmp_path, PYTHONPATH=str(bare), CUPOOL_LIB="", CARGO_TARGET_DIR=str(tmp_path / "t"))
+    assert f"cupool/{_lib.LIB_NAME}: no such file" in out.replace(os.sep, "/"), out
+    assert f"t/release/{_lib.LIB_NAME}: no such file" in out.replace(os.sep, "/"), out
+    assert "CUPOOL_LIB" in out, out
+    # CUPOOL_LIB is a choice: a wrong one is an error naming it, never a quiet fall back to another.
     out = fresh_python(code, tmp_path, PYTHONPATH=str(bare), CUPOOL_LIB=str(tmp_path / "nowhere.so"))
     assert "nowhere.so: no such file" in out, out
-    assert f"cupool/{_lib.LIB_NAME}: no such file" in out.replace(os.sep, "/"), out
-    assert "CUPOOL_LIB" in out, out
+    assert f"cupool/{_lib.LIB_NAME}" not in out.replace(os.sep, "/"), out
+
+
+def test_a_wrong_cupool_lib_is_refused_even_with_a_bundled_library(tmp_path):
+    needs_bundled()
+    code = ("import cupool\ntry:\n    cupool.stats()\nexcept cupool.LibraryNotFound as e:\n"
+            "    print(e)\n")
+    out = fresh_python(code, tmp_path, CUPOOL_LIB=str(tmp_path / "nowhere.so"))
+    assert "nowhere.so: no such file" in out, out
 
 
 def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch):
