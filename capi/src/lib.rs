@@ -21,6 +21,7 @@ mod api;
 mod boundary;
 mod config;
 mod log;
+mod peaks;
 mod record;
 mod state;
 mod stats;

@@ -29,7 +29,7 @@ pub(crate) struct StreamPool {
     /// What its requests held at once since the last ubatch boundary.
     pub usage: Mutex<Usage>,
     /// Its peaks from before the ubatch boundaries since the user last reset them.
-    pub peaks: Mutex<crate::stats::Peaks>,
+    pub peaks: Mutex<crate::peaks::Peaks>,
 }
 
 pub(crate) struct Lib {
@@ -117,7 +117,7 @@ impl Lib {
                     pool,
                     live: Mutex::new(HashMap::new()),
                     usage: Mutex::new(Usage::default()),
-                    peaks: Mutex::new(crate::stats::Peaks::default()),
+                    peaks: Mutex::new(crate::peaks::Peaks::default()),
                 })
             })
             .clone();

@@ -3,36 +3,12 @@
 //! Per device, over its stream pools. Peaks are each pool's own peak added up: exact with one
 //! stream, an upper bound with several. As in PyTorch, a peak restarts only when the user asks
 //! (`cupool_reset_peaks`): the ubatch boundary restarts each pool's own high-water marks for
-//! its per-ubatch accounting, so what they reached before is kept here first ([`Peaks`]).
+//! its per-ubatch accounting, so what they reached before is kept first ([`crate::peaks::Peaks`]).
 
 use crate::state::StreamPool;
 use cupool_pool::PoolStats;
 use std::fmt::Write as _;
 use std::sync::Arc;
-
-/// The highest live and reserved bytes of one stream pool that its own statistics no longer
-/// show: what they reached before the ubatch boundaries since the user last reset the peaks.
-#[derive(Debug, Default)]
-pub(crate) struct Peaks {
-    live: usize,
-    reserved: usize,
-}
-
-impl Peaks {
-    /// Keeps the pool's peaks before a boundary restarts them.
-    pub(crate) fn keep(&mut self, s: &PoolStats) {
-        self.live = self.live.max(s.live_peak_bytes);
-        self.reserved = self.reserved.max(s.reserved_peak_bytes);
-    }
-
-    /// The peaks since the user's last reset: the kept ones or the pool's own, the higher.
-    pub(crate) fn of(&self, s: &PoolStats) -> (usize, usize) {
-        (
-            self.live.max(s.live_peak_bytes),
-            self.reserved.max(s.reserved_peak_bytes),
-        )
-    }
-}
 
 pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
     let mut t = PoolStats::default();
