@@ -8,7 +8,7 @@
 //! mainline section of docs/llama-cpp.md):
 //!
 //! - llama.cpp logs 11,762 MiB free once its CUDA context exists: 526 MiB for the context and
-//!   ggml's set-up. (ik_llama.cpp on an H200 logged 11,765 MiB free of 12,288, 523 MiB: the
+//!   ggml's set-up (`data/h100-2026-11-24-mainline-logs/verbose-12gib-p20992-completes.log`). (ik_llama.cpp on an H200 logged 11,765 MiB free of 12,288, 523 MiB: the
 //!   driver's, whichever engine.)
 //! - A context's computes then take, outside every ggml buffer and pool, 164 MiB with f16
 //!   weights (cuBLAS GEMMs) and 66 MiB with q8_0 weights (MMQ, no cuBLAS), as the shim counts
