@@ -259,12 +259,15 @@ for line in read("readme-command.txt").splitlines():
     if m:
         cases[m.group(1)] = (m.group(2), float(m.group(3)), float(m.group(4)))
 never = cases.get("legacy/never")
+stranded = re.search(r"legacy/never: .*?reserved ([\d.]+) MiB, cached ([\d.]+) MiB \(([\d.]+) MiB of it stranded",
+                     read("readme-command.txt"))
 cached = [v for p in ("vmm", "legacy") for k, v in hot.items() if re.fullmatch(rf"hot_path/cuda/{p}/\d+", k)]
 asyncs = [v for k, v in hot.items() if k.startswith("hot_path/cuda-baseline/cuMemAllocAsync+cuMemFreeAsync/")]
 fa = [r["ms"] / t["ms"] for r in fattn if r["impl"] == "cupool"
       for t in fattn if t["impl"] == "pytorch-sdpa" and t["shape"] == r["shape"] and t["n_kv"] == r["n_kv"]]
 f16 = sorted(x["seconds"] for x in cup if x["weights"] == "f16")
 autos = [r["vs_never"] for r in prefill if r["purge"] == "auto"]
+eager = [r["vs_never"] for r in prefill if r["purge"] == "auto-eager"]
 always = [r["vs_never"] for r in prefill if r["purge"] == "always"]
 spread = [(max(r["tokens_per_s"]) - min(r["tokens_per_s"])) / r["median"] * 100 for r in prefill]
 vmm_ratio = [float(r[5]) for r in rows if r[2].strip() == "vmm/never"]
@@ -277,8 +280,9 @@ r(f"On an {gpu.split(',')[0]}, {date[:10]}; every baseline measured in the same 
 if never:
     r(f"- **It does not die where ggml does.** A 20,000-token prefill of a Phi-3-mini-shaped model on a 12 GiB "
       f"card (q8_0 KV, `-b 2048 -ub 512`), with the real kernels: ggml's legacy policy dies ({never[0]}) "
-      f"holding {never[2]:.1f} MiB reserved for {never[1]:.1f} MiB live, the rest cached buffers too small to "
-      f"reuse. Purging the same pool at every boundary completes at {cases['legacy/always'][2]:.1f} MiB "
+      + (f"holding {stranded.group(1)} MiB reserved, {stranded.group(3)} MiB of it cached buffers too small to "
+         "reuse. " if stranded else f"after a peak of {never[2]:.1f} MiB reserved. ")
+      + f"Purging the same pool at every boundary completes at {cases['legacy/always'][2]:.1f} MiB "
       f"reserved for {cases['legacy/always'][1]:.1f} MiB live; `auto` completes at "
       f"{cases['legacy/auto'][2]:.1f} MiB; the VMM pool holds {cases['vmm/never'][2]:.1f} MiB. The simulated "
       "device gives the same table (`repro-prefill --vram 12`).")
@@ -289,6 +293,7 @@ if fa and f16 and hf:
       "the workspace taken from the pool. A full-depth 20,000-token prefill of the Phi-3-mini shape (the same "
       f"matrices per layer, SwiGLU included) runs at {tps:,.0f} tokens/s, {tps / hf['tokens_per_s']:.2f}× HF "
       "transformers with SDPA and a StaticCache in the same run"
+      + (f" ({'one run' if n_runs == 1 else f'median of {n_runs} runs'} each)" if n_runs else "")
       + (f"; `repro-prefill --device cuda --vram 12` (six full prefills) takes {readme['seconds']:.1f} s."
          if readme else "."))
 r("- **It knows before the run.** `repro-prefill plan` gives the pool's reserve over the whole prefill, which "
@@ -298,13 +303,14 @@ if cached and asyncs:
     r(f"- **Its hot path is fast.** A cached alloc + free pair costs {min(cached)}–{max(cached)} ns on the vmm "
       f"and legacy pools, 1/{min(asyncs) / max(cached):.0f} to 1/{max(asyncs) / min(cached):.0f} of "
       f"cuMemAllocAsync + cuMemFreeAsync from a warm pool ({ns(min(asyncs))}–{ns(max(asyncs))}).")
-if autos and always and grow:
+if autos and eager and always and grow:
     layers = prefill[0]["layers"]
     r(f"- **What its fixes cost.** Over {layers} layers per preset, `auto` purging measured "
       f"{pct(min(autos))} to {pct(max(autos))} against never purging (each configuration's runs spread over "
-      f"{min(spread):.1f}–{max(spread):.1f}% of its median), returning "
-      f"outgrown buffers at every boundary {pct(min(always))} to {pct(max(always))} (a driver free each), "
-      "which is why `auto` waits until the card is short. VMM growth maps "
+      f"{min(spread):.1f}–{max(spread):.1f}% of its median; on a card with room `auto` returns nothing, so this "
+      "is noise), returning what the next ubatch will not reuse at every boundary (the legacy pool) "
+      f"{pct(min(eager))} to {pct(max(eager))}, and every cached buffer (`always`) {pct(min(always))} to "
+      f"{pct(max(always))} (a driver free each), which is why `auto` waits until the card is short. VMM growth maps "
       f"{grow / 1000 / 512:.2f} µs per MiB in a burst, and the VMM pool's reserve stays within "
       f"{(min(vmm_ratio) - 1) * 100:.1f}–{(max(vmm_ratio) - 1) * 100:.1f}% of the live peak on the simulated "
       "prefills of every preset.")

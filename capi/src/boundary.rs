@@ -119,10 +119,8 @@ fn device_end(
             r.released += s.pool.purge(&token, what)?.bytes;
         }
     }
-    // The pools' high-water marks restart for the next ubatch; the user's peaks keep them.
-    for s in pools {
-        s.peaks.lock().keep(&s.pool.stats());
-        s.pool.reset_peaks();
-    }
+    // The pools' own high-water marks restart for the next ubatch; the peaks the user sees are
+    // libcupool's (`crate::peaks`) and go on.
+    pools.iter().for_each(|s| s.pool.reset_peaks());
     Ok(r)
 }

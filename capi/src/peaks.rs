@@ -1,31 +1,49 @@
-//! The peaks a user sees, kept over ubatch boundaries.
+//! The peaks a user sees, as PyTorch's: they restart only when the user asks.
 //!
-//! An engine's ubatch boundary restarts each pool's own high-water marks (its per-ubatch
-//! accounting); PyTorch's peaks restart only when the user asks. So before a boundary restarts
-//! them, what they reached is kept here, and the statistics report the higher of the two.
+//! The pools' own high-water marks restart at every ubatch boundary (the per-ubatch accounting
+//! of an engine), and a pool behind size classes is several pools whose peaks add up to more than
+//! the stream ever held at once. So libcupool counts each stream's live bytes and peaks itself,
+//! at every allocation and free it serves: exact for the stream, untouched by boundaries.
 
-use cupool_pool::PoolStats;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// The highest live and reserved bytes of one stream pool that its own statistics no longer
-/// show: what they reached before the ubatch boundaries since the user last reset the peaks.
+/// One stream pool's live bytes and its peaks since the user last reset them.
 #[derive(Debug, Default)]
 pub(crate) struct Peaks {
-    live: usize,
-    reserved: usize,
+    live: AtomicUsize,
+    live_peak: AtomicUsize,
+    reserved_peak: AtomicUsize,
 }
 
 impl Peaks {
-    /// Keeps the pool's peaks before a boundary restarts them.
-    pub(crate) fn keep(&mut self, s: &PoolStats) {
-        self.live = self.live.max(s.live_peak_bytes);
-        self.reserved = self.reserved.max(s.reserved_peak_bytes);
+    /// `size` bytes handed out; the pool now holds `reserved` bytes of the device.
+    #[inline]
+    pub(crate) fn alloc(&self, size: usize, reserved: usize) {
+        let live = self.live.fetch_add(size, Relaxed) + size;
+        self.live_peak.fetch_max(live, Relaxed);
+        self.reserved_peak.fetch_max(reserved, Relaxed);
     }
 
-    /// The peaks since the user's last reset: the kept ones or the pool's own, the higher.
-    pub(crate) fn of(&self, s: &PoolStats) -> (usize, usize) {
-        (
-            self.live.max(s.live_peak_bytes),
-            self.reserved.max(s.reserved_peak_bytes),
-        )
+    /// `size` bytes given back.
+    #[inline]
+    pub(crate) fn free(&self, size: usize) {
+        // Every free matches an allocation counted above: no underflow.
+        self.live.fetch_sub(size, Relaxed);
+    }
+
+    /// The peaks restart from what is held now (`reserved`: the pool's device bytes now).
+    pub(crate) fn reset(&self, reserved: usize) {
+        self.live_peak.store(self.live.load(Relaxed), Relaxed);
+        self.reserved_peak.store(reserved, Relaxed);
+    }
+
+    /// The highest live bytes since the last reset.
+    pub(crate) fn live_peak(&self) -> usize {
+        self.live_peak.load(Relaxed)
+    }
+
+    /// The highest reserved bytes since the last reset, at least `now`.
+    pub(crate) fn reserved_peak(&self, now: usize) -> usize {
+        self.reserved_peak.load(Relaxed).max(now)
     }
 }

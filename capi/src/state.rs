@@ -28,8 +28,8 @@ pub(crate) struct StreamPool {
     pub live: Mutex<HashMap<u64, (usize, Block)>>,
     /// What its requests held at once since the last ubatch boundary.
     pub usage: Mutex<Usage>,
-    /// Its peaks from before the ubatch boundaries since the user last reset them.
-    pub peaks: Mutex<crate::peaks::Peaks>,
+    /// Its live bytes and the peaks the user sees (restarted only on request).
+    pub peaks: crate::peaks::Peaks,
 }
 
 pub(crate) struct Lib {
@@ -117,7 +117,7 @@ impl Lib {
                     pool,
                     live: Mutex::new(HashMap::new()),
                     usage: Mutex::new(Usage::default()),
-                    peaks: Mutex::new(crate::peaks::Peaks::default()),
+                    peaks: crate::peaks::Peaks::default(),
                 })
             })
             .clone();

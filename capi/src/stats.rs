@@ -1,9 +1,8 @@
 //! Statistics as JSON, with the keys of `torch.cuda.memory_stats()` where they mean the same.
 //!
-//! Per device, over its stream pools. Peaks are each pool's own peak added up: exact with one
-//! stream, an upper bound with several. As in PyTorch, a peak restarts only when the user asks
-//! (`cupool_reset_peaks`): the ubatch boundary restarts each pool's own high-water marks for
-//! its per-ubatch accounting, so what they reached before is kept first ([`crate::peaks::Peaks`]).
+//! Per device, over its stream pools. Peaks are each stream's own ([`crate::peaks::Peaks`]),
+//! added up: exact with one stream, an upper bound with several. As in PyTorch, they restart
+//! only when the user asks (`cupool_reset_peaks`), not at an ubatch boundary.
 
 use crate::state::StreamPool;
 use cupool_pool::PoolStats;
@@ -15,9 +14,8 @@ pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
     let (mut live_peak, mut reserved_peak) = (0, 0);
     for p in pools {
         let s = p.pool.stats();
-        let (live, reserved) = p.peaks.lock().of(&s);
-        live_peak += live;
-        reserved_peak += reserved;
+        live_peak += p.peaks.live_peak().max(s.live_bytes);
+        reserved_peak += p.peaks.reserved_peak(s.reserved_bytes);
         t.merge(&s);
     }
     let mut out = String::from("{");

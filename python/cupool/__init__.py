@@ -128,7 +128,8 @@ def trim(device=0):
 def ubatch_end(device=-1):
     """Ends a prefill ubatch of an engine on ``device`` (every device when -1): each pool applies
     ``CUPOOL_PURGE`` (``purge=`` of ``init``; ``auto`` by default) and the ubatch's peaks are
-    logged and reset. Returns the bytes given back to the driver."""
+    logged; ``stats()``'s peaks go on until ``reset_peaks()``. Returns the bytes given back to
+    the driver."""
     out = ctypes.c_size_t(0)
     _lib.check(load().cupool_ubatch_end(device, ctypes.byref(out)))
     return out.value

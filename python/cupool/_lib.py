@@ -1,8 +1,8 @@
 """Finding and loading libcupool, and the C functions' signatures.
 
-Nothing here imports torch or cupy. The library is looked for, in order: the ``CUPOOL_LIB``
-environment variable (the file, or a folder holding it), beside this package (where
-``pip install`` bundles it), and the
+Nothing here imports torch or cupy. Where the ``CUPOOL_LIB`` environment variable is set (the
+file, or a folder holding it), that library is the only one tried; otherwise the library is
+looked for beside this package (where ``pip install`` bundles it), then in the
 ``target/release`` folder of a source checkout this package sits in.
 """
 

@@ -50,6 +50,7 @@ fn try_alloc(
         let (ptr, capacity) = (b.ptr(), b.capacity());
         s.live.lock().insert(ptr, (size, b));
         s.usage.lock().alloc(size);
+        s.peaks.alloc(size, s.pool.reserved_bytes());
         crate::record::alloc(s.device, stream, ptr, size, name);
         Ok((ptr, capacity))
     })
@@ -76,6 +77,7 @@ pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result
             Some((asked, b)) => {
                 drop(live);
                 s.usage.lock().free(asked);
+                s.peaks.free(asked);
                 crate::record::free(s.device, ptr);
                 s.pool.free(b).map_err(|e| Failure::from(e.error))
             }

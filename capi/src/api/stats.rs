@@ -16,8 +16,8 @@ pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {
             Some(lib.check_device(device)?)
         };
         for s in lib.pools_of(d) {
-            *s.peaks.lock() = crate::peaks::Peaks::default();
             s.pool.reset_peaks();
+            s.peaks.reset(s.pool.reserved_bytes());
         }
         Ok(())
     })
