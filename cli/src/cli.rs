@@ -324,6 +324,10 @@ pub struct ReplayArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,
+    /// Write the replay's timeline (live and reserved bytes after each event) to this file:
+    /// PNG or SVG, by its extension.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     /// Only errors on stderr.
     #[arg(long)]
     pub quiet: bool,

@@ -15,6 +15,7 @@ mod llama_args;
 mod log;
 mod output;
 mod plot;
+mod plot_trace;
 mod scenario;
 mod values;
 

@@ -21,11 +21,11 @@ const PALETTE: [RGBColor; 6] = [
     RGBColor(148, 103, 189),
     RGBColor(23, 190, 207),
 ];
-const SIZE: (u32, u32) = (1100, 650);
+pub(crate) const SIZE: (u32, u32) = (1100, 650);
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// The embedded font: PNG text needs one, and a machine may have none.
-static FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
+pub(crate) static FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
 
 struct Series {
     label: String,

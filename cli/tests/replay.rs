@@ -301,3 +301,51 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
         );
     }
 }
+
+/// The replay timelines in docs/pytorch.md are what their commands draw now, byte for byte
+/// (`CUPOOL_BLESS=1` redraws them); a plot name the CLI cannot write is refused before any work.
+#[test]
+fn the_documented_replay_timelines_are_what_their_commands_draw() {
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(format!("{root}/docs/pytorch.md")).unwrap();
+    let lines: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("$ repro-prefill replay ") && l.contains(" --plot "))
+        .collect();
+    assert_eq!(lines.len(), 2, "docs/pytorch.md's replay plots");
+    let dir = tmp("replay-plots");
+    std::fs::create_dir_all(&dir).unwrap();
+    for line in lines {
+        let args: Vec<&str> = line.split_whitespace().skip(2).collect();
+        let name = *args.last().unwrap();
+        let drawn = dir.join(name);
+        let mut c = bin();
+        c.current_dir(&root);
+        c.args(&args[..args.len() - 1]).arg(&drawn);
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let picture = format!("{root}/docs/img/{name}");
+        let now = std::fs::read(&drawn).unwrap();
+        if std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1") {
+            std::fs::write(&picture, &now).unwrap();
+        } else {
+            assert!(
+                std::fs::read(&picture).unwrap() == now,
+                "{picture} is not what `{line}` draws now: CUPOOL_BLESS=1 redraws it"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let trace = format!("{root}/data/h100-2026-11-22-pytorch/trace-llama3.jsonl.gz");
+    let out = bin()
+        .args(["replay", &trace, "--plot", "timeline.jpg"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "refused before the replay");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(".png or .svg"));
+}

@@ -14,6 +14,11 @@ use std::process::ExitCode;
 /// Replays the trace and prints the pool's report.
 pub fn replay(a: ReplayArgs) -> ExitCode {
     crate::log::init(a.quiet, false);
+    if let Some(p) = &a.plot {
+        if let Err(e) = crate::plot::format_of(p) {
+            return usage(e);
+        }
+    }
     let text = match read_trace(&a.trace) {
         Ok(t) => t,
         Err(Unreadable::Io(e)) => return fail(format!("reading {}: {e}", a.trace.display())),
@@ -52,6 +57,13 @@ pub fn replay(a: ReplayArgs) -> ExitCode {
         Err(e) => return usage(format!("{}: {e}", a.trace.display())),
     };
     print(&a, &r);
+    if let Some(p) = &a.plot {
+        let name = a.trace.file_name().unwrap_or_default().to_string_lossy();
+        let title = format!("replay of {name} through {} / purge {}", r.pool, r.purge);
+        if let Err(e) = crate::plot_trace::write(p, &r, &title) {
+            return fail(e);
+        }
+    }
     ExitCode::SUCCESS
 }
 

@@ -16,12 +16,14 @@ pub mod fuzz;
 mod parse;
 mod recorder;
 mod replay;
+mod timeline;
 
 pub use error::TraceError;
 pub use event::TraceEvent;
 pub use parse::parse;
 pub use recorder::Recorder;
 pub use replay::{replay, ReplayReport};
+pub use timeline::Point;
 
 /// The parser's and the replay's name for an event.
 pub type Op = TraceEvent;

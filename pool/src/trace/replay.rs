@@ -1,6 +1,7 @@
 //! Replaying a trace through a pool on the simulated device: the peak reserve, the driver
 //! traffic and the allocations that run out of memory on a card of given size.
 
+use super::timeline::{note, Point, Reserved};
 use super::{TraceError, TraceEvent as Op};
 use crate::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use crate::driver::Driver;
@@ -40,21 +41,9 @@ pub struct ReplayReport {
     /// The event (1-based) of the first allocation that ran out of memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_oom_event: Option<usize>,
-}
-
-/// The reserve of every stream's pool and their sum, updated one pool at a time (summing all
-/// pools at every event made replays quadratic in the number of streams).
-#[derive(Default)]
-struct Reserved {
-    of: HashMap<u64, usize>,
-    total: usize,
-}
-
-impl Reserved {
-    fn update(&mut self, stream: u64, now: usize) {
-        let was = self.of.insert(stream, now).unwrap_or(0);
-        self.total = self.total - was + now;
-    }
+    /// Live and reserved bytes after each event that changed either: the timeline to plot.
+    #[serde(skip)]
+    pub timeline: Vec<Point>,
 }
 
 /// For each stream, the allocations of the phase after `from` that are live together at its
@@ -231,6 +220,15 @@ pub fn replay(
         }
         r.peak_reserved_bytes = r.peak_reserved_bytes.max(reserved.total);
         r.peak_live_bytes = r.peak_live_bytes.max(live_bytes);
+        let (live, reserved) = (live_bytes, reserved.total);
+        note(
+            &mut r.timeline,
+            Point {
+                event: i + 1,
+                live,
+                reserved,
+            },
+        );
     }
     r.end_reserved_bytes = pools.values().map(|p| p.reserved_bytes()).sum();
     for p in pools.values() {
