@@ -25,7 +25,7 @@ pub(crate) const SIZE: (u32, u32) = (1100, 650);
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// The embedded font: PNG text needs one, and a machine may have none.
-pub(crate) static FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
+static FONT: &[u8] = include_bytes!("../fonts/DejaVuSans.ttf");
 
 struct Series {
     label: String,
@@ -113,29 +113,42 @@ pub fn write(
     card: Option<usize>,
     title: &str,
 ) -> Result<(), String> {
-    let format = format_of(path)?;
-    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
-    // Registering twice (a second plot in one process) is harmless; a bad font is a bug.
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| err(&"the embedded font is unreadable"))?;
+    let format = begin(path)?;
     let series = series(outcomes, card);
     if series.is_empty() {
         return Err("nothing to plot: no configuration ran".into());
     }
-    match format {
-        Format::Png => draw(
-            BitMapBackend::new(path, SIZE).into_drawing_area(),
-            &series,
-            title,
-        ),
-        Format::Svg => draw(
-            SVGBackend::new(path, SIZE).into_drawing_area(),
-            &series,
-            title,
-        ),
-    }
-    .map_err(|e| err(&e))
+    on_backend!(path, format, |root| draw(root, &series, title))
+        .map_err(|e| format!("plot {}: {e}", path.display()))
 }
+
+/// The format `path` asks for, with the embedded font registered: what every plot does first.
+pub(crate) fn begin(path: &Path) -> Result<Format, String> {
+    let format = format_of(path)?;
+    // Registering twice (a second plot in one process) is harmless; a bad font is a bug.
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| format!("plot {}: the embedded font is unreadable", path.display()))?;
+    Ok(format)
+}
+
+/// Runs `$draw` on a drawing area of the plot's size in `$format`, written to `$path`.
+macro_rules! on_backend {
+    ($path:expr, $format:expr, |$root:ident| $draw:expr) => {
+        match $format {
+            $crate::plot::Format::Png => {
+                let $root = plotters::prelude::BitMapBackend::new($path, $crate::plot::SIZE)
+                    .into_drawing_area();
+                $draw
+            }
+            $crate::plot::Format::Svg => {
+                let $root = plotters::prelude::SVGBackend::new($path, $crate::plot::SIZE)
+                    .into_drawing_area();
+                $draw
+            }
+        }
+    };
+}
+pub(crate) use on_backend;
 
 /// The plot's file format, chosen by the file's extension.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! PNG or SVG, by the file's extension (the same check as the run's plot).
 
 use crate::output::mib;
-use crate::plot::{format_of, Format, FONT, SIZE};
+use crate::plot::{begin, on_backend};
 use cupool::trace::{Point, ReplayReport};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -34,10 +34,7 @@ fn thinned(points: &[Point]) -> Vec<(f64, f64, f64)> {
 
 /// Writes the timeline of `r` to `path` (`.png` or `.svg`).
 pub fn write(path: &Path, r: &ReplayReport, title: &str) -> Result<(), String> {
-    let format = format_of(path)?;
-    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| err(&"the embedded font is unreadable"))?;
+    let format = begin(path)?;
     if r.timeline.is_empty() {
         return Err(format!(
             "plot {}: the trace allocates nothing",
@@ -45,21 +42,8 @@ pub fn write(path: &Path, r: &ReplayReport, title: &str) -> Result<(), String> {
         ));
     }
     let pts = thinned(&r.timeline);
-    match format {
-        Format::Png => draw(
-            BitMapBackend::new(path, SIZE).into_drawing_area(),
-            &pts,
-            r,
-            title,
-        ),
-        Format::Svg => draw(
-            SVGBackend::new(path, SIZE).into_drawing_area(),
-            &pts,
-            r,
-            title,
-        ),
-    }
-    .map_err(|e| err(&e))
+    on_backend!(path, format, |root| draw(root, &pts, r, title))
+        .map_err(|e| format!("plot {}: {e}", path.display()))
 }
 
 fn draw<DB: DrawingBackend>(

@@ -11,7 +11,7 @@ mod common;
 #[path = "../../profiles/tests/gguf/mod.rs"]
 mod gguf;
 
-use common::{bin, tmp};
+use common::{bin, same_picture, tmp};
 use gguf::models::{write, Dims};
 use gguf::writer::{F16, Q8_0};
 
@@ -204,16 +204,11 @@ fn the_documented_timeline_is_what_its_command_draws() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let picture = format!("{root}/docs/img/repro-prefill-sim-vram12.png");
-    let now = std::fs::read(&drawn).unwrap();
-    if std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1") {
-        std::fs::write(&picture, &now).unwrap();
-    } else {
-        assert!(
-            std::fs::read(&picture).unwrap() == now,
-            "{picture} is not what the command draws now: CUPOOL_BLESS=1 redraws it"
-        );
-    }
+    same_picture(
+        "docs/img/repro-prefill-sim-vram12.png",
+        &drawn,
+        "repro-prefill --device sim --vram 12 --plot timeline.png",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

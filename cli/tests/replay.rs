@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{bin, json, tmp};
+use common::{bin, json, same_picture, tmp};
 use serde_json::Value;
 
 #[test]
@@ -328,16 +328,7 @@ fn the_documented_replay_timelines_are_what_their_commands_draw() {
             "{line}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let picture = format!("{root}/docs/img/{name}");
-        let now = std::fs::read(&drawn).unwrap();
-        if std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1") {
-            std::fs::write(&picture, &now).unwrap();
-        } else {
-            assert!(
-                std::fs::read(&picture).unwrap() == now,
-                "{picture} is not what `{line}` draws now: CUPOOL_BLESS=1 redraws it"
-            );
-        }
+        same_picture(&format!("docs/img/{name}"), &drawn, line);
     }
     std::fs::remove_dir_all(&dir).unwrap();
     let trace = format!("{root}/data/h100-2026-11-22-pytorch/trace-llama3.jsonl.gz");

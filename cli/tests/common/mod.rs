@@ -49,3 +49,18 @@ pub fn predict_json(args: &[&str]) -> (Value, i32) {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
     (v, out.status.code().unwrap())
 }
+
+/// Checks that the picture at `picture` (from the workspace root) is byte for byte what `drawn`
+/// holds, the file a command just drew; with `CUPOOL_BLESS=1` copies it there instead.
+pub fn same_picture(picture: &str, drawn: &std::path::Path, command: &str) {
+    let path = format!("{}/../{picture}", env!("CARGO_MANIFEST_DIR"));
+    let now = std::fs::read(drawn).unwrap();
+    if std::env::var("CUPOOL_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, &now).unwrap();
+    } else {
+        assert!(
+            std::fs::read(&path).unwrap() == now,
+            "{picture} is not what `{command}` draws now: CUPOOL_BLESS=1 redraws it"
+        );
+    }
+}
