@@ -111,14 +111,13 @@ enum cupool_status cupool_trim(int32_t device, size_t *released);
 // ended would not reuse (for each request size, as many as it held at once), synchronizing
 // only when there are any. Then the ubatch's peaks are logged (`CUPOOL_LOG=info`) and the next
 // ubatch's accounting starts afresh (the peaks `cupool_stats_json` reports go on until
-// `cupool_reset_peaks`), and a recording closes the ubatch's phase. Writes the bytes returned to the driver to `released`
-// if not null: when nonzero, anything that captured pool addresses (CUDA graphs) must be
-// dropped.
+// `cupool_reset_peaks`), and a recording closes the ubatch's phase. Writes the bytes returned
+// to the driver to `released` if not null: when nonzero, anything that captured pool addresses
+// (CUDA graphs) must be dropped.
 //
 // # Safety
 // `released` is null or points to writable memory for one `size_t`.
-enum cupool_status cupool_ubatch_end(int32_t device,
-                                     size_t *released);
+enum cupool_status cupool_ubatch_end(int32_t device, size_t *released);
 
 // Writes to `count` how many times memory of `device`'s pools has gone back to the driver
 // since `cupool_init` (device frees, unmaps and managed frees: ubatch-boundary purges, trims,

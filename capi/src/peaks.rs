@@ -20,8 +20,14 @@ impl Peaks {
     #[inline]
     pub(crate) fn alloc(&self, size: usize, reserved: usize) {
         let live = self.live.fetch_add(size, Relaxed) + size;
-        self.live_peak.fetch_max(live, Relaxed);
-        self.reserved_peak.fetch_max(reserved, Relaxed);
+        // A peak is written only when it rises: threads sharing a stream's pool then rarely
+        // contend for these lines.
+        if live > self.live_peak.load(Relaxed) {
+            self.live_peak.fetch_max(live, Relaxed);
+        }
+        if reserved > self.reserved_peak.load(Relaxed) {
+            self.reserved_peak.fetch_max(reserved, Relaxed);
+        }
     }
 
     /// `size` bytes given back.

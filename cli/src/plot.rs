@@ -9,6 +9,7 @@
 
 use crate::output::mib;
 use crate::scenario::{static_bytes, Outcome};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
@@ -204,6 +205,39 @@ fn series(outcomes: &[Outcome], card: Option<usize>) -> Vec<Series> {
         .collect()
 }
 
+/// Every plot's frame: the title, and axes from 0 to each maximum with their descriptions and
+/// whole-number labels.
+pub(crate) fn frame<'a, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    title: &str,
+    (x_max, x_desc): (f64, &str),
+    (y_max, y_desc): (f64, &str),
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>, String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 18))
+        .margin(14)
+        .x_label_area_size(42)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .light_line_style(WHITE)
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| format!("{:.0}", x))
+        .y_label_formatter(&|y| format!("{:.0}", y))
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14))
+        .draw()
+        .map_err(|x| e(&x))?;
+    Ok(chart)
+}
+
 /// The legend's line of a configuration.
 fn legend(s: &Series) -> String {
     let outcome = s
@@ -239,24 +273,12 @@ where
         y_data
     } * 1.08
         + 1.0;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 18))
-        .margin(14)
-        .x_label_area_size(42)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..x_max * 1.02, 0f64..y_max)
-        .map_err(|x| e(&x))?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .x_desc("prompt tokens processed")
-        .y_desc("pool memory (MiB)")
-        .x_label_formatter(&|x| format!("{:.0}", x))
-        .y_label_formatter(&|y| format!("{:.0}", y))
-        .label_style(("sans-serif", 13))
-        .axis_desc_style(("sans-serif", 14))
-        .draw()
-        .map_err(|x| e(&x))?;
+    let mut chart = frame(
+        &root,
+        title,
+        (x_max * 1.02, "prompt tokens processed"),
+        (y_max, "pool memory (MiB)"),
+    )?;
     if let (true, Some(r)) = (show_room, room) {
         chart
             .draw_series(LineSeries::new(

@@ -4,7 +4,7 @@
 //! PNG or SVG, by the file's extension (the same check as the run's plot).
 
 use crate::output::mib;
-use crate::plot::{begin, on_backend};
+use crate::plot::{begin, frame, on_backend};
 use cupool::trace::{Point, ReplayReport};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -59,20 +59,12 @@ where
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let x_max = r.events.max(1) as f64;
     let y_max = r.peak_reserved_bytes.max(r.peak_live_bytes) as f64 / MIB * 1.08 + 1.0;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 18))
-        .margin(14)
-        .x_label_area_size(42)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(|x| e(&x))?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .x_desc("trace events")
-        .y_desc("memory (MiB)")
-        .draw()
-        .map_err(|x| e(&x))?;
+    let mut chart = frame(
+        &root,
+        title,
+        (x_max, "trace events"),
+        (y_max, "memory (MiB)"),
+    )?;
     let reserved = RGBColor(31, 119, 180);
     let live = RGBColor(44, 160, 44);
     let label = |what: &str, peak: usize| format!("{what} (peak {})", mib(peak));
@@ -86,7 +78,7 @@ where
             &format!("reserved by {}", r.pool),
             r.peak_reserved_bytes,
         ))
-        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], reserved.stroke_width(2)));
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], reserved.stroke_width(1)));
     chart
         .draw_series(LineSeries::new(
             pts.iter().map(|p| (p.0, p.1)),

@@ -70,9 +70,9 @@ pub unsafe extern "C" fn cupool_trim(device: i32, released: *mut usize) -> Cupoo
 /// ended would not reuse (for each request size, as many as it held at once), synchronizing
 /// only when there are any. Then the ubatch's peaks are logged (`CUPOOL_LOG=info`) and the next
 /// ubatch's accounting starts afresh (the peaks `cupool_stats_json` reports go on until
-/// `cupool_reset_peaks`), and a recording closes the ubatch's phase. Writes the bytes returned to the driver to `released`
-/// if not null: when nonzero, anything that captured pool addresses (CUDA graphs) must be
-/// dropped.
+/// `cupool_reset_peaks`), and a recording closes the ubatch's phase. Writes the bytes returned
+/// to the driver to `released` if not null: when nonzero, anything that captured pool addresses
+/// (CUDA graphs) must be dropped.
 ///
 /// # Safety
 /// `released` is null or points to writable memory for one `size_t`.
