@@ -6,6 +6,7 @@
 
 #[macro_use]
 mod stdout;
+mod canvas;
 mod cli;
 mod cmd;
 mod device;

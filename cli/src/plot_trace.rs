@@ -3,8 +3,8 @@
 //! two) in any recorded run: a PyTorch job's (`cupool.record`) or llama.cpp's (`CUPOOL_TRACE`).
 //! PNG or SVG, by the file's extension (the same check as the run's plot).
 
+use crate::canvas::{begin, frame, on_backend};
 use crate::output::mib;
-use crate::plot::{begin, frame, on_backend};
 use cupool::trace::{Point, ReplayReport};
 use plotters::coord::Shift;
 use plotters::prelude::*;

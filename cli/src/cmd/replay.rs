@@ -15,7 +15,7 @@ use std::process::ExitCode;
 pub fn replay(a: ReplayArgs) -> ExitCode {
     crate::log::init(a.quiet, false);
     if let Some(p) = &a.plot {
-        if let Err(e) = crate::plot::format_of(p) {
+        if let Err(e) = crate::canvas::format_of(p) {
             return usage(e);
         }
     }

@@ -151,7 +151,7 @@ pub fn run(a: RunArgs) -> ExitCode {
 /// The files the run is asked to write: a plot's format, and folders that exist.
 fn check_outputs(a: &RunArgs) -> Result<(), String> {
     if let Some(p) = &a.plot {
-        plot::format_of(p)?;
+        crate::canvas::format_of(p)?;
         output_path("--plot", p)?;
     }
     if let Some(t) = &a.trace {
