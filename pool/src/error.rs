@@ -120,6 +120,18 @@ pub enum PoolError {
         /// Whether the pools are on more than one device.
         mixed_devices: bool,
     },
+    /// The pool is asleep ([`crate::Pool::sleep`]): it serves no allocation until it wakes.
+    Asleep {
+        /// The pool's device ordinal.
+        device: usize,
+        /// Bytes asleep.
+        bytes: usize,
+    },
+    /// Only a pool over reserved address ranges can release its memory and keep its addresses.
+    CannotSleep {
+        /// The pool's kind.
+        kind: PoolKind,
+    },
     /// No device with that index.
     NoSuchDevice {
         /// The index asked for.
@@ -167,6 +179,14 @@ impl fmt::Display for PoolError {
             PoolError::SizeClasses { bounds, pools, .. } => write!(
                 f,
                 "size classes need one pool more than bounds: {bounds} bounds, {pools} pools"
+            ),
+            PoolError::Asleep { device, bytes } => write!(
+                f,
+                "the pool on device {device} is asleep ({bytes} bytes released by sleep): wake it before allocating from it"
+            ),
+            PoolError::CannotSleep { kind } => write!(
+                f,
+                "the {kind} pool cannot sleep: only the vmm pool releases memory and keeps its addresses; use GGML_POOL=vmm (cupool's default)"
             ),
             PoolError::NoSuchDevice { device, devices } => {
                 write!(f, "no device {device}: the devices are 0..{devices}")

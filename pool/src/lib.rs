@@ -67,7 +67,7 @@ pub use config::PoolConfig;
 pub use error::{FreeError, OomReport, PoolError};
 pub use invalid::InvalidConfig;
 pub use kind::PoolKind;
-pub use pool::{Pool, Purge, Released, MAX_REQUEST};
+pub use pool::{Moved, Pool, Purge, Released, MAX_REQUEST};
 pub use purge_policy::{AutoHeadroom, PurgePolicy};
 pub use registry::{Registry, StreamId};
 pub use stats::{DriverCalls, PhaseStats, PoolStats};

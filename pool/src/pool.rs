@@ -6,6 +6,7 @@ use crate::error::{FreeError, PoolError};
 use crate::kind::PoolKind;
 use crate::stats::PoolStats;
 use crate::sync::SyncToken;
+pub use crate::upstream::vmm::Moved;
 use std::fmt;
 use std::sync::Arc;
 
@@ -83,6 +84,25 @@ pub trait Pool: Send + Sync + fmt::Debug {
 
     /// The alignment every block's address has.
     fn alignment(&self) -> usize;
+
+    /// Puts the pool to sleep: cached memory goes back to the driver, and the physical memory
+    /// under every live block too, while each block keeps its address; with `offload` the
+    /// contents are copied to page-locked host memory first, for [`Pool::wake`] to restore.
+    /// The token proves a synchronize: the caller must also have finished (synchronized) all
+    /// work that uses the pool's memory. Asleep, the pool refuses allocations
+    /// ([`PoolError::Asleep`]) and takes frees. A failure leaves part of the pool asleep; a
+    /// later sleep or wake goes on from there. Only the vmm pool sleeps; the others answer
+    /// [`PoolError::CannotSleep`].
+    fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
+        let _ = (token, offload);
+        Err(PoolError::CannotSleep { kind: self.kind() })
+    }
+
+    /// Wakes a pool put to sleep: new physical memory at every address sleep released, the
+    /// offloaded contents copied back. Waking an awake pool does nothing.
+    fn wake(&self) -> Result<Moved, PoolError> {
+        Err(PoolError::CannotSleep { kind: self.kind() })
+    }
 }
 
 /// Checks a request size; 0 becomes 1.

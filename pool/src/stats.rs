@@ -38,7 +38,12 @@ impl DriverCalls {
             K::Create | K::Map | K::SetAccess => &mut self.maps,
             K::Unmap | K::Release => &mut self.unmaps,
             K::Synchronize => &mut self.syncs,
-            K::MemInfo | K::Granularity | K::ReleaseReservation | K::Init => return,
+            K::MemInfo
+            | K::Granularity
+            | K::ReleaseReservation
+            | K::Init
+            | K::HostAlloc
+            | K::Copy => return,
         };
         *counter += 1;
     }
@@ -118,6 +123,9 @@ pub struct PoolStats {
     pub purges: u64,
     /// Bytes returned to the driver by purges.
     pub purged_bytes: usize,
+    /// Reserved bytes whose physical memory a sleep released (see [`crate::Pool::sleep`]):
+    /// counted in `reserved_bytes`, not held on the device until the pool wakes.
+    pub asleep_bytes: usize,
 }
 
 impl PoolStats {
@@ -140,6 +148,7 @@ impl PoolStats {
         self.fallback_live_peak_bytes += o.fallback_live_peak_bytes;
         self.purges += o.purges;
         self.purged_bytes += o.purged_bytes;
+        self.asleep_bytes += o.asleep_bytes;
     }
 }
 

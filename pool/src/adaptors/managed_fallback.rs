@@ -13,7 +13,7 @@ use crate::core::{CoreOptions, CorePool};
 use crate::error::{FreeError, PoolError};
 use crate::kind::PoolKind;
 use crate::placement::direct::Direct;
-use crate::pool::{Pool, Purge, Released};
+use crate::pool::{Moved, Pool, Purge, Released};
 use crate::stats::PoolStats;
 use crate::sync::SyncToken;
 use crate::upstream::managed::ManagedMalloc;
@@ -173,5 +173,14 @@ impl Pool for ManagedFallback {
             .store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
         self.reserved_peak
             .store(self.reserved_bytes(), Ordering::Relaxed);
+    }
+
+    // The managed blocks stay where they are (the driver pages them): only the pool sleeps.
+    fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
+        self.inner.sleep(token, offload)
+    }
+
+    fn wake(&self) -> Result<Moved, PoolError> {
+        self.inner.wake()
     }
 }

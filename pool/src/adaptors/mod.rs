@@ -58,6 +58,18 @@ macro_rules! forward_accounting {
         fn reset_peaks(&self) {
             self.$inner.reset_peaks()
         }
+
+        fn sleep(
+            &self,
+            token: &$crate::SyncToken,
+            offload: bool,
+        ) -> Result<$crate::pool::Moved, $crate::PoolError> {
+            self.$inner.sleep(token, offload)
+        }
+
+        fn wake(&self) -> Result<$crate::pool::Moved, $crate::PoolError> {
+            self.$inner.wake()
+        }
     };
 }
 

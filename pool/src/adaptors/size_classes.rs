@@ -14,7 +14,7 @@ use crate::driver::Driver;
 use crate::error::{FreeError, PoolError};
 use crate::invalid::InvalidConfig;
 use crate::kind::PoolKind;
-use crate::pool::{Pool, Purge, Released};
+use crate::pool::{Moved, Pool, Purge, Released};
 use crate::stats::PoolStats;
 use crate::sync::SyncToken;
 use crate::PoolId;
@@ -147,6 +147,26 @@ impl Pool for SizeClasses {
 
     fn reset_peaks(&self) {
         self.pools.iter().for_each(|p| p.reset_peaks());
+    }
+
+    fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
+        let mut out = Moved::default();
+        for p in &self.pools {
+            let m = p.sleep(token, offload)?;
+            out.bytes += m.bytes;
+            out.copied += m.copied;
+        }
+        Ok(out)
+    }
+
+    fn wake(&self) -> Result<Moved, PoolError> {
+        let mut out = Moved::default();
+        for p in &self.pools {
+            let m = p.wake()?;
+            out.bytes += m.bytes;
+            out.copied += m.copied;
+        }
+        Ok(out)
     }
 }
 

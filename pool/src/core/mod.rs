@@ -13,6 +13,7 @@
 
 mod oom;
 mod retire;
+mod sleep;
 mod slow;
 
 use crate::block::Block;
@@ -21,7 +22,7 @@ use crate::error::{FreeError, PoolError};
 use crate::kind::PoolKind;
 use crate::owners::{self, Inbox, PoolId};
 use crate::placement::{Placement, Segment};
-use crate::pool::{checked_request, Pool, Purge, Released};
+use crate::pool::{checked_request, Moved, Pool, Purge, Released};
 use crate::stats::{PoolStats, Tracker};
 use crate::sync::SyncToken;
 use crate::upstream::Upstream;
@@ -47,6 +48,8 @@ struct State<P, U> {
     tracker: Tracker,
     /// Segments the upstream refused to release; retried at every purge and at the drop.
     pending: Vec<Segment>,
+    /// Some of the memory is asleep (`sleep.rs`): allocations are refused until a wake.
+    asleep: bool,
 }
 
 /// What the slow paths need besides the state: who the pool is and what it talks to.
@@ -113,6 +116,7 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
                 upstream,
                 tracker: Tracker::default(),
                 pending: Vec::new(),
+                asleep: false,
             }))),
             inbox: owners::register(id),
         }
@@ -154,6 +158,9 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let size = checked_request(bytes)?;
         let mut g = self.state.lock();
+        if g.asleep {
+            return Err(self.ctx.asleep(&g));
+        }
         if let Some(fit) = g.placement.take(size) {
             g.tracker.on_alloc(size, fit.capacity);
             return Ok(self.ctx.block(fit, size));
@@ -190,6 +197,10 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
         }
         let mut g = self.state.lock();
         self.take_dropped(&mut g);
+        if g.asleep {
+            // What is cached went at the sleep; the rest has no physical memory to return.
+            return Ok(Released::default());
+        }
         let r = self.ctx.release(&mut g, token, &what);
         if let Ok(r) = &r {
             if r.bytes > 0 || r.deferred_bytes > 0 {
@@ -202,6 +213,9 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     fn releasable(&self, what: &Purge) -> usize {
         let mut g = self.state.lock();
         self.take_dropped(&mut g);
+        if g.asleep {
+            return 0;
+        }
         let pending: usize = g.pending.iter().map(|s| s.len).sum();
         pending
             + g.placement
@@ -214,7 +228,9 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     fn stats(&self) -> PoolStats {
         let mut g = self.state.lock();
         self.take_dropped(&mut g);
-        g.tracker.snapshot()
+        let mut s = g.tracker.snapshot();
+        s.asleep_bytes = g.upstream.asleep_bytes();
+        s
     }
 
     #[inline]
@@ -230,5 +246,16 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
 
     fn alignment(&self) -> usize {
         self.alignment
+    }
+
+    fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
+        self.ctx.sleep(&mut g, token, offload)
+    }
+
+    fn wake(&self) -> Result<Moved, PoolError> {
+        let mut g = self.state.lock();
+        self.ctx.wake(&mut g)
     }
 }

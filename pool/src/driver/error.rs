@@ -33,11 +33,15 @@ pub enum CallKind {
     Synchronize,
     /// Loading the driver library or creating a context.
     Init,
+    /// cuMemAllocHost: page-locked host memory.
+    HostAlloc,
+    /// cuMemcpyDtoH / cuMemcpyHtoD.
+    Copy,
 }
 
 impl CallKind {
     /// Every kind, in declaration order.
-    pub const ALL: [CallKind; 15] = [
+    pub const ALL: [CallKind; 17] = [
         CallKind::MemInfo,
         CallKind::Malloc,
         CallKind::Free,
@@ -53,6 +57,8 @@ impl CallKind {
         CallKind::Release,
         CallKind::Synchronize,
         CallKind::Init,
+        CallKind::HostAlloc,
+        CallKind::Copy,
     ];
 
     /// The CUDA driver function this kind stands for.
@@ -73,6 +79,8 @@ impl CallKind {
             CallKind::Release => "cuMemRelease",
             CallKind::Synchronize => "cuCtxSynchronize",
             CallKind::Init => "driver initialisation",
+            CallKind::HostAlloc => "cuMemAllocHost",
+            CallKind::Copy => "cuMemcpy",
         }
     }
 }

@@ -181,6 +181,18 @@ impl Driver for LimitedDriver {
         self.inner.poison(ptr, bytes)
     }
 
+    fn host_buffer(&self, bytes: usize) -> Result<super::HostBuffer, DriverError> {
+        self.inner.host_buffer(bytes)
+    }
+
+    fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), DriverError> {
+        self.inner.copy_to_host(src, dst)
+    }
+
+    fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
+        self.inner.copy_from_host(dst, src)
+    }
+
     fn synchronize_device(&self) -> Result<(), DriverError> {
         self.inner.synchronize_device()
     }

@@ -9,11 +9,13 @@
 pub mod cuda;
 mod error;
 pub mod fault;
+mod host;
 pub mod limit;
 mod shared;
 pub mod sim;
 
 pub use error::{CallKind, DriverError, ErrorCode};
+pub use host::{HostBuffer, HostMemory};
 pub use shared::{DeviceShared, ManagedLedger, SyncEpoch};
 
 use std::fmt;
@@ -123,9 +125,38 @@ pub trait Driver: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Host memory of `bytes` to copy device memory into while a pool sleeps (page-locked
+    /// on a GPU: cuMemAllocHost). The default is heap memory.
+    fn host_buffer(&self, bytes: usize) -> Result<HostBuffer, DriverError> {
+        Ok(HostBuffer::heap(bytes))
+    }
+
+    /// Copies `dst.len()` bytes of device memory at `src` into `dst` and waits for the copy
+    /// (cuMemcpyDtoH). The range must be mapped. The default refuses: only a driver that can
+    /// reach device memory can copy it.
+    fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), DriverError> {
+        let _ = dst;
+        Err(no_copy(src))
+    }
+
+    /// Copies `src` into device memory at `dst` and waits for the copy (cuMemcpyHtoD). The
+    /// range must be mapped. The default refuses, as [`Driver::copy_to_host`].
+    fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
+        let _ = src;
+        Err(no_copy(dst))
+    }
+
     /// Waits until all work queued on the device has finished (cuCtxSynchronize).
     ///
     /// Use [`crate::sync::synchronize`] instead: it hands out the [`crate::SyncToken`] that
     /// purges require.
     fn synchronize_device(&self) -> Result<(), DriverError>;
+}
+
+fn no_copy(at: DevicePtr) -> DriverError {
+    DriverError::new(
+        CallKind::Copy,
+        ErrorCode::NotSupported,
+        format!("this driver cannot copy device memory (at {at:#x}) to or from the host"),
+    )
 }

@@ -61,6 +61,30 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     #[inline]
     fn note_free(&mut self) {}
 
+    /// Whether [`Upstream::sleep`] and [`Upstream::wake`] work: the memory can be released and
+    /// brought back at the same addresses (VMM only).
+    const CAN_SLEEP: bool = false;
+
+    /// Releases the physical memory behind every segment and keeps the addresses, copying it
+    /// to host memory first if `offload`. Only called when [`Upstream::CAN_SLEEP`], after a
+    /// synchronize.
+    fn sleep(&mut self, offload: bool, calls: &mut DriverCalls) -> Result<vmm::Moved, DriverError> {
+        let _ = (offload, calls);
+        Ok(vmm::Moved::default())
+    }
+
+    /// Maps physical memory again behind every segment [`Upstream::sleep`] released, at the
+    /// same addresses, and restores what it offloaded.
+    fn wake(&mut self, calls: &mut DriverCalls) -> Result<vmm::Moved, DriverError> {
+        let _ = calls;
+        Ok(vmm::Moved::default())
+    }
+
+    /// Bytes of segments asleep now.
+    fn asleep_bytes(&self) -> usize {
+        0
+    }
+
     /// Releases what the upstream holds of its own, once every segment is back.
     fn close(&mut self, _calls: &mut DriverCalls) -> Result<(), DriverError> {
         Ok(())

@@ -20,10 +20,12 @@
 //! amortised size does not fit, the exact need is tried.
 
 mod config;
+mod sleep;
 mod space;
 mod unmap;
 
 pub use config::VmmConfig;
+pub use sleep::Moved;
 
 use super::{Grow, Upstream};
 use crate::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode};
@@ -260,5 +262,24 @@ impl Upstream for VmmReserve {
     fn close(&mut self, _calls: &mut DriverCalls) -> Result<(), DriverError> {
         let driver = self.driver.clone();
         self.space.close(driver.as_ref())
+    }
+
+    const CAN_SLEEP: bool = true;
+
+    fn sleep(&mut self, offload: bool, calls: &mut DriverCalls) -> Result<Moved, DriverError> {
+        let driver = self.driver.clone();
+        self.space.sleep(driver.as_ref(), offload, calls)
+    }
+
+    fn wake(&mut self, calls: &mut DriverCalls) -> Result<Moved, DriverError> {
+        let driver = self.driver.clone();
+        let r = self.space.wake(driver.as_ref(), calls);
+        // Growth after a wake starts small, as after a free.
+        self.streak = 0;
+        r
+    }
+
+    fn asleep_bytes(&self) -> usize {
+        self.space.asleep()
     }
 }

@@ -41,6 +41,9 @@ pub(super) struct Mapping {
     pub handle: PhysHandle,
     /// Index of its reservation.
     pub res: usize,
+    /// Unmapped by a sleep: the address range is kept, the physical memory is gone until the
+    /// pool wakes (`sleep.rs`).
+    pub asleep: bool,
 }
 
 impl Mapping {
@@ -73,15 +76,23 @@ pub(super) struct AddressSpace {
     pub(super) strays: Vec<Mapping>,
     /// How many of `strays`, from the end, the pool has not been handed yet.
     unclaimed: usize,
+    /// Host copies of mappings that sleep offloaded, by mapping address, until wake restores
+    /// them (`sleep.rs`).
+    pub(super) copies: Vec<(DevicePtr, crate::driver::HostBuffer)>,
 }
 
 /// How often undoing part of a failed growth, or finishing a half-done release, is tried.
 pub(super) const UNDO_TRIES: usize = 3;
 
 impl AddressSpace {
-    /// Bytes mapped in all reservations.
+    /// Bytes mapped in all reservations (asleep mappings hold no physical memory).
     pub fn mapped(&self) -> usize {
-        self.maps.iter().chain(&self.strays).map(|m| m.len).sum()
+        self.maps
+            .iter()
+            .chain(&self.strays)
+            .filter(|m| !m.asleep)
+            .map(|m| m.len)
+            .sum()
     }
 
     /// Recomputes where the next mapping in reservation `res` goes, after an unmap: the end
@@ -205,6 +216,7 @@ impl AddressSpace {
                         len: part,
                         handle,
                         res,
+                        asleep: false,
                     });
                     self.reservations[res].top += part;
                 }

@@ -61,6 +61,13 @@ impl AddressSpace {
         let mut gone: Vec<Mapping> = Vec::new();
         while self.maps.len() > first {
             let m = self.maps[self.maps.len() - 1];
+            if m.asleep {
+                // Its physical memory went at the sleep: only the range and any copy are left.
+                self.forget_asleep(&m);
+                self.maps.pop();
+                self.settle_top(m.res);
+                continue;
+            }
             let mut result = driver.unmap(m.ptr, m.len, m.handle);
             let tries = if gone.is_empty() { 1 } else { UNDO_TRIES };
             for _ in 1..tries {
