@@ -167,6 +167,51 @@ enum cupool_status cupool_phase_begin(const char *name);
 // boundary for the replay (as a prefill ubatch is).
 enum cupool_status cupool_phase_end(int32_t prefill);
 
+// Sets the tag of this thread's later allocations: a name of 1 to 64 bytes ("weights",
+// "kv_cache"), or null or "" for none. Each tag's memory lies in pools of its own, so
+// `cupool_sleep` can release it alone. Frees need no tag: a block is found under any.
+//
+// # Safety
+// `tag` is null or a NUL-terminated string.
+enum cupool_status cupool_set_tag(const char *tag);
+
+// The tag of this thread's allocations ("" for none). The string stays valid for the life
+// of the process.
+const char *cupool_tag(void);
+
+// Puts the memory tagged `tag` (null or "": the untagged memory) on `device` (-1: every
+// device) to sleep: synchronizes the device, returns its cached memory and the physical
+// memory under every live block to the driver, keeping every address; with `offload` nonzero
+// the contents are copied to page-locked host memory first, for `cupool_wake` to restore.
+// The synchronize lets kernels already queued finish first; work queued after this call must
+// not touch the memory until `cupool_wake` (it would fault). Allocations under the tag fail
+// while it sleeps; frees are taken. Writes the bytes released to `released` if not null.
+// Only the vmm pool (the default) can sleep. A failure leaves part of the tag asleep: call
+// `cupool_wake` (or sleep again).
+//
+// # Safety
+// `tag` is null or a NUL-terminated string; `released` is null or points to writable memory
+// for one `size_t`.
+enum cupool_status cupool_sleep(int32_t device, const char *tag, int32_t offload, size_t *released);
+
+// Wakes the memory tagged `tag` (null or "": untagged) on `device` (-1: every device): new
+// physical memory at every address the sleep released, offloaded contents copied back (the
+// copies are done when this returns). Waking what is awake does nothing. Writes the bytes
+// mapped again to `mapped` if not null.
+//
+// # Safety
+// `tag` is null or a NUL-terminated string; `mapped` is null or points to writable memory for
+// one `size_t`.
+enum cupool_status cupool_wake(int32_t device, const char *tag, size_t *mapped);
+
+// Writes to `asleep` the bytes of `tag`'s memory on `device` (-1: every device) that are
+// asleep now (0 when awake).
+//
+// # Safety
+// `tag` is null or a NUL-terminated string; `asleep` points to writable memory for one
+// `size_t`.
+enum cupool_status cupool_asleep_bytes(int32_t device, const char *tag, size_t *asleep);
+
 // The text of the last failure on this thread ("" after a success). The text stays valid
 // until this thread's next failed call, or its exit: successful calls, `cupool_shutdown`
 // included, leave it in place.

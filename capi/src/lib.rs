@@ -10,12 +10,12 @@
 //!   a size mismatch is reported and leaves the pool untouched.
 //!
 //! Layers: `status.rs` (codes, last error, the panic guard), `config.rs` (the configuration
-//! string), `state.rs` (the process-wide library state: devices, one pool per device × stream,
+//! string), `state.rs` (the process-wide library state: devices, one pool per device × stream × tag,
 //! the live blocks by address), `api/` (the C functions, by idea: opening, closing and the
-//! settings table; memory; releases; stats; recording), `torch.rs` (PyTorch's
+//! settings table; memory; releases; stats; recording; tags, sleep and wake), `torch.rs` (PyTorch's
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
 //! `repro-prefill replay`), `boundary.rs` (an engine's ubatch boundary: `CUPOOL_PURGE`, per-ubatch
-//! peaks).
+//! peaks), `tags.rs` (the names a caller gives what it allocates, for sleep and wake).
 
 mod api;
 mod boundary;
@@ -26,6 +26,7 @@ mod record;
 mod state;
 mod stats;
 mod status;
+mod tags;
 mod threads;
 mod torch;
 mod usage;

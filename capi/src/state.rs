@@ -24,6 +24,8 @@ use std::sync::Arc;
 pub(crate) struct StreamPool {
     pub device: usize,
     pub stream: u64,
+    /// The tag of what it holds (`tags.rs`; 0: none).
+    pub tag: u32,
     pub pool: Arc<dyn Pool>,
     pub live: Mutex<HashMap<u64, (usize, Block)>>,
     /// What its requests held at once since the last ubatch boundary.
@@ -39,7 +41,7 @@ pub(crate) struct Lib {
     /// `CUPOOL_AUTO_HEADROOM`: the free memory below which `auto` purges at a boundary.
     pub headroom: cupool_pool::AutoHeadroom,
     pub devices: usize,
-    streams: RwLock<HashMap<(usize, u64), Arc<StreamPool>>>,
+    streams: RwLock<HashMap<(usize, u64, u32), Arc<StreamPool>>>,
 }
 
 impl Lib {
@@ -89,14 +91,15 @@ impl Lib {
         })
     }
 
-    /// The pool of `device` × `stream`, built on first use when `create`.
+    /// The pool of `device` × `stream` × `tag`, built on first use when `create`.
     pub(crate) fn stream(
         &self,
         device: usize,
         stream: u64,
+        tag: u32,
         create: bool,
     ) -> Result<Arc<StreamPool>, Failure> {
-        if let Some(s) = self.streams.read().get(&(device, stream)) {
+        if let Some(s) = self.streams.read().get(&(device, stream, tag)) {
             return Ok(s.clone());
         }
         if !create {
@@ -105,15 +108,16 @@ impl Lib {
                 format!("cupool handed out nothing on device {device}, stream {stream:#x}"),
             ));
         }
-        let pool = self.registry.pool(device, StreamId(stream))?;
+        let pool = self.registry.pool_tagged(device, StreamId(stream), tag)?;
         let s = self
             .streams
             .write()
-            .entry((device, stream))
+            .entry((device, stream, tag))
             .or_insert_with(|| {
                 Arc::new(StreamPool {
                     device,
                     stream,
+                    tag,
                     pool,
                     live: Mutex::new(HashMap::new()),
                     usage: Mutex::new(Usage::default()),
@@ -129,7 +133,7 @@ impl Lib {
         self.streams
             .read()
             .iter()
-            .filter(|((d, _), _)| device.is_none_or(|want| *d == want))
+            .filter(|((d, _, _), _)| device.is_none_or(|want| *d == want))
             .map(|(_, s)| s.clone())
             .collect()
     }
@@ -251,18 +255,19 @@ pub(crate) fn current() -> Option<Arc<Lib>> {
     LIB.read().clone()
 }
 
-/// Runs `f` on the pool of `device` × `stream` without a thread's cache: while shutdown runs,
+/// Runs `f` on the pool of `device` × `stream` × `tag` without a thread's cache: while shutdown runs,
 /// and for calls after this thread's locals are gone. The library's read lock is held for the
 /// whole call, so shutdown cannot end the library under it.
 pub(crate) fn with_shared<T>(
     device: i32,
     stream: u64,
+    tag: u32,
     create: bool,
     f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     let lib = LIB.read();
     let lib = lib.as_ref().ok_or_else(not_initialized)?;
     let d = lib.check_device(device)?;
-    let s = lib.stream(d, stream, create)?;
+    let s = lib.stream(d, stream, tag, create)?;
     f(&s)
 }

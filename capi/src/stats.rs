@@ -44,6 +44,7 @@ pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
     );
     put("cupool.purges", t.purges);
     put("cupool.purged_bytes", t.purged_bytes as u64);
+    put("cupool.asleep_bytes.current", t.asleep_bytes as u64);
     put("cupool.driver_allocations", t.calls.acquisitions());
     put("cupool.driver_releases", t.calls.releases());
     out.push('}');

@@ -52,6 +52,14 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// The same failure, saying where it happened.
+    pub fn context(mut self, at: impl std::fmt::Display) -> Self {
+        self.text = format!("{at}: {}", self.text);
+        self
+    }
+}
+
 impl From<cupool_pool::PoolError> for Failure {
     fn from(e: cupool_pool::PoolError) -> Self {
         use cupool_pool::PoolError as E;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 struct Cache {
     generation: u64,
     lib: Option<Arc<Lib>>,
-    streams: HashMap<(usize, u64), Arc<StreamPool>>,
+    streams: HashMap<(usize, u64, u32), Arc<StreamPool>>,
 }
 
 impl Cache {
@@ -39,6 +39,7 @@ impl Cache {
         &mut self,
         device: i32,
         stream: u64,
+        tag: u32,
         create: bool,
         f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
@@ -51,9 +52,9 @@ impl Cache {
         // No reference count changes here: threads would contend on the shared counters.
         let lib = self.lib.as_ref().ok_or_else(state::not_initialized)?;
         let d = lib.check_device(device)?;
-        let s = match self.streams.entry((d, stream)) {
+        let s = match self.streams.entry((d, stream, tag)) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(lib.stream(d, stream, create)?),
+            Entry::Vacant(e) => e.insert(lib.stream(d, stream, tag, create)?),
         };
         f(s)
     }
@@ -93,13 +94,14 @@ thread_local! {
     static SLOT: Handle = Handle::register();
 }
 
-/// Runs `f` on the pool of `device` × `stream` (built on first use when `create`), through
-/// this thread's cache, or the shared way while shutdown runs or after this thread's locals
-/// are gone.
+/// Runs `f` on the pool of `device` × `stream` × `tag` (built on first use when `create`),
+/// through this thread's cache, or the shared way while shutdown runs or after this thread's
+/// locals are gone.
 #[inline]
 pub(crate) fn with_stream<T>(
     device: i32,
     stream: u64,
+    tag: u32,
     create: bool,
     f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
@@ -111,13 +113,13 @@ pub(crate) fn with_stream<T>(
         if CLOSING.load(Ordering::Relaxed) {
             return None;
         }
-        f.take().map(|f| cache.run(device, stream, create, f))
+        f.take().map(|f| cache.run(device, stream, tag, create, f))
     });
     if let Ok(Some(r)) = cached {
         return r;
     }
     match f {
-        Some(f) => state::with_shared(device, stream, create, f),
+        Some(f) => state::with_shared(device, stream, tag, create, f),
         None => Err(Failure::new(
             CupoolStatus::Internal,
             "a call was neither run through the thread's cache nor the shared way",

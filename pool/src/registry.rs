@@ -17,7 +17,9 @@ pub struct StreamId(pub u64);
 pub struct Registry {
     config: PoolConfig,
     drivers: Vec<Arc<dyn Driver>>,
-    pools: Mutex<HashMap<(usize, StreamId), Arc<dyn Pool>>>,
+    /// By (device, stream, tag): a tag (0: none) is a caller's name for part of what it
+    /// allocates, with pools of its own (libcupool's sleep and wake act on one tag).
+    pools: Mutex<HashMap<(usize, StreamId, u32), Arc<dyn Pool>>>,
 }
 
 impl Registry {
@@ -32,8 +34,19 @@ impl Registry {
 
     /// The pool of `(device, stream)`, created on first use.
     pub fn pool(&self, device: usize, stream: StreamId) -> Result<Arc<dyn Pool>, PoolError> {
+        self.pool_tagged(device, stream, 0)
+    }
+
+    /// The pool of `(device, stream)` for what is tagged `tag` (0: untagged, the same pool as
+    /// [`Registry::pool`]), created on first use.
+    pub fn pool_tagged(
+        &self,
+        device: usize,
+        stream: StreamId,
+        tag: u32,
+    ) -> Result<Arc<dyn Pool>, PoolError> {
         let mut pools = self.pools.lock();
-        if let Some(p) = pools.get(&(device, stream)) {
+        if let Some(p) = pools.get(&(device, stream, tag)) {
             return Ok(p.clone());
         }
         let driver = self.drivers.get(device).ok_or(PoolError::NoSuchDevice {
@@ -41,12 +54,13 @@ impl Registry {
             devices: self.drivers.len(),
         })?;
         let pool = self.config.build(driver.clone())?;
-        tracing::debug!(device, stream = stream.0, pool = %pool.kind(), "pool created");
-        pools.insert((device, stream), pool.clone());
+        tracing::debug!(device, stream = stream.0, tag, pool = %pool.kind(), "pool created");
+        pools.insert((device, stream, tag), pool.clone());
         Ok(pool)
     }
 
-    /// Every pool created so far, with its key.
+    /// Every pool created so far, with its device and stream (a stream's tagged pools share
+    /// its key), ordered by device, stream and tag.
     pub fn pools(&self) -> Vec<((usize, StreamId), Arc<dyn Pool>)> {
         let mut v: Vec<_> = self
             .pools
@@ -55,7 +69,7 @@ impl Registry {
             .map(|(k, p)| (*k, p.clone()))
             .collect();
         v.sort_by_key(|(k, _)| *k);
-        v
+        v.into_iter().map(|((d, s, _), p)| ((d, s), p)).collect()
     }
 
     /// The driver of `device`.

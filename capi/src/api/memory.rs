@@ -4,6 +4,7 @@
 use super::text_arg;
 use crate::state;
 use crate::status::{guard, status, CupoolStatus, Failure};
+use crate::tags;
 use crate::threads::with_stream;
 use cupool_pool::{Purge, PurgePolicy};
 use std::ffi::{c_char, c_void};
@@ -45,7 +46,7 @@ fn try_alloc(
     size: usize,
     name: Option<&str>,
 ) -> Result<(u64, usize), Failure> {
-    with_stream(device, stream, true, |s| {
+    with_stream(device, stream, tags::current(), true, |s| {
         let b = s.pool.alloc(size)?;
         let (ptr, capacity) = (b.ptr(), b.capacity());
         s.live.lock().insert(ptr, (size, b));
@@ -56,8 +57,28 @@ fn try_alloc(
     })
 }
 
+/// Frees `ptr` into the pool of the tag in force on this thread, else into whichever tagged
+/// pool of `device` × `stream` handed it out: a block may be freed under another tag (or none)
+/// than it was allocated with.
 pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result<(), Failure> {
-    with_stream(device, stream, false, |s| {
+    let now = tags::current();
+    let first = free_in(device, stream, now, ptr, size);
+    match first {
+        Err(f) if f.status == CupoolStatus::UnknownPointer && tags::count() > 1 => {
+            for tag in (0..tags::count()).filter(|&t| t != now) {
+                match free_in(device, stream, tag, ptr, size) {
+                    Err(g) if g.status == CupoolStatus::UnknownPointer => continue,
+                    other => return other,
+                }
+            }
+            Err(f)
+        }
+        other => other,
+    }
+}
+
+fn free_in(device: i32, stream: u64, tag: u32, ptr: u64, size: usize) -> Result<(), Failure> {
+    with_stream(device, stream, tag, false, |s| {
         let mut live = s.live.lock();
         match live.remove(&ptr) {
             None => Err(Failure::new(

@@ -4,4 +4,5 @@
 mod api;
 mod header;
 mod settings;
+mod sleep;
 mod threads;
