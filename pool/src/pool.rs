@@ -90,8 +90,9 @@ pub trait Pool: Send + Sync + fmt::Debug {
     /// contents are copied to page-locked host memory first, for [`Pool::wake`] to restore.
     /// The token proves a synchronize: the caller must also have finished (synchronized) all
     /// work that uses the pool's memory. Asleep, the pool refuses allocations
-    /// ([`PoolError::Asleep`]) and takes frees. A failure leaves part of the pool asleep; a
-    /// later sleep or wake goes on from there. Only the vmm pool sleeps; the others answer
+    /// ([`PoolError::Asleep`]) until a wake succeeds, and takes frees. A failure leaves the
+    /// pool asleep, part of its memory perhaps still mapped: a later sleep or wake goes on
+    /// from there, and nothing is lost. Only the vmm pool sleeps; the others answer
     /// [`PoolError::CannotSleep`].
     fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
         let _ = (token, offload);

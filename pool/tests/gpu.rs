@@ -406,3 +406,85 @@ fn cuda_vmm_serves_more_than_32_gib_over_small_reservations() {
     let after = d.mem_info().unwrap().free;
     assert!(after + 64 * MIB >= free, "before {free}, after {after}");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_vmm_sleep_frees_the_card_and_wake_restores_every_byte() {
+    if common::no_gpu() {
+        return;
+    }
+    let drv = CudaDriver::new(0).unwrap();
+    let k = kernels(&drv);
+    let drv: Arc<dyn Driver> = Arc::new(drv);
+    let pool: Arc<dyn Pool> = Arc::new(VmmPool::new(drv.clone()));
+    let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
+    let sizes = [1usize, 3 * MIB, 64 * MIB, 300 * MIB];
+    let bufs: Vec<(PoolBuffer<u32>, u32)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let buf = PoolBuffer::<u32>::alloc(&pool, n).unwrap();
+            let (tag, n) = (i as u32 + 7, n as u64);
+            let mut b = k.stream.launch_builder(&k.fill);
+            b.arg(&buf).arg(&tag).arg(&n);
+            // SAFETY: writes `n` u32 into a live buffer of exactly that length.
+            unsafe { b.launch(cfg(buf.len())) }.unwrap();
+            (buf, tag)
+        })
+        .collect();
+    let ptrs: Vec<u64> = bufs.iter().map(|(b, _)| b.ptr()).collect();
+    let reserved = pool.stats().reserved_bytes;
+    k.stream.synchronize().unwrap();
+    let before = drv.mem_info().unwrap().free;
+    let t = std::time::Instant::now();
+    let slept = pool
+        .sleep(&synchronize(drv.as_ref()).unwrap(), true)
+        .unwrap();
+    let sleep_s = t.elapsed().as_secs_f64();
+    let during = drv.mem_info().unwrap().free;
+    assert_eq!(slept.bytes, slept.copied);
+    assert!(
+        (during - before) as f64 >= 0.995 * reserved as f64,
+        "freed {} of {reserved} reserved bytes",
+        during - before
+    );
+    assert!(pool.alloc(64).is_err(), "an asleep pool serves nothing");
+    let t = std::time::Instant::now();
+    let woken = pool.wake().unwrap();
+    let wake_s = t.elapsed().as_secs_f64();
+    assert_eq!((woken.bytes, woken.copied), (slept.bytes, slept.copied));
+    for ((buf, tag), ptr) in bufs.iter().zip(&ptrs) {
+        assert_eq!(buf.ptr(), *ptr, "addresses are kept");
+        let n = buf.len() as u64;
+        let mut b = k.stream.launch_builder(&k.check);
+        b.arg(buf).arg(tag).arg(&n).arg(&bad);
+        // SAFETY: reads `n` u32 from a live buffer of that length.
+        unsafe { b.launch(cfg(buf.len())) }.unwrap();
+    }
+    assert_eq!(
+        k.stream.clone_dtoh(&bad).unwrap()[0],
+        0,
+        "offloaded bytes restored"
+    );
+    eprintln!(
+        "sleep/wake of {} MiB with offload: sleep {sleep_s:.3} s, wake {wake_s:.3} s, freed {} MiB",
+        slept.bytes / MIB,
+        (during - before) / MIB
+    );
+    // Without offload: the memory comes back writable, at the same addresses.
+    pool.sleep(&synchronize(drv.as_ref()).unwrap(), false)
+        .unwrap();
+    pool.wake().unwrap();
+    let (buf, tag) = &bufs[3];
+    let n = buf.len() as u64;
+    let mut b = k.stream.launch_builder(&k.fill);
+    b.arg(buf).arg(tag).arg(&n);
+    // SAFETY: writes `n` u32 into a live buffer of exactly that length.
+    unsafe { b.launch(cfg(buf.len())) }.unwrap();
+    let mut b = k.stream.launch_builder(&k.check);
+    b.arg(buf).arg(tag).arg(&n).arg(&bad);
+    // SAFETY: reads `n` u32 from a live buffer of that length.
+    unsafe { b.launch(cfg(buf.len())) }.unwrap();
+    assert_eq!(k.stream.clone_dtoh(&bad).unwrap()[0], 0);
+    drop(bufs);
+}

@@ -10,7 +10,8 @@ cupy::
     print(cupool.stats(0)["reserved_bytes.all.peak"])
 
 ``cupool.torch.mempool()`` gives a ``torch.cuda.MemPool`` over cupool instead, and
-``cupool.cupy.install()`` makes cupool CuPy's allocator. See docs/pytorch.md.
+``cupool.cupy.install()`` makes cupool CuPy's allocator. ``cupool.tag``, ``cupool.sleep`` and
+``cupool.wake`` free a tagged part of the memory between phases (see ``cupool.tags``). See docs/pytorch.md.
 """
 
 import contextlib
@@ -18,10 +19,12 @@ import ctypes
 
 from ._lib import CupoolError, LibraryNotFound, load
 from . import _lib
+from .tags import asleep_bytes, current_tag, sleep, tag, wake
 
 __all__ = ["CupoolError", "LibraryNotFound", "init", "is_initialized", "shutdown", "stats",
            "trim", "purge", "reset_peaks", "record", "phase", "device_count", "library_path",
-           "config_string", "ensure_open", "ubatch_end"]
+           "config_string", "ensure_open", "ubatch_end", "tag", "current_tag", "sleep", "wake",
+           "asleep_bytes"]
 
 #: The configuration names ``init`` takes as keywords, and the C API's names for them.
 OPTIONS = {

@@ -79,6 +79,11 @@ _SIGNATURES = {
     "cupool_record_stop": (ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64)]),
     "cupool_phase_begin": (ctypes.c_int, [ctypes.c_char_p]),
     "cupool_phase_end": (ctypes.c_int, [ctypes.c_int32]),
+    "cupool_set_tag": (ctypes.c_int, [ctypes.c_char_p]),
+    "cupool_tag": (ctypes.c_char_p, []),
+    "cupool_sleep": (ctypes.c_int, [ctypes.c_int32, ctypes.c_char_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]),
+    "cupool_wake": (ctypes.c_int, [ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "cupool_asleep_bytes": (ctypes.c_int, [ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
     "cupool_torch_alloc": (_P, [ctypes.c_size_t, ctypes.c_int, _P]),
     "cupool_torch_free": (None, [_P, ctypes.c_size_t, ctypes.c_int, _P]),
 }

@@ -16,6 +16,8 @@ import collections
 
 import cupool
 from . import _lib
+from .tags import asleep_bytes, tag, wake  # noqa: F401 (cupool.torch.tag etc.)
+from .tags import sleep as _sleep
 
 _allocator = None
 
@@ -121,3 +123,12 @@ def memory_reserved(device=None):
 def max_memory_reserved(device=None):
     """The highest ``memory_reserved()`` since the last ``reset_peak_memory_stats()``."""
     return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def sleep(tags, offload=(), device=None):
+    """``cupool.sleep`` for tensors: synchronizes the device (every queued kernel finishes),
+    then releases the GPU memory of ``tags`` (tensors made inside ``with cupool.torch.tag(name):``)
+    keeping every tensor's address; tags in ``offload`` are copied to page-locked host memory
+    first and restored bit for bit by ``wake``. Needs ``install()`` (or a ``mempool(pool="vmm")``
+    per tag); returns the bytes released."""
+    return _sleep(tags, offload=offload, device=-1 if device is None else _index(device))

@@ -41,6 +41,11 @@ def test_torch_installed(tmp_path, pool):
     assert (tmp_path / "trace.jsonl").stat().st_size > 0
 
 
+def test_torch_sleep_and_wake():
+    p = run("torch_sleep.py")
+    assert "sleep and wake through torch: ok" in p.stdout, p.stdout
+
+
 def test_torch_install_after_cuda_work_is_refused():
     p = run("torch_install_too_late.py")
     assert "refused" in p.stdout

@@ -306,3 +306,33 @@ def test_purge_never_takes_no_out_of_memory_retry_and_says_so():
         cupool.shutdown()
     with pytest.raises(cupool.CupoolError, match="CUPOOL_PURGE=.*accepted values are never, always, auto"):
         cupool.init(pool="legacy", device="sim", purge="sometimes")
+
+
+def test_tagged_memory_sleeps_alone_and_wakes_with_its_bytes(sim):
+    with cupool.tag("weights"):
+        assert cupool.current_tag() == "weights"
+        w, _ = alloc(sim, 3 * MIB)
+        with cupool.tag("kv_cache"):
+            kv, _ = alloc(sim, 2 * MIB)
+        assert cupool.current_tag() == "weights", "the outer tag comes back"
+    assert cupool.current_tag() == ""
+    plain, _ = alloc(sim, MIB)
+    # The simulated card's addresses are host memory: write a pattern to read back.
+    pattern = bytes(range(256)) * (3 * MIB // 256)
+    ctypes.memmove(w, pattern, len(pattern))
+    with pytest.raises(ValueError, match="not among the tags"):
+        cupool.sleep("kv_cache", offload=["weights"])
+    released = cupool.sleep(["weights", "kv_cache"], offload=["weights"])
+    assert released >= 5 * MIB
+    assert cupool.asleep_bytes("weights") >= 3 * MIB
+    assert cupool.stats(0)["cupool.asleep_bytes.current"] == released
+    with cupool.tag("weights"):
+        assert not sim.cupool_alloc(0, 0, 64, None)
+        assert "asleep" in _lib.last_error()
+    assert cupool.wake(["weights", "kv_cache"]) == released
+    assert ctypes.string_at(w, len(pattern)) == pattern
+    assert cupool.asleep_bytes("weights") == 0
+    for p, n in ((w, 3 * MIB), (kv, 2 * MIB), (plain, MIB)):
+        _lib.check(sim.cupool_free(0, 0, p, n))
+    with pytest.raises(cupool.CupoolError, match='ever tagged "nope"'):
+        cupool.sleep("nope")

@@ -3,8 +3,9 @@
 //! The core releases what is cached first (a plain purge under the caller's token), so sleep
 //! unmaps only what live blocks lie in, then hands the rest to the upstream. The placement is
 //! not touched: every block keeps its address and its place, so frees while asleep are plain
-//! bookkeeping, and a wake needs no re-placement. Allocations are refused while anything is
-//! asleep (the fast path would otherwise hand out an address with nothing behind it).
+//! bookkeeping, and a wake needs no re-placement. Allocations are refused from the sleep
+//! until a wake succeeds (the fast path would otherwise hand out an address with nothing
+//! behind it).
 
 use super::{Ctx, State};
 use crate::error::PoolError;
@@ -28,17 +29,14 @@ impl Ctx {
                 device: self.driver.ordinal(),
             });
         }
-        if !g.asleep {
+        // Refuse allocations from here until a wake, also if a step below fails or the pool
+        // is empty: a caller that put a pool to sleep gets no memory from it (a pool behind
+        // size classes is several pools, some of them empty).
+        let was_asleep = std::mem::replace(&mut g.asleep, true);
+        if !was_asleep {
             self.release(g, token, &Purge::All)?;
         }
-        // Refuse allocations from here on, also if the upstream stops halfway.
-        g.asleep = true;
-        let result = g.upstream.sleep(offload, &mut g.tracker.s.calls);
-        if g.upstream.asleep_bytes() == 0 {
-            // Nothing was put to sleep (an empty pool, or a failure before the first unmap).
-            g.asleep = false;
-        }
-        let moved = result?;
+        let moved = g.upstream.sleep(offload, &mut g.tracker.s.calls)?;
         tracing::info!(pool = %self.kind, device = self.driver.ordinal(), released = moved.bytes, offloaded = moved.copied, "pool asleep");
         Ok(moved)
     }
