@@ -12,6 +12,9 @@ use std::sync::Arc;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(pub u64);
 
+/// A pool's key: its device, its stream, and the tag of what it holds (0: none).
+type Key = (usize, StreamId, u32);
+
 /// Pools per (device, stream).
 #[derive(Debug)]
 pub struct Registry {
@@ -19,7 +22,7 @@ pub struct Registry {
     drivers: Vec<Arc<dyn Driver>>,
     /// By (device, stream, tag): a tag (0: none) is a caller's name for part of what it
     /// allocates, with pools of its own (libcupool's sleep and wake act on one tag).
-    pools: Mutex<HashMap<(usize, StreamId, u32), Arc<dyn Pool>>>,
+    pools: Mutex<HashMap<Key, Arc<dyn Pool>>>,
 }
 
 impl Registry {

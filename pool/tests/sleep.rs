@@ -268,3 +268,33 @@ proptest! {
         prop_assert!(dev.ledger().is_empty());
     }
 }
+
+#[test]
+fn a_second_offload_reuses_the_host_buffers_until_a_trim_gives_them_back() {
+    let dev = sim(1.0);
+    let inj = Arc::new(FaultInjector::new(as_driver(&dev)));
+    let p = vmm(inj.clone());
+    let b = p.alloc(20 * MIB).unwrap();
+    fill(&b, 5);
+    let cycle = || {
+        p.sleep(&synchronize(inj.as_ref()).unwrap(), true).unwrap();
+        p.wake().unwrap();
+    };
+    cycle();
+    let first = inj.calls(CallKind::HostAlloc);
+    assert!(first > 0);
+    cycle();
+    assert_eq!(
+        inj.calls(CallKind::HostAlloc),
+        first,
+        "no page-locking the second time"
+    );
+    assert!(holds(&b, 5));
+    // A trim gives the kept buffers back: the next offload allocates again.
+    p.purge(&synchronize(inj.as_ref()).unwrap(), Purge::All)
+        .unwrap();
+    cycle();
+    assert_eq!(inj.calls(CallKind::HostAlloc), 2 * first);
+    assert!(holds(&b, 5));
+    p.free(b).unwrap();
+}

@@ -6,13 +6,20 @@ Two modes:
   (``torch.cuda.memory.change_current_allocator``). Must run before PyTorch allocates CUDA
   memory. PyTorch's own statistics, snapshots and ``empty_cache`` do not see it; use this
   module's ``memory_stats()``, ``max_memory_allocated()``, ``reset_peak_memory_stats()`` (the
-  names and meanings of ``torch.cuda``'s) and ``cupool.trim()``.
+  names and meanings of ``torch.cuda``'s) and ``cupool.trim()``. An allocation cupool cannot
+  serve raises ``torch.OutOfMemoryError`` with cupool's report, through a small C++ shim built
+  against the installed PyTorch at the first install (cached; PyTorch does not check what a
+  plug-in returns, so without the shim it would get a null pointer).
 - ``mempool()``: a ``torch.cuda.MemPool`` whose segments come from cupool; use it with
   ``torch.cuda.use_mem_pool(p)``. PyTorch's caching runs on top; its statistics keep working and
   an out-of-memory is PyTorch's usual ``torch.OutOfMemoryError``.
 """
 
 import collections
+import ctypes
+import hashlib
+import os
+import warnings
 
 import cupool
 from . import _lib
@@ -20,6 +27,7 @@ from .tags import asleep_bytes, tag, wake  # noqa: F401 (cupool.torch.tag etc.)
 from .tags import sleep as _sleep
 
 _allocator = None
+_raising = None
 
 
 def _torch():
@@ -43,11 +51,53 @@ def _pluggable():
     return _allocator
 
 
-def install(pool=None, config=None, **options):
+def _shim_path(torch):
+    """Builds the out-of-memory shim (``torch_oom.cpp``) against this PyTorch, once per PyTorch
+    version and source, binds it to libcupool, and returns its path."""
+    from torch.utils import cpp_extension
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_oom.cpp")
+    with open(src, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    build = os.path.join(cache, "cupool", f"torch-{torch.__version__}-{digest}")
+    os.makedirs(build, exist_ok=True)
+    cpp_extension.load(name="cupool_torch_oom", sources=[src], build_directory=build,
+                       is_python_module=False, verbose=False)
+    path = os.path.join(build, "cupool_torch_oom.so")
+    shim, lib = ctypes.CDLL(path), _lib.load()
+    shim.cupool_torch_oom_bind.argtypes = [ctypes.c_void_p] * 3
+    addr = [ctypes.cast(f, ctypes.c_void_p) for f in
+            (lib.cupool_torch_alloc, lib.cupool_torch_free, lib.cupool_last_error)]
+    if shim.cupool_torch_oom_bind(*addr) != 0:
+        raise RuntimeError("the shim refused libcupool's entry points")
+    return path
+
+
+def _raising_pluggable(torch):
+    """The allocator ``install`` uses: the shim's entry points, which raise
+    ``torch.OutOfMemoryError``; libcupool's own (with a warning saying why) where the shim
+    cannot be built (no C++ compiler, say)."""
+    global _raising
+    if _raising is None:
+        try:
+            path = _shim_path(torch)
+        except Exception as e:  # noqa: BLE001 (any build failure falls back, with the reason)
+            warnings.warn(f"cupool: out-of-memory errors cannot be raised to PyTorch (building the C++ shim "
+                          f"against torch {torch.__version__} failed: {str(e).splitlines()[0] if str(e) else e!r}); "
+                          "an allocation cupool cannot serve gives PyTorch a null pointer. Install a C++ "
+                          "compiler and ninja, or pass raise_oom=False to silence this.", RuntimeWarning)
+            return _pluggable()
+        _raising = torch.cuda.memory.CUDAPluggableAllocator(
+            path, "cupool_torch_oom_alloc", "cupool_torch_oom_free")
+    return _raising
+
+
+def install(pool=None, config=None, raise_oom=True, **options):
     """Makes cupool the allocator of every CUDA tensor in this process. ``pool`` is vmm (the
     default), legacy, managed, torch or direct; ``options`` are ``cupool.OPTIONS``. If
     ``cupool.init`` already opened the library, pass no settings: its own are used. Raises a
-    ``RuntimeError`` if PyTorch already allocated CUDA memory."""
+    ``RuntimeError`` if PyTorch already allocated CUDA memory. With ``raise_oom`` (the default)
+    an allocation cupool cannot serve raises ``torch.OutOfMemoryError`` (see the module text)."""
     torch = _torch()
     if torch.cuda.is_initialized() and (torch.cuda.memory_reserved() > 0
                                         or torch.cuda.memory_allocated() > 0):
@@ -58,7 +108,7 @@ def install(pool=None, config=None, **options):
             "cupool.torch.mempool() to route part of the work through cupool.")
     cupool.ensure_open(pool, "vmm", config, dict(options))
     try:
-        torch.cuda.memory.change_current_allocator(_pluggable())
+        torch.cuda.memory.change_current_allocator(_raising_pluggable(torch) if raise_oom else _pluggable())
     except RuntimeError as e:
         raise RuntimeError(f"cupool.torch.install() came too late: PyTorch refused to swap its "
                            f"allocator ({e}). Call it before any CUDA work.") from e

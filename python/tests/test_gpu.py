@@ -41,9 +41,27 @@ def test_torch_installed(tmp_path, pool):
     assert (tmp_path / "trace.jsonl").stat().st_size > 0
 
 
+@pytest.mark.parametrize("pool", ["vmm", "legacy"])
+def test_torch_installed_oom_raises_torchs_error(pool):
+    p = run("torch_installed_oom.py", pool=pool)
+    assert "installed-route out-of-memory: ok" in p.stdout, p.stdout
+
+
+def test_torch_compile_runs_and_its_cuda_graphs_are_refused_with_the_reason():
+    p = run("torch_compile.py")
+    assert "torch.compile (default mode): ok" in p.stdout, p.stdout
+    assert "reduce-overhead refused" in p.stdout, p.stdout
+
+
 def test_torch_sleep_and_wake():
     p = run("torch_sleep.py")
     assert "sleep and wake through torch: ok" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("pool", ["direct", "vmm"])
+def test_torch_graph_capture_through_a_mempool(pool):
+    p = run("torch_graphs.py", pool=pool)
+    assert "graph replayed through a cupool MemPool" in p.stdout, p.stdout
 
 
 def test_torch_install_after_cuda_work_is_refused():

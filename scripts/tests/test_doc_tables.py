@@ -34,3 +34,7 @@ def test_the_final_settings_tables_are_their_runs():
 
 def test_the_micro_benchmark_table_is_its_run():
     check("--micro", f"{DATA}/micro.jsonl")
+
+
+def test_the_sleep_and_wake_table_is_its_run():
+    check("--sleep", "data/h100-2026-11-25-sleep/sleep.jsonl")

@@ -1,15 +1,17 @@
 """Markdown tables from the benchmarks' JSON lines: median over the repetitions, [min, max] in
 brackets. Usage: python3 scripts/torch/report.py prefill-*.jsonl, or
-python3 scripts/torch/report.py --micro micro.jsonl for the micro-benchmark's table."""
+python3 scripts/torch/report.py --micro micro.jsonl for the micro-benchmark's table, or
+python3 scripts/torch/report.py --sleep sleep.jsonl for sleep and wake (scripts/torch/sleep.py)."""
 import json
 import statistics
 import sys
 from collections import defaultdict
 
 MICRO = len(sys.argv) == 3 and sys.argv[1] == "--micro"
+SLEEP = len(sys.argv) == 3 and sys.argv[1] == "--sleep"
 ORDER = ["native", "expandable", "async", "cupool", "cupool-mempool"]
 runs = defaultdict(list)
-for path in ([] if MICRO else sys.argv[1:]):
+for path in ([] if MICRO or SLEEP else sys.argv[1:]):
     for line in open(path):
         r = json.loads(line)
         runs[(r["model"], r["allocator"])].append(r)
@@ -60,5 +62,23 @@ def micro(path):
         print(f"| {names.get(r['allocator'], r['allocator'])} | " + " | ".join(cells) + " |")
 
 
+def sleep(path):
+    """Sleep and wake: seconds for each size, way and round, and the share of the size that
+    cudaMemGetInfo saw freed."""
+    rows = [json.loads(line) for line in open(path)]
+    print(f"{rows[0]['gpu']}, PyTorch {rows[0]['torch']}\n")
+    print("| size | way | round | sleep (s) | wake (s) | freed on the device | bytes back |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "sleep_s" not in r:
+            print(f"| {r['gib']} GiB | {r['case']}: {r['why']} | | | | | |")
+            continue
+        back = {True: "bit for bit", False: "**differ**", None: "not kept"}[r["restored"]]
+        print(f"| {r['gib']} GiB | {r['case']} | {r['cycle']} | {r['sleep_s']:.3f} | {r['wake_s']:.3f} "
+              f"| {100 * r['freed_share']:.2f}% | {back} |")
+
+
 if MICRO:
     micro(sys.argv[2])
+elif SLEEP:
+    sleep(sys.argv[2])

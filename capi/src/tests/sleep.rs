@@ -99,10 +99,8 @@ fn a_tag_sleeps_alone_keeps_its_addresses_and_wakes_with_its_bytes() {
     let mut asleep = 0usize;
     let w = CString::new("weights").unwrap();
     // SAFETY: a NUL-terminated string and a writable size_t.
-    assert_eq!(
-        unsafe { cupool_asleep_bytes(0, w.as_ptr(), &mut asleep) },
-        CupoolStatus::Ok
-    );
+    let s = unsafe { cupool_asleep_bytes(0, w.as_ptr(), &mut asleep) };
+    assert_eq!(s, CupoolStatus::Ok);
     assert_eq!(asleep, released);
     assert_eq!(
         stat(&stats(0), "cupool.asleep_bytes.current"),

@@ -201,6 +201,12 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
             // What is cached went at the sleep; the rest has no physical memory to return.
             return Ok(Released::default());
         }
+        if what == Purge::All {
+            let host = g.upstream.drop_host_buffers();
+            if host > 0 {
+                tracing::debug!(pool = %self.ctx.kind, bytes = host, "gave back the host buffers kept for offloads");
+            }
+        }
         let r = self.ctx.release(&mut g, token, &what);
         if let Ok(r) = &r {
             if r.bytes > 0 || r.deferred_bytes > 0 {

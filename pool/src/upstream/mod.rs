@@ -85,6 +85,11 @@ pub trait Upstream: Send + fmt::Debug + 'static {
         0
     }
 
+    /// Gives back host memory kept for the next sleep's offload; returns its bytes.
+    fn drop_host_buffers(&mut self) -> usize {
+        0
+    }
+
     /// Releases what the upstream holds of its own, once every segment is back.
     fn close(&mut self, _calls: &mut DriverCalls) -> Result<(), DriverError> {
         Ok(())

@@ -1,4 +1,6 @@
-"""What an out-of-memory looks like when cupool is installed as PyTorch's allocator."""
+"""An out-of-memory with cupool installed as PyTorch's allocator: the user catches
+torch.OutOfMemoryError (torch.cuda.OutOfMemoryError) with cupool's report in its message, and
+the process goes on computing."""
 import os
 import sys
 
@@ -12,9 +14,13 @@ x = torch.ones(1 << 20, device="cuda")
 free, total = torch.cuda.mem_get_info()
 try:
     t = torch.empty(total * 2, dtype=torch.uint8, device="cuda")
-    print("no exception; data_ptr", t.data_ptr())
-except torch.OutOfMemoryError as e:
-    print("torch.OutOfMemoryError:", str(e).splitlines()[0])
-except Exception as e:
-    print("other exception:", type(e).__name__, str(e).splitlines()[0])
-print("still usable:", float(x.sum()) == 1 << 20)
+    raise SystemExit(f"no exception: PyTorch got a tensor at {t.data_ptr():#x}")
+except torch.cuda.OutOfMemoryError as e:
+    text = str(e)
+    print("torch.OutOfMemoryError:", text.splitlines()[0][:300])
+    assert "cupool" in text and "out of device memory" in text, text
+    assert f"({total * 2} bytes)" in text, text
+assert cupool.torch.memory_stats()["num_ooms"] >= 1
+y = torch.ones(1 << 20, device="cuda") + x
+assert float(y.sum()) == 2 * (1 << 20)
+print("installed-route out-of-memory: ok")

@@ -282,4 +282,8 @@ impl Upstream for VmmReserve {
     fn asleep_bytes(&self) -> usize {
         self.space.asleep()
     }
+
+    fn drop_host_buffers(&mut self) -> usize {
+        self.space.drop_spares()
+    }
 }

@@ -8,6 +8,12 @@
 //! is idle). A failure stops where it happened and leaves every mapping either awake (mapped,
 //! with its contents) or asleep (unmapped, with its host copy when offloaded): a later sleep or
 //! wake goes on from there, and nothing is lost.
+//!
+//! Page-locking host memory is the slow part of an offload (about 1.6 GB/s measured on an H100
+//! host, against some 20 GB/s for the copy itself), and a program that sleeps once sleeps
+//! again (a training step between two generations): the buffers a wake has emptied are kept
+//! for the next sleep, and given back by a purge of everything (a trim) or when the pool
+//! closes.
 
 use super::space::{AddressSpace, Mapping};
 use crate::driver::{CallKind, Driver, DriverError};
@@ -52,7 +58,10 @@ impl AddressSpace {
             }
             // A copy still waiting from a failed restore holds the contents: keep it.
             let copy = if offload && self.copy_of(&m).is_none() {
-                let mut buf = driver.host_buffer(m.len)?;
+                let mut buf = match self.spares.iter().position(|b| b.len() == m.len) {
+                    Some(i) => self.spares.swap_remove(i),
+                    None => driver.host_buffer(m.len)?,
+                };
                 driver.copy_to_host(m.ptr, buf.bytes_mut())?;
                 Some(buf)
             } else {
@@ -86,7 +95,8 @@ impl AddressSpace {
             }
             // Also for an awake mapping: a restore that failed at an earlier wake is retried.
             if let Some(at) = self.copy_of(&m) {
-                if let Err(e) = driver.copy_from_host(m.ptr, self.copies[at].1.bytes()) {
+                let restored = driver.copy_from_host(m.ptr, self.copies[at].1.bytes());
+                if let Err(e) = restored {
                     if m.asleep && driver.unmap(m.ptr, m.len, handle).is_ok() {
                         // As it was: asleep, with its copy.
                         calls.record(CallKind::Unmap);
@@ -100,7 +110,8 @@ impl AddressSpace {
                     };
                     return Err(e);
                 }
-                self.copies.swap_remove(at);
+                let (_, buf) = self.copies.swap_remove(at);
+                self.spares.push(buf);
                 out.copied += m.len;
             }
             if m.asleep {
@@ -113,6 +124,13 @@ impl AddressSpace {
             }
         }
         Ok(out)
+    }
+
+    /// Gives back the host buffers kept for the next offload; returns their bytes.
+    pub fn drop_spares(&mut self) -> usize {
+        let bytes = self.spares.iter().map(|b| b.len()).sum();
+        self.spares.clear();
+        bytes
     }
 
     /// Drops what is left of an asleep mapping that the pool releases: its host copy.

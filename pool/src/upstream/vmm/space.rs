@@ -79,6 +79,8 @@ pub(super) struct AddressSpace {
     /// Host copies of mappings that sleep offloaded, by mapping address, until wake restores
     /// them (`sleep.rs`).
     pub(super) copies: Vec<(DevicePtr, crate::driver::HostBuffer)>,
+    /// Host buffers a wake emptied, kept for the next offload (`sleep.rs`).
+    pub(super) spares: Vec<crate::driver::HostBuffer>,
 }
 
 /// How often undoing part of a failed growth, or finishing a half-done release, is tried.
