@@ -3,7 +3,9 @@
 //! Always on the simulated device; on a CUDA device too when one is present, next to the
 //! driver's own cuMemAlloc+cuMemFree and cuMemAllocAsync+cuMemFreeAsync (warm stream-ordered
 //! pool) in the same run. Goal: a cached pair costs at most a tenth of the async pair.
-//! The threaded variant runs N threads on N per-stream pools and N threads on one pool.
+//! The threaded variant runs N threads on N per-stream pools and N threads on one pool; the
+//! shared variant runs 1 to 16 threads on one pool, with and without per-thread caches, against
+//! cuMemAllocAsync on one stream.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use cupool::pool::driver::cuda::{is_available, CudaDriver};
 use cupool::pool::driver::sim::{SimConfig, SimDevice};
@@ -88,6 +90,69 @@ fn threaded_pairs(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
     g.finish();
 }
 
+/// One pool shared by 1 to 16 threads, as a framework's threads share a stream: the pool
+/// alone, behind per-thread caches ([`ThreadCache`]), and cuMemAllocAsync + cuMemFreeAsync on
+/// one shared stream (CUDA's stream-ordered pool) at the same thread counts, in the same run.
+/// Each thread's pair time (wall time of `iters` pairs on every thread at once, over `iters`).
+fn shared_pool_threads(
+    c: &mut Criterion,
+    device: &str,
+    d: Arc<dyn Driver>,
+    cuda: Option<&CudaDriver>,
+) {
+    use cupool::pool::adaptors::{ThreadCache, ThreadCacheConfig};
+    use cupool::pool::{PoolConfig, PoolKind};
+    let mut g = c.benchmark_group(format!("hot_path_shared/{device}"));
+    g.measurement_time(std::time::Duration::from_secs(1))
+        .warm_up_time(std::time::Duration::from_millis(300))
+        .sample_size(10);
+    let run = |iters: u64, threads: usize, pair: &(dyn Fn() + Sync)| {
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| (0..iters).for_each(|_| pair()));
+            }
+        });
+        start.elapsed()
+    };
+    for threads in [1usize, 2, 4, 8, 16] {
+        for kind in [PoolKind::Vmm, PoolKind::Legacy] {
+            let pool = PoolConfig::default().kind(kind).build(d.clone()).unwrap();
+            let cached: Arc<dyn Pool> =
+                Arc::new(ThreadCache::new(pool.clone(), ThreadCacheConfig::default()));
+            for (label, p) in [("", &pool), ("+thread-cache", &cached)] {
+                let pair = || {
+                    let blk = p.alloc(black_box(4096)).unwrap();
+                    p.free(blk).unwrap();
+                };
+                g.bench_function(
+                    BenchmarkId::new(format!("{}{label}", kind.name()), threads),
+                    |b| b.iter_custom(|iters| run(iters, threads, &pair)),
+                );
+            }
+        }
+        if let Some(drv) = cuda {
+            use cudarc::driver::result;
+            let stream = drv.context().new_stream().unwrap();
+            let raw = stream.cu_stream() as usize;
+            let pair = || {
+                drv.context().bind_to_thread().unwrap();
+                let s = raw as cudarc::driver::sys::CUstream;
+                // SAFETY: stream-ordered allocation and free on our own stream; nothing reads it.
+                unsafe {
+                    let p = result::malloc_async(s, 4096).unwrap();
+                    result::free_async(p, s).unwrap();
+                }
+            };
+            g.bench_function(BenchmarkId::new("cuMemAllocAsync", threads), |b| {
+                b.iter_custom(|iters| run(iters, threads, &pair))
+            });
+            stream.synchronize().unwrap();
+        }
+    }
+    g.finish();
+}
+
 /// A cached VMM pair while the pool has `holes` holes (every other block of a long run
 /// freed): the best-fit search is indexed, so the cost stays flat as holes grow.
 fn vmm_with_holes(c: &mut Criterion, device: &str, d: Arc<dyn Driver>) {
@@ -155,7 +220,8 @@ fn bench(c: &mut Criterion) {
     let sim: Arc<dyn Driver> =
         Arc::new(SimDevice::new(SimConfig::gib(64.0).record_calls(false)).expect("a valid card"));
     cached_pairs(c, "sim", sim.clone());
-    vmm_with_holes(c, "sim", sim);
+    vmm_with_holes(c, "sim", sim.clone());
+    shared_pool_threads(c, "sim", sim, None);
     if is_available() {
         match CudaDriver::new(0) {
             Ok(drv) => {
@@ -163,6 +229,7 @@ fn bench(c: &mut Criterion) {
                 cuda_baselines(c, &drv);
                 cached_pairs(c, "cuda", drv.clone());
                 vmm_with_holes(c, "cuda", drv.clone());
+                shared_pool_threads(c, "cuda", drv.clone(), Some(&*drv));
                 threaded_pairs(c, "cuda", drv);
             }
             Err(e) => eprintln!("cuda benches skipped: {e}"),

@@ -101,7 +101,7 @@ fn device_end(
     let mut plan: Vec<(&Arc<StreamPool>, Purge)> = Vec::new();
     for s in pools {
         // Every boundary opens a fresh interval, whatever the policy does with it.
-        let held = s.usage.lock().take_keep();
+        let held = s.usage.take_keep();
         let decision = boundary.decide(s.pool.as_ref(), r.peak_live, read_free, || Ok(held))?;
         if let Some(keep) = decision.recorded_keep() {
             r.short |= keep.is_some();

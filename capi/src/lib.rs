@@ -10,7 +10,7 @@
 //!   a size mismatch is reported and leaves the pool untouched.
 //!
 //! Layers: `status.rs` (codes, last error, the panic guard), `config.rs` (the configuration
-//! string), `state.rs` (the process-wide library state: devices, one pool per device × stream × tag,
+//! string), `live.rs` (the blocks handed out, by address, in shards), `state.rs` (the process-wide library state: devices, one pool per device × stream × tag,
 //! the live blocks by address), `api/` (the C functions, by idea: opening, closing and the
 //! settings table; memory; releases; stats; recording; tags, sleep and wake), `torch.rs` (PyTorch's
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
@@ -20,6 +20,7 @@
 mod api;
 mod boundary;
 mod config;
+mod live;
 mod log;
 mod peaks;
 mod record;

@@ -8,12 +8,13 @@
 
 use crate::config::{Config, Devices};
 use crate::status::{CupoolStatus, Failure};
-use crate::usage::Usage;
+use crate::usage::{ThreadUsage, Usages};
+use cupool_pool::adaptors::{ThreadCache, ThreadCacheConfig};
 use cupool_pool::driver::cuda::{device_count, CudaDriver};
 use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
-use cupool_pool::{Block, Pool, PurgePolicy, Registry, StreamId};
+use cupool_pool::{Pool, PurgePolicy, Registry, StreamId};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,10 +27,14 @@ pub(crate) struct StreamPool {
     pub stream: u64,
     /// The tag of what it holds (`tags.rs`; 0: none).
     pub tag: u32,
+    /// Behind per-thread caches ([`cupool_pool::adaptors::ThreadCache`]): threads sharing the
+    /// stream do not serialise on the pool's lock.
     pub pool: Arc<dyn Pool>,
-    pub live: Mutex<HashMap<u64, (usize, Block)>>,
-    /// What its requests held at once since the last ubatch boundary.
-    pub usage: Mutex<Usage>,
+    pub live: crate::live::Live,
+    /// What its requests held at once since the last ubatch boundary, per thread.
+    pub usage: Usages,
+    /// The counts of calls that go the shared way (no thread cache).
+    pub shared_usage: ThreadUsage,
     /// Its live bytes and the peaks the user sees (restarted only on request).
     pub peaks: crate::peaks::Peaks,
 }
@@ -108,19 +113,24 @@ impl Lib {
                 format!("cupool handed out nothing on device {device}, stream {stream:#x}"),
             ));
         }
-        let pool = self.registry.pool_tagged(device, StreamId(stream), tag)?;
+        let inner = self.registry.pool_tagged(device, StreamId(stream), tag)?;
         let s = self
             .streams
             .write()
             .entry((device, stream, tag))
             .or_insert_with(|| {
+                let pool: Arc<dyn Pool> =
+                    Arc::new(ThreadCache::new(inner, ThreadCacheConfig::default()));
+                let usage = Usages::default();
+                let shared_usage = usage.join();
                 Arc::new(StreamPool {
                     device,
                     stream,
                     tag,
                     pool,
-                    live: Mutex::new(HashMap::new()),
-                    usage: Mutex::new(Usage::default()),
+                    live: crate::live::Live::default(),
+                    usage,
+                    shared_usage,
                     peaks: crate::peaks::Peaks::default(),
                 })
             })
@@ -154,10 +164,7 @@ impl Lib {
     }
 
     fn live_blocks(&self) -> usize {
-        self.pools_of(None)
-            .iter()
-            .map(|s| s.live.lock().len())
-            .sum()
+        self.pools_of(None).iter().map(|s| s.live.len()).sum()
     }
 }
 
@@ -166,6 +173,8 @@ static LIB: RwLock<Option<Arc<Lib>>> = RwLock::new(None);
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 /// Taken by `init` and `shutdown`, one at a time.
 static ADMIN: Mutex<()> = Mutex::new(());
+/// Whether the library is open (set under `LIB`'s write lock, by `open` and `close`).
+static OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Opens the library with `config`.
 pub(crate) fn init(config: Config) -> Result<(), Failure> {
@@ -174,7 +183,8 @@ pub(crate) fn init(config: Config) -> Result<(), Failure> {
 
 /// Opens the library from the environment unless it is open already.
 pub(crate) fn init_from_env_once() -> Result<(), Failure> {
-    if LIB.read().is_some() {
+    // Read-only on the hot path: a read lock would write its count on a line every thread shares.
+    if OPEN.load(Ordering::Acquire) {
         return Ok(());
     }
     open(Config::parse(None)?, true)
@@ -196,6 +206,7 @@ fn open(config: Config, if_closed: bool) -> Result<(), Failure> {
         ));
     }
     *lib = Some(Arc::new(Lib::open(config)?));
+    OPEN.store(true, Ordering::Release);
     GENERATION.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -225,6 +236,7 @@ pub(crate) fn close(_admin: &Admin) -> Result<(), Failure> {
         ));
     }
     let closed = lib.take();
+    OPEN.store(false, Ordering::Release);
     GENERATION.fetch_add(1, Ordering::AcqRel);
     drop(lib);
     // Outside the lock: dropping the pools gives their memory back to the driver. A call that
@@ -263,11 +275,11 @@ pub(crate) fn with_shared<T>(
     stream: u64,
     tag: u32,
     create: bool,
-    f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
+    f: impl FnOnce(&StreamPool, &ThreadUsage) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     let lib = LIB.read();
     let lib = lib.as_ref().ok_or_else(not_initialized)?;
     let d = lib.check_device(device)?;
     let s = lib.stream(d, stream, tag, create)?;
-    f(&s)
+    f(&s, &s.shared_usage)
 }

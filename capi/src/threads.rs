@@ -14,24 +14,33 @@
 
 use crate::state::{self, Lib, StreamPool};
 use crate::status::{CupoolStatus, Failure};
+use crate::usage::ThreadUsage;
 use parking_lot::Mutex;
-use std::collections::hash_map::Entry;
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// One thread's cache: the library it saw (by generation) and the stream pools it used.
+type Key = (usize, u64, u32);
+/// A stream pool and this thread's counts in it.
+type Entry = (Arc<StreamPool>, ThreadUsage);
+
+/// One thread's cache: the library it saw (by generation) and the stream pools it used, the
+/// last one apart (a thread mostly uses one stream: no hashing then).
 #[derive(Default)]
 struct Cache {
     generation: u64,
     lib: Option<Arc<Lib>>,
-    streams: HashMap<(usize, u64, u32), Arc<StreamPool>>,
+    last: Option<(Key, Entry)>,
+    streams: HashMap<Key, Entry, BuildHasherDefault<crate::live::AddrHasher>>,
 }
 
 impl Cache {
     fn clear(&mut self) {
         self.generation = 0;
         self.lib = None;
+        self.last = None;
         self.streams.clear();
     }
 
@@ -41,22 +50,34 @@ impl Cache {
         stream: u64,
         tag: u32,
         create: bool,
-        f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
+        f: impl FnOnce(&StreamPool, &ThreadUsage) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
         let generation = state::generation();
         if self.generation != generation {
             self.streams.clear();
+            self.last = None;
             self.lib = state::current();
             self.generation = generation;
         }
         // No reference count changes here: threads would contend on the shared counters.
         let lib = self.lib.as_ref().ok_or_else(state::not_initialized)?;
         let d = lib.check_device(device)?;
-        let s = match self.streams.entry((d, stream, tag)) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(lib.stream(d, stream, tag, create)?),
+        let key = (d, stream, tag);
+        if let Some((k, (s, u))) = &self.last {
+            if *k == key {
+                return f(s, u);
+            }
+        }
+        let e = match self.streams.entry(key) {
+            MapEntry::Occupied(e) => e.into_mut(),
+            MapEntry::Vacant(e) => {
+                let s = lib.stream(d, stream, tag, create)?;
+                let u = s.usage.join();
+                e.insert((s, u))
+            }
         };
-        f(s)
+        self.last = Some((key, e.clone()));
+        f(&e.0, &e.1)
     }
 }
 
@@ -103,7 +124,7 @@ pub(crate) fn with_stream<T>(
     stream: u64,
     tag: u32,
     create: bool,
-    f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
+    f: impl FnOnce(&StreamPool, &ThreadUsage) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     let mut f = Some(f);
     let cached = SLOT.try_with(|h| {

@@ -1,7 +1,15 @@
 //! What each stream's pool was asked for between two ubatch boundaries: libcupool's `auto`
 //! purge expects the next ubatch to ask for what the one just ended held at once.
+//!
+//! Each thread counts its own allocations ([`ThreadUsage`], behind a lock only it takes, but for
+//! a free from another thread), so threads sharing a stream do not serialise here; the boundary
+//! adds the threads' counts up ([`Usages::take_keep`]): exact with one thread per stream (an
+//! engine's), an upper bound with several.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
 
 /// Distinct request sizes a pool tracks between two boundaries. Past it, new sizes are not
 /// tracked: their cached buffers are returned at the boundary (safe, at worst a re-malloc).
@@ -10,7 +18,7 @@ const MAX_SIZES: usize = 4096;
 /// For each request size: (blocks live now, most live at once since the last boundary).
 #[derive(Debug, Default)]
 pub(crate) struct Usage {
-    sizes: HashMap<usize, (u32, u32)>,
+    sizes: HashMap<usize, (u32, u32), BuildHasherDefault<crate::live::AddrHasher>>,
 }
 
 impl Usage {
@@ -45,6 +53,37 @@ impl Usage {
     }
 }
 
+/// One thread's counts for one stream pool; a live block holds its allocating thread's, so a
+/// free from any thread takes back what that thread counted.
+pub(crate) type ThreadUsage = Arc<Mutex<Usage>>;
+
+/// Every thread's counts for one stream pool.
+#[derive(Debug, Default)]
+pub(crate) struct Usages {
+    all: Mutex<Vec<ThreadUsage>>,
+}
+
+impl Usages {
+    /// Counts of a thread that starts using the pool.
+    pub fn join(&self) -> ThreadUsage {
+        let u = ThreadUsage::default();
+        self.all.lock().push(u.clone());
+        u
+    }
+
+    /// The requests to keep buffers for, largest first: for each size, the most each thread
+    /// held at once, added up. Every thread's interval starts afresh; the counts of threads
+    /// that are gone and hold no live block are dropped.
+    pub fn take_keep(&self) -> Vec<usize> {
+        let mut all = self.all.lock();
+        let mut keep: Vec<usize> = all.iter().flat_map(|u| u.lock().take_keep()).collect();
+        // Held only here: no thread's cache and no live block refers to it any more.
+        all.retain(|u| Arc::strong_count(u) > 1);
+        keep.sort_unstable_by(|a, b| b.cmp(a));
+        keep
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +109,21 @@ mod tests {
         u.free(50);
         assert_eq!(u.take_keep(), vec![50]);
         assert!(u.take_keep().is_empty());
+    }
+
+    #[test]
+    fn threads_add_up_and_a_free_goes_to_the_allocating_thread() {
+        let all = Usages::default();
+        let (a, b) = (all.join(), all.join());
+        a.lock().alloc(64);
+        b.lock().alloc(64);
+        // Thread b frees a's block: a's count goes down, as the live entry carries a's counts.
+        a.lock().free(64);
+        assert_eq!(all.take_keep(), vec![64, 64]);
+        assert_eq!(all.take_keep(), vec![64], "b's block is still live");
+        drop(a);
+        let _ = all.take_keep();
+        assert_eq!(all.all.lock().len(), 1, "a's counts went with a");
     }
 
     #[test]

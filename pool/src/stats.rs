@@ -126,6 +126,9 @@ pub struct PoolStats {
     /// Reserved bytes whose physical memory a sleep released (see [`crate::Pool::sleep`]):
     /// counted in `reserved_bytes`, not held on the device until the pool wakes.
     pub asleep_bytes: usize,
+    /// Cached bytes that threads keep for their next allocations
+    /// ([`crate::adaptors::ThreadCache`]): part of `cached_bytes`.
+    pub thread_cached_bytes: usize,
 }
 
 impl PoolStats {
@@ -149,6 +152,7 @@ impl PoolStats {
         self.purges += o.purges;
         self.purged_bytes += o.purged_bytes;
         self.asleep_bytes += o.asleep_bytes;
+        self.thread_cached_bytes += o.thread_cached_bytes;
     }
 }
 

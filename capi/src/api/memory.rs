@@ -46,11 +46,11 @@ fn try_alloc(
     size: usize,
     name: Option<&str>,
 ) -> Result<(u64, usize), Failure> {
-    with_stream(device, stream, tags::current(), true, |s| {
+    with_stream(device, stream, tags::current(), true, |s, usage| {
         let b = s.pool.alloc(size)?;
         let (ptr, capacity) = (b.ptr(), b.capacity());
-        s.live.lock().insert(ptr, (size, b));
-        s.usage.lock().alloc(size);
+        usage.lock().alloc(size);
+        s.live.shard(ptr).insert(ptr, (size, b, usage.clone()));
         s.peaks.alloc(size, s.pool.reserved_bytes());
         crate::record::alloc(s.device, stream, ptr, size, name);
         Ok((ptr, capacity))
@@ -78,8 +78,8 @@ pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result
 }
 
 fn free_in(device: i32, stream: u64, tag: u32, ptr: u64, size: usize) -> Result<(), Failure> {
-    with_stream(device, stream, tag, false, |s| {
-        let mut live = s.live.lock();
+    with_stream(device, stream, tag, false, |s, _| {
+        let mut live = s.live.shard(ptr);
         match live.remove(&ptr) {
             None => Err(Failure::new(
                 CupoolStatus::UnknownPointer,
@@ -87,17 +87,17 @@ fn free_in(device: i32, stream: u64, tag: u32, ptr: u64, size: usize) -> Result<
             )),
             // ggml frees with the usable size the allocation reported, PyTorch with the size it
             // asked for: both name the block.
-            Some((asked, b)) if asked != size && b.capacity() != size => {
+            Some((asked, b, owner)) if asked != size && b.capacity() != size => {
                 let usable = b.capacity();
-                live.insert(ptr, (asked, b));
+                live.insert(ptr, (asked, b, owner));
                 Err(Failure::new(
                     CupoolStatus::SizeMismatch,
                     format!("{ptr:#x} was allocated with {asked} bytes ({usable} usable) but freed with {size}: pass the size it was allocated with, or the usable size cupool reported"),
                 ))
             }
-            Some((asked, b)) => {
+            Some((asked, b, owner)) => {
                 drop(live);
-                s.usage.lock().free(asked);
+                owner.lock().free(asked);
                 s.peaks.free(asked);
                 crate::record::free(s.device, ptr);
                 s.pool.free(b).map_err(|e| Failure::from(e.error))

@@ -6,6 +6,7 @@
 //!   phase (it lives with the trace format, in [`crate::trace`]);
 //! - [`ManagedFallback`]: on device OOM, serve that one allocation from managed memory;
 //! - [`SizeClasses`]: a pool for each range of request sizes;
+//! - [`ThreadCache`]: each thread keeps the small blocks it freed, for threads sharing a pool;
 //! - [`label`]: the name of what is being allocated, for the recorder.
 //!
 //! A memory limit and fault injection wrap the driver instead (they change what the device
@@ -77,7 +78,9 @@ pub mod label;
 pub mod managed_fallback;
 pub mod phases;
 pub mod size_classes;
+pub mod thread_cache;
 
 pub use managed_fallback::ManagedFallback;
 pub use phases::Phases;
 pub use size_classes::SizeClasses;
+pub use thread_cache::{ThreadCache, ThreadCacheConfig};

@@ -1,0 +1,161 @@
+//! Thread caches in front of a shared pool: reuse without the pool, exact current statistics,
+//! the bounds, every slow path giving the blocks back, and threads racing on one pool with
+//! every block's bytes checked (no two live blocks ever overlap).
+mod common;
+use common::*;
+use cupool_pool::adaptors::{ThreadCache, ThreadCacheConfig};
+use cupool_pool::pools::VmmPool;
+use cupool_pool::{synchronize, Block, Pool, Purge};
+use std::sync::Arc;
+
+fn cached(
+    dev: &Arc<cupool_pool::driver::sim::SimDevice>,
+    config: ThreadCacheConfig,
+) -> ThreadCache {
+    ThreadCache::new(Arc::new(VmmPool::new(as_driver(dev))), config)
+}
+
+/// The adaptor and the pool behind it.
+fn both(dev: &Arc<cupool_pool::driver::sim::SimDevice>) -> (ThreadCache, Arc<dyn Pool>) {
+    let inner: Arc<dyn Pool> = Arc::new(VmmPool::new(as_driver(dev)));
+    (
+        ThreadCache::new(inner.clone(), ThreadCacheConfig::default()),
+        inner,
+    )
+}
+
+#[test]
+fn a_freed_small_block_is_reused_by_its_thread_without_the_pool() {
+    let dev = sim(1.0);
+    let (p, inner) = both(&dev);
+    let a = p.alloc(4096).unwrap();
+    let ptr = a.ptr();
+    p.free(a).unwrap();
+    let s = p.stats();
+    assert_eq!(
+        (s.live_bytes, s.live_blocks),
+        (0, 0),
+        "a cached block is not live"
+    );
+    assert!(s.thread_cached_bytes >= 4096 && s.cached_bytes >= s.thread_cached_bytes);
+    assert_eq!((s.allocs, s.frees), (1, 1));
+    let b = p.alloc(4096).unwrap();
+    assert_eq!(b.ptr(), ptr);
+    assert_eq!(
+        inner.stats().allocs,
+        1,
+        "served by the thread's cache, not the pool"
+    );
+    let s = p.stats();
+    assert_eq!(
+        (s.allocs, s.live_bytes),
+        (2, 4096),
+        "yet counted as an allocation"
+    );
+    // Another size is the pool's.
+    let c = p.alloc(8192).unwrap();
+    assert_eq!(inner.stats().allocs, 2);
+    p.free(b).unwrap();
+    p.free(c).unwrap();
+}
+
+#[test]
+fn bounds_hold_and_every_slow_path_gives_the_blocks_back() {
+    let dev = sim(1.0);
+    let config = ThreadCacheConfig {
+        max_block: 64 << 10,
+        max_bytes: 256 << 10,
+    };
+    let p = cached(&dev, config);
+    // Too large to keep.
+    let big = p.alloc(1 << 20).unwrap();
+    p.free(big).unwrap();
+    assert_eq!(p.stats().thread_cached_bytes, 0);
+    // At most max_bytes kept, over any number of sizes.
+    let blocks: Vec<Block> = (1..=40).map(|i| p.alloc(i * 1024).unwrap()).collect();
+    blocks.into_iter().for_each(|b| p.free(b).unwrap());
+    let s = p.stats();
+    assert!(
+        s.thread_cached_bytes > 0 && s.thread_cached_bytes <= config.max_bytes,
+        "{s:?}"
+    );
+    assert_eq!(s.live_blocks, 0);
+    // A purge returns them: nothing kept, and the whole range goes back.
+    let r = p
+        .purge(&synchronize(dev.as_ref()).unwrap(), Purge::All)
+        .unwrap();
+    assert!(r.bytes > 0);
+    let s = p.stats();
+    assert_eq!((s.thread_cached_bytes, s.reserved_bytes), (0, 0));
+    // As does releasable (a caller's check before a purge) and a dropped cache.
+    let b = p.alloc(4096).unwrap();
+    p.free(b).unwrap();
+    assert!(p.releasable(&Purge::All) > 0);
+    assert_eq!(p.stats().thread_cached_bytes, 0);
+    let b = p.alloc(4096).unwrap();
+    p.free(b).unwrap();
+    drop(p);
+    assert!(dev.ledger().is_empty(), "nothing left on the device");
+}
+
+#[test]
+fn a_block_freed_by_another_thread_goes_to_that_thread_s_cache() {
+    let dev = sim(1.0);
+    let p = Arc::new(cached(&dev, ThreadCacheConfig::default()));
+    let b = p.alloc(1000).unwrap();
+    let q = p.clone();
+    std::thread::spawn(move || q.free(b).unwrap())
+        .join()
+        .unwrap();
+    let s = p.stats();
+    assert_eq!(s.live_blocks, 0);
+    assert!(
+        s.thread_cached_bytes >= 1000,
+        "kept by the exited thread until a flush"
+    );
+    assert_eq!(p.flush(), 1);
+    assert_eq!(p.stats().thread_cached_bytes, 0);
+}
+
+/// Eight threads on one pool, random sizes, each block filled with its owner's stamp and
+/// checked before it is freed: a block handed to two users at once shows as a wrong stamp.
+#[test]
+fn threads_racing_on_one_pool_never_share_a_live_block() {
+    let dev = sim(2.0);
+    let p = Arc::new(cached(&dev, ThreadCacheConfig::default()));
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let p = p.clone();
+            s.spawn(move || {
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t;
+                let mut live: Vec<(Block, u8)> = Vec::new();
+                for i in 0..4000u32 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if !live.is_empty() && (x % 3 == 0 || live.len() >= 12) {
+                        let (b, stamp) = live.swap_remove((x >> 8) as usize % live.len());
+                        // SAFETY: a live block of a backed simulated card, `size` bytes.
+                        let bytes =
+                            unsafe { std::slice::from_raw_parts(b.ptr() as *const u8, b.size()) };
+                        assert!(bytes.iter().all(|&v| v == stamp), "block overwritten");
+                        p.free(b).unwrap();
+                    } else {
+                        let size = [64usize, 4096, 65536, 300_000, 2 << 20][(x >> 16) as usize % 5];
+                        let b = p.alloc(size).unwrap();
+                        let stamp = (t as u8).wrapping_mul(31).wrapping_add(i as u8);
+                        // SAFETY: as above, writable.
+                        unsafe { std::ptr::write_bytes(b.ptr() as *mut u8, stamp, b.size()) };
+                        live.push((b, stamp));
+                    }
+                }
+                live.into_iter().for_each(|(b, _)| p.free(b).unwrap());
+            });
+        }
+    });
+    let s = p.stats();
+    assert_eq!((s.live_blocks, s.live_bytes), (0, 0));
+    assert!(s.thread_cached_bytes <= 8 * ThreadCacheConfig::default().max_bytes);
+    p.flush();
+    assert_eq!(p.stats().cached_bytes, p.stats().reserved_bytes);
+}
