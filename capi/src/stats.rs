@@ -1,7 +1,8 @@
 //! Statistics as JSON, with the keys of `torch.cuda.memory_stats()` where they mean the same.
 //!
-//! Per device, over its stream pools. Peaks are each stream's own ([`crate::peaks::Peaks`]),
-//! added up: exact with one stream, an upper bound with several. As in PyTorch, they restart
+//! Per device, over its stream pools. Peaks are each stream's own, added up: exact with one
+//! stream, an upper bound with several; a stream's live peak is its threads' own peaks added
+//! up (`usage.rs`), exact with one thread, an upper bound with several. As in PyTorch, they restart
 //! only when the user asks (`cupool_reset_peaks`), not at an ubatch boundary.
 
 use crate::state::StreamPool;
@@ -14,7 +15,7 @@ pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
     let (mut live_peak, mut reserved_peak) = (0, 0);
     for p in pools {
         let s = p.pool.stats();
-        live_peak += p.peaks.live_peak().max(s.live_bytes);
+        live_peak += p.usage.live_peak().max(s.live_bytes);
         reserved_peak += p.peaks.reserved_peak(s.reserved_bytes);
         t.merge(&s);
     }

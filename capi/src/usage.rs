@@ -4,7 +4,11 @@
 //! Each thread counts its own allocations ([`ThreadUsage`], behind a lock only it takes, but for
 //! a free from another thread), so threads sharing a stream do not serialise here; the boundary
 //! adds the threads' counts up ([`Usages::take_keep`]): exact with one thread per stream (an
-//! engine's), an upper bound with several.
+//! engine's), an upper bound with several. The live bytes and their peak that the statistics
+//! report are counted the same way: the live bytes exactly (each free is taken off the thread
+//! that allocated), the peak as the sum of the threads' own peaks, exact with one thread and an
+//! upper bound with several (an exact peak of several threads would need one counter that every
+//! allocation writes, the very line threads sharing a stream would queue on).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -15,14 +19,19 @@ use std::sync::Arc;
 /// tracked: their cached buffers are returned at the boundary (safe, at worst a re-malloc).
 const MAX_SIZES: usize = 4096;
 
-/// For each request size: (blocks live now, most live at once since the last boundary).
+/// For each request size: (blocks live now, most live at once since the last boundary); and
+/// the bytes live now and their peak since the user last reset it.
 #[derive(Debug, Default)]
 pub(crate) struct Usage {
     sizes: HashMap<usize, (u32, u32), BuildHasherDefault<crate::live::AddrHasher>>,
+    live: usize,
+    live_peak: usize,
 }
 
 impl Usage {
     pub fn alloc(&mut self, size: usize) {
+        self.live += size;
+        self.live_peak = self.live_peak.max(self.live);
         if self.sizes.len() >= MAX_SIZES && !self.sizes.contains_key(&size) {
             return;
         }
@@ -32,6 +41,8 @@ impl Usage {
     }
 
     pub fn free(&mut self, size: usize) {
+        // Every free takes off an allocation this thread counted: no underflow.
+        self.live -= size;
         if let Some(e) = self.sizes.get_mut(&size) {
             e.0 = e.0.saturating_sub(1);
         }
@@ -61,6 +72,9 @@ pub(crate) type ThreadUsage = Arc<Mutex<Usage>>;
 #[derive(Debug, Default)]
 pub(crate) struct Usages {
     all: Mutex<Vec<ThreadUsage>>,
+    /// The peaks of threads whose counts were dropped (they hold nothing live): a peak stays
+    /// until the user resets it.
+    gone_peak: Mutex<usize>,
 }
 
 impl Usages {
@@ -78,9 +92,36 @@ impl Usages {
         let mut all = self.all.lock();
         let mut keep: Vec<usize> = all.iter().flat_map(|u| u.lock().take_keep()).collect();
         // Held only here: no thread's cache and no live block refers to it any more.
-        all.retain(|u| Arc::strong_count(u) > 1);
+        let mut gone = self.gone_peak.lock();
+        all.retain(|u| {
+            let stays = Arc::strong_count(u) > 1;
+            if !stays {
+                *gone += u.lock().live_peak;
+            }
+            stays
+        });
         keep.sort_unstable_by(|a, b| b.cmp(a));
         keep
+    }
+
+    /// Bytes live now, every thread's.
+    pub fn live(&self) -> usize {
+        self.all.lock().iter().map(|u| u.lock().live).sum()
+    }
+
+    /// The threads' peaks since the last reset, added up.
+    pub fn live_peak(&self) -> usize {
+        let threads: usize = self.all.lock().iter().map(|u| u.lock().live_peak).sum();
+        threads + *self.gone_peak.lock()
+    }
+
+    /// Every thread's peak restarts from what it holds now.
+    pub fn reset_peaks(&self) {
+        for u in self.all.lock().iter() {
+            let mut u = u.lock();
+            u.live_peak = u.live;
+        }
+        *self.gone_peak.lock() = 0;
     }
 }
 
@@ -124,6 +165,40 @@ mod tests {
         drop(a);
         let _ = all.take_keep();
         assert_eq!(all.all.lock().len(), 1, "a's counts went with a");
+    }
+
+    #[test]
+    fn live_bytes_are_exact_and_peaks_add_up_per_thread_until_a_reset() {
+        let all = Usages::default();
+        let (a, b) = (all.join(), all.join());
+        a.lock().alloc(100);
+        a.lock().free(100);
+        b.lock().alloc(30);
+        assert_eq!(
+            (all.live(), all.live_peak()),
+            (30, 130),
+            "an upper bound with two threads"
+        );
+        let one = Usages::default();
+        let c = one.join();
+        c.lock().alloc(100);
+        c.lock().alloc(5);
+        c.lock().free(100);
+        assert_eq!(
+            (one.live(), one.live_peak()),
+            (5, 105),
+            "exact with one thread"
+        );
+        all.reset_peaks();
+        assert_eq!(all.live_peak(), 30);
+        // A thread that is gone keeps its peak in the sum until the next reset.
+        a.lock().alloc(500);
+        a.lock().free(500);
+        drop(a);
+        let _ = all.take_keep();
+        assert_eq!(all.live_peak(), 530);
+        all.reset_peaks();
+        assert_eq!(all.live_peak(), 30);
     }
 
     #[test]

@@ -159,3 +159,26 @@ fn threads_racing_on_one_pool_never_share_a_live_block() {
     p.flush();
     assert_eq!(p.stats().cached_bytes, p.stats().reserved_bytes);
 }
+
+/// What a purge reports released is what the pool's reserve lost, also where the flush itself
+/// releases (the legacy pool frees a block outright when its slots are full).
+#[test]
+fn a_purge_counts_what_the_flush_released() {
+    use cupool_pool::pools::LegacyPool;
+    let dev = sim(1.0);
+    let p = ThreadCache::new(
+        Arc::new(LegacyPool::new(as_driver(&dev))),
+        ThreadCacheConfig::default(),
+    );
+    // More idle buffers than ggml's 256 slots: freeing past them releases at once.
+    let blocks: Vec<Block> = (0..300).map(|i| p.alloc(1000 + i).unwrap()).collect();
+    let keep: Vec<Block> = (0..300).map(|i| p.alloc(100_000 + i).unwrap()).collect();
+    blocks.into_iter().for_each(|b| p.free(b).unwrap());
+    keep.into_iter().for_each(|b| p.free(b).unwrap());
+    let before = p.stats().reserved_bytes;
+    let r = p
+        .purge(&synchronize(dev.as_ref()).unwrap(), Purge::All)
+        .unwrap();
+    assert_eq!(p.stats().reserved_bytes, before - r.bytes);
+    assert_eq!(p.stats().reserved_bytes, 0);
+}

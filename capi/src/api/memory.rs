@@ -51,7 +51,7 @@ fn try_alloc(
         let (ptr, capacity) = (b.ptr(), b.capacity());
         usage.lock().alloc(size);
         s.live.shard(ptr).insert(ptr, (size, b, usage.clone()));
-        s.peaks.alloc(size, s.pool.reserved_bytes());
+        s.peaks.note(s.pool.reserved_bytes());
         crate::record::alloc(s.device, stream, ptr, size, name);
         Ok((ptr, capacity))
     })
@@ -98,7 +98,6 @@ fn free_in(device: i32, stream: u64, tag: u32, ptr: u64, size: usize) -> Result<
             Some((asked, b, owner)) => {
                 drop(live);
                 owner.lock().free(asked);
-                s.peaks.free(asked);
                 crate::record::free(s.device, ptr);
                 s.pool.free(b).map_err(|e| Failure::from(e.error))
             }

@@ -17,6 +17,7 @@ pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {
         };
         for s in lib.pools_of(d) {
             s.pool.reset_peaks();
+            s.usage.reset_peaks();
             s.peaks.reset(s.pool.reserved_bytes());
         }
         Ok(())

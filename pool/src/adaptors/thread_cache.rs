@@ -211,8 +211,14 @@ impl Pool for ThreadCache {
     }
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
+        // A pool may release a block's memory as the flush frees it (legacy's full slots):
+        // that is released by this purge too.
+        let before = self.inner.reserved_bytes();
         let fresh = self.flush_and_sync(token)?;
-        self.inner.purge(fresh.as_ref().unwrap_or(token), what)
+        let flushed = before.saturating_sub(self.inner.reserved_bytes());
+        let mut r = self.inner.purge(fresh.as_ref().unwrap_or(token), what)?;
+        r.bytes += flushed;
+        Ok(r)
     }
 
     fn releasable(&self, what: &Purge) -> usize {
