@@ -38,3 +38,7 @@ def test_the_micro_benchmark_table_is_its_run():
 
 def test_the_sleep_and_wake_table_is_its_run():
     check("--sleep", "data/h100-2026-11-25-sleep/sleep.jsonl")
+
+
+def test_the_threads_tables_are_their_runs():
+    check("--threads", "data/h100-2026-11-25-threads")

@@ -1,7 +1,9 @@
 """Markdown tables from the benchmarks' JSON lines: median over the repetitions, [min, max] in
 brackets. Usage: python3 scripts/torch/report.py prefill-*.jsonl, or
 python3 scripts/torch/report.py --micro micro.jsonl for the micro-benchmark's table, or
-python3 scripts/torch/report.py --sleep sleep.jsonl for sleep and wake (scripts/torch/sleep.py)."""
+python3 scripts/torch/report.py --sleep sleep.jsonl for sleep and wake (scripts/torch/sleep.py), or
+python3 scripts/torch/report.py --threads DIR for threads sharing one stream (DIR/threads.jsonl from
+scripts/torch/threads.py, DIR/hot_path_shared.txt from benches/hot_path.rs)."""
 import json
 import statistics
 import sys
@@ -9,9 +11,10 @@ from collections import defaultdict
 
 MICRO = len(sys.argv) == 3 and sys.argv[1] == "--micro"
 SLEEP = len(sys.argv) == 3 and sys.argv[1] == "--sleep"
+THREADS = len(sys.argv) == 3 and sys.argv[1] == "--threads"
 ORDER = ["native", "expandable", "async", "cupool", "cupool-mempool"]
 runs = defaultdict(list)
-for path in ([] if MICRO or SLEEP else sys.argv[1:]):
+for path in ([] if MICRO or SLEEP or THREADS else sys.argv[1:]):
     for line in open(path):
         r = json.loads(line)
         runs[(r["model"], r["allocator"])].append(r)
@@ -78,7 +81,39 @@ def sleep(path):
               f"| {100 * r['freed_share']:.2f}% | {back} |")
 
 
+def threads(folder):
+    """Threads sharing one stream: the C++ harness's table (PyTorch's allocator,
+    cudaMallocAsync, libcupool through PyTorch's entry points) and the Rust pool's (alone,
+    behind thread caches, and cuMemAllocAsync), each thread's pair time in ns."""
+    import os
+    import re
+    rows = [json.loads(line) for line in open(os.path.join(folder, "threads.jsonl"))]
+    counts = sorted({r["threads"] for r in rows})
+    names = list(dict.fromkeys(r["allocator"] for r in rows))
+    print(f"{rows[0]['gpu']}, {rows[0]['cpus']} CPU cores, PyTorch {rows[0]['torch']}; {rows[0]['size']}-byte pairs\n")
+    print("| through the C++ harness | " + " | ".join(f"{n} thread{'s' if n > 1 else ''}" for n in counts) + " |")
+    print("|---|" + "---|" * len(counts))
+    by = {(r["allocator"], r["threads"]): r["ns_per_pair"] for r in rows}
+    label = {"pytorch": "PyTorch's caching allocator"}
+    for a in names:
+        print(f"| {label.get(a, a)} | " + " | ".join(f"{by[(a, n)]:,.0f}" for n in counts) + " |")
+    bench = {}
+    for line in open(os.path.join(folder, "hot_path_shared.txt")):
+        m = re.match(r"test hot_path_shared/cuda/(\S+)/(\d+) \.\.\. bench:\s+([\d,]+) ns/iter", line)
+        if m:
+            bench[(m.group(1), int(m.group(2)))] = int(m.group(3).replace(",", ""))
+    kinds = list(dict.fromkeys(k for k, _ in bench))
+    counts = sorted({n for _, n in bench})
+    print()
+    print("| the Rust pool (benches/hot_path.rs) | " + " | ".join(f"{n} thread{'s' if n > 1 else ''}" for n in counts) + " |")
+    print("|---|" + "---|" * len(counts))
+    for k in kinds:
+        print(f"| {k} | " + " | ".join(f"{bench[(k, n)]:,}" for n in counts) + " |")
+
+
 if MICRO:
     micro(sys.argv[2])
+elif THREADS:
+    threads(sys.argv[2])
 elif SLEEP:
     sleep(sys.argv[2])
