@@ -20,6 +20,7 @@
 mod api;
 mod boundary;
 mod config;
+mod hash;
 mod live;
 mod log;
 mod peaks;

@@ -5,42 +5,14 @@
 //! lock on its own cache lines: two threads contend only when their blocks hash to one shard.
 //! Addresses are multiples of 128 or more, and spread well under a multiplicative hash.
 
+use crate::hash::AddrHasher;
 use crate::usage::ThreadUsage;
 use cupool_pool::Block;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 const SHARDS: usize = 64;
-
-/// A hasher for device addresses, sizes and pool keys: a rotate, a xor and a multiply per
-/// word (Fibonacci hashing). Not for keys an adversary chooses.
-#[derive(Default)]
-pub(crate) struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(26) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-}
 
 /// Address → (size asked for, block, the counts of the thread that allocated it).
 type Map = HashMap<u64, (usize, Block, ThreadUsage), BuildHasherDefault<AddrHasher>>;

@@ -33,7 +33,7 @@ struct Cache {
     generation: u64,
     lib: Option<Arc<Lib>>,
     last: Option<(Key, Entry)>,
-    streams: HashMap<Key, Entry, BuildHasherDefault<crate::live::AddrHasher>>,
+    streams: HashMap<Key, Entry, BuildHasherDefault<crate::hash::AddrHasher>>,
 }
 
 impl Cache {

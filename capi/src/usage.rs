@@ -23,7 +23,7 @@ const MAX_SIZES: usize = 4096;
 /// the bytes live now and their peak since the user last reset it.
 #[derive(Debug, Default)]
 pub(crate) struct Usage {
-    sizes: HashMap<usize, (u32, u32), BuildHasherDefault<crate::live::AddrHasher>>,
+    sizes: HashMap<usize, (u32, u32), BuildHasherDefault<crate::hash::AddrHasher>>,
     live: usize,
     live_peak: usize,
 }
@@ -105,6 +105,7 @@ impl Usages {
     }
 
     /// Bytes live now, every thread's.
+    #[cfg(test)]
     pub fn live(&self) -> usize {
         self.all.lock().iter().map(|u| u.lock().live).sum()
     }

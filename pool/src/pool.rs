@@ -6,7 +6,6 @@ use crate::error::{FreeError, PoolError};
 use crate::kind::PoolKind;
 use crate::stats::PoolStats;
 use crate::sync::SyncToken;
-pub use crate::upstream::vmm::Moved;
 use std::fmt;
 use std::sync::Arc;
 
@@ -38,6 +37,15 @@ pub struct Released {
     pub buffers: usize,
     /// Cached bytes kept because they were freed after the token's synchronize began.
     pub deferred_bytes: usize,
+}
+
+/// What a sleep or a wake moved ([`Pool::sleep`], [`Pool::wake`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Bytes unmapped (sleep) or mapped again (wake).
+    pub bytes: usize,
+    /// Bytes copied to the host (sleep) or back to the device (wake).
+    pub copied: usize,
 }
 
 /// A device memory pool.

@@ -68,16 +68,20 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     /// Releases the physical memory behind every segment and keeps the addresses, copying it
     /// to host memory first if `offload`. Only called when [`Upstream::CAN_SLEEP`], after a
     /// synchronize.
-    fn sleep(&mut self, offload: bool, calls: &mut DriverCalls) -> Result<vmm::Moved, DriverError> {
+    fn sleep(
+        &mut self,
+        offload: bool,
+        calls: &mut DriverCalls,
+    ) -> Result<crate::pool::Moved, DriverError> {
         let _ = (offload, calls);
-        Ok(vmm::Moved::default())
+        Ok(crate::pool::Moved::default())
     }
 
     /// Maps physical memory again behind every segment [`Upstream::sleep`] released, at the
     /// same addresses, and restores what it offloaded.
-    fn wake(&mut self, calls: &mut DriverCalls) -> Result<vmm::Moved, DriverError> {
+    fn wake(&mut self, calls: &mut DriverCalls) -> Result<crate::pool::Moved, DriverError> {
         let _ = calls;
-        Ok(vmm::Moved::default())
+        Ok(crate::pool::Moved::default())
     }
 
     /// Bytes of segments asleep now.

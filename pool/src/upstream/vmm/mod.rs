@@ -25,11 +25,11 @@ mod space;
 mod unmap;
 
 pub use config::VmmConfig;
-pub use sleep::Moved;
 
 use super::{Grow, Upstream};
 use crate::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode};
 use crate::placement::Segment;
+use crate::pool::Moved;
 use crate::stats::DriverCalls;
 use space::{AddressSpace, Tail};
 use std::sync::Arc;

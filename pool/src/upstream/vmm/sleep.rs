@@ -17,16 +17,8 @@
 
 use super::space::{AddressSpace, Mapping};
 use crate::driver::{CallKind, Driver, DriverError};
+use crate::pool::Moved;
 use crate::stats::DriverCalls;
-
-/// What a sleep or a wake moved.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Moved {
-    /// Bytes unmapped (sleep) or mapped again (wake).
-    pub bytes: usize,
-    /// Bytes copied to the host (sleep) or back to the device (wake).
-    pub copied: usize,
-}
 
 impl AddressSpace {
     /// Bytes of the pool's mappings that are asleep, or mapped but still waiting for their

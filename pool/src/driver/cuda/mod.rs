@@ -4,9 +4,15 @@
 //! checks for the library first and returns [`ErrorCode::LibraryMissing`] rather than letting
 //! cudarc panic at the first call, so a caller can fall back to the simulated device.
 
+mod devices;
+mod host;
+
+use devices::peers;
+pub use devices::{device_count, unavailable};
+
 use super::{
-    CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, HostBuffer, HostMemory,
-    MemInfo, PhysHandle,
+    CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, HostBuffer, MemInfo,
+    PhysHandle,
 };
 use cudarc::driver::{result, sys, CudaContext};
 use std::mem::MaybeUninit;
@@ -78,52 +84,6 @@ fn cuda_err(call: CallKind, e: result::DriverError, detail: impl Into<String>) -
 pub fn is_available() -> bool {
     // SAFETY: only tries to open the shared library; no CUDA call is made.
     unsafe { sys::is_culib_present() }
-}
-
-/// Why CUDA work cannot run on this machine (no driver library, a driver that does not start,
-/// no device), or `None` when the driver loads and reports at least one device. The GPU tests
-/// skip on `Some`, saying why, instead of failing inside the driver bindings.
-pub fn unavailable() -> Option<String> {
-    match device_count() {
-        Ok(0) => Some("the CUDA driver reports no device".into()),
-        Ok(_) => None,
-        Err(e) => Some(format!("no CUDA GPU here: {e}")),
-    }
-}
-
-/// How many CUDA devices there are (an error when the driver library is missing).
-pub fn device_count() -> Result<usize, DriverError> {
-    if !is_available() {
-        return Err(DriverError::new(
-            CallKind::Init,
-            ErrorCode::LibraryMissing,
-            "libcuda could not be loaded",
-        ));
-    }
-    let n =
-        CudaContext::device_count().map_err(|e| cuda_err(CallKind::Init, e, "counting devices"))?;
-    Ok(usize::try_from(n).unwrap_or(0))
-}
-
-/// `ordinal` and the devices that can access its memory as peers, by ordinal.
-fn peers(ordinal: usize) -> Vec<i32> {
-    let me = ordinal as i32;
-    let mut out = vec![me];
-    let (Ok(n), Ok(dev)) = (CudaContext::device_count(), result::device::get(me)) else {
-        return out;
-    };
-    for other in (0..n).filter(|&o| o != me) {
-        let Ok(peer) = result::device::get(other) else {
-            continue;
-        };
-        let mut can = 0;
-        // SAFETY: two valid device handles and an int to write.
-        let ok = unsafe { sys::cuDeviceCanAccessPeer(&mut can, peer, dev) }.result();
-        if ok.is_ok() && can != 0 {
-            out.push(other);
-        }
-    }
-    out
 }
 
 impl CudaDriver {
@@ -384,53 +344,15 @@ impl Driver for CudaDriver {
     }
 
     fn host_buffer(&self, bytes: usize) -> Result<HostBuffer, DriverError> {
-        let _restore = self.bind(CallKind::HostAlloc)?;
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: writes a host pointer to `p` on success; 0 bytes is asked as 1 (CUDA refuses 0).
-        unsafe { sys::cuMemAllocHost_v2(&mut p, bytes.max(1)) }
-            .result()
-            .map_err(|e| {
-                cuda_err(
-                    CallKind::HostAlloc,
-                    e,
-                    format!("{bytes} bytes of page-locked host memory"),
-                )
-            })?;
-        Ok(HostBuffer::new(Box::new(Pinned {
-            ptr: p.cast(),
-            len: bytes,
-            ctx: self.ctx.clone(),
-        })))
+        self.pinned(bytes)
     }
 
     fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), DriverError> {
-        let _restore = self.bind(CallKind::Copy)?;
-        // SAFETY: `dst` is writable for its length; the caller passes a mapped device range of
-        // that length. The copy is synchronous: it returns once the bytes are in `dst`.
-        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) }
-            .result()
-            .map_err(|e| {
-                cuda_err(
-                    CallKind::Copy,
-                    e,
-                    format!("{} bytes from {src:#x} to the host", dst.len()),
-                )
-            })
+        self.dtoh(src, dst)
     }
 
     fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
-        let _restore = self.bind(CallKind::Copy)?;
-        // SAFETY: `src` is readable for its length; the caller passes a mapped device range of
-        // that length. Synchronous for page-locked sources once the call returns.
-        unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }
-            .result()
-            .map_err(|e| {
-                cuda_err(
-                    CallKind::Copy,
-                    e,
-                    format!("{} bytes from the host to {dst:#x}", src.len()),
-                )
-            })
+        self.htod(dst, src)
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {
@@ -438,49 +360,5 @@ impl Driver for CudaDriver {
         self.ctx
             .synchronize()
             .map_err(|e| cuda_err(CallKind::Synchronize, e, ""))
-    }
-}
-
-/// Page-locked host memory from cuMemAllocHost, freed with its context current.
-struct Pinned {
-    ptr: *mut u8,
-    len: usize,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: page-locked host memory is plain host memory any thread may read and write; the
-// pointer is owned by this value alone.
-unsafe impl Send for Pinned {}
-// SAFETY: as above; shared access only reads.
-unsafe impl Sync for Pinned {}
-
-impl HostMemory for Pinned {
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr` holds `len` bytes, alive until this value drops.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        let Ok(_restore) = Restore::save(CallKind::HostAlloc) else {
-            return;
-        };
-        if self.ctx.bind_to_thread().is_err() {
-            tracing::error!(
-                bytes = self.len,
-                "could not bind the context to free page-locked host memory; it leaks"
-            );
-            return;
-        }
-        // SAFETY: `ptr` came from cuMemAllocHost in this context and is freed once, here.
-        if let Err(e) = unsafe { sys::cuMemFreeHost(self.ptr.cast()) }.result() {
-            tracing::error!(error = %e, bytes = self.len, "freeing page-locked host memory failed");
-        }
     }
 }
