@@ -182,3 +182,33 @@ fn a_purge_counts_what_the_flush_released() {
     assert_eq!(p.stats().reserved_bytes, before - r.bytes);
     assert_eq!(p.stats().reserved_bytes, 0);
 }
+
+/// A thread cache never hands out a block over memory a sleep released: while asleep it
+/// neither serves nor keeps, and the pool's refusal reaches the caller.
+#[test]
+fn an_asleep_pool_s_caches_serve_nothing_until_it_wakes() {
+    let dev = sim(1.0);
+    let p = cached(&dev, ThreadCacheConfig::default());
+    let a = p.alloc(4096).unwrap();
+    let b = p.alloc(4096).unwrap();
+    p.free(a).unwrap(); // kept by this thread
+    p.sleep(&synchronize(dev.as_ref()).unwrap(), false).unwrap();
+    assert_eq!(
+        p.stats().thread_cached_bytes,
+        0,
+        "the sleep flushed the caches"
+    );
+    p.free(b).unwrap(); // goes to the pool, not the cache
+    assert_eq!(p.stats().thread_cached_bytes, 0);
+    assert!(matches!(
+        p.alloc(4096),
+        Err(cupool_pool::PoolError::Asleep { .. })
+    ));
+    p.wake().unwrap();
+    let c = p.alloc(4096).unwrap();
+    p.free(c).unwrap();
+    assert!(
+        p.stats().thread_cached_bytes > 0,
+        "caching again after the wake"
+    );
+}

@@ -21,6 +21,7 @@ use crate::pool::{Moved, Pool, Purge, Released};
 use crate::stats::PoolStats;
 use crate::sync::{synchronize, SyncToken};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use thread_local::ThreadLocal;
 
@@ -129,6 +130,9 @@ pub struct ThreadCache {
     inner: Arc<dyn Pool>,
     config: ThreadCacheConfig,
     slots: ThreadLocal<Slot>,
+    /// Set by a sleep, cleared by a successful wake: the caches neither serve nor keep
+    /// meanwhile, so no block is handed out over memory a sleep released.
+    asleep: AtomicBool,
 }
 
 impl ThreadCache {
@@ -138,6 +142,7 @@ impl ThreadCache {
             inner,
             config,
             slots: ThreadLocal::new(),
+            asleep: AtomicBool::new(false),
         }
     }
 
@@ -189,6 +194,9 @@ impl Pool for ThreadCache {
 
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
+        if self.asleep.load(Ordering::Acquire) {
+            return self.inner.alloc(bytes);
+        }
         if let Some(slot) = self.slots.get() {
             if let Some(b) = slot.0.lock().take(bytes.max(1)) {
                 return Ok(b);
@@ -199,7 +207,10 @@ impl Pool for ThreadCache {
 
     #[inline]
     fn free(&self, block: Block) -> Result<(), FreeError> {
-        if block.pool_id() != self.inner.id() || block.capacity() > self.config.max_block {
+        if block.pool_id() != self.inner.id()
+            || block.capacity() > self.config.max_block
+            || self.asleep.load(Ordering::Acquire)
+        {
             return self.inner.free(block);
         }
         let slot = self.slots.get_or_default();
@@ -248,12 +259,16 @@ impl Pool for ThreadCache {
     }
 
     fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
+        // Raised first: a block freed while the flush runs goes to the pool, not a cache.
+        self.asleep.store(true, Ordering::Release);
         let fresh = self.flush_and_sync(token)?;
         self.inner.sleep(fresh.as_ref().unwrap_or(token), offload)
     }
 
     fn wake(&self) -> Result<Moved, PoolError> {
-        self.inner.wake()
+        let moved = self.inner.wake()?;
+        self.asleep.store(false, Ordering::Release);
+        Ok(moved)
     }
 }
 
