@@ -212,3 +212,21 @@ fn an_asleep_pool_s_caches_serve_nothing_until_it_wakes() {
         "caching again after the wake"
     );
 }
+
+/// A sleep the pool refuses (it cannot keep its addresses) changes nothing: the caches go on.
+#[test]
+fn a_refused_sleep_leaves_the_caches_serving() {
+    use cupool_pool::pools::LegacyPool;
+    let dev = sim(1.0);
+    let p = ThreadCache::new(
+        Arc::new(LegacyPool::new(as_driver(&dev))),
+        ThreadCacheConfig::default(),
+    );
+    let e = p
+        .sleep(&synchronize(dev.as_ref()).unwrap(), false)
+        .unwrap_err();
+    assert!(matches!(e, cupool_pool::PoolError::CannotSleep { .. }));
+    let b = p.alloc(4096).unwrap();
+    p.free(b).unwrap();
+    assert!(p.stats().thread_cached_bytes > 0);
+}

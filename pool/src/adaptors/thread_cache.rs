@@ -262,7 +262,12 @@ impl Pool for ThreadCache {
         // Raised first: a block freed while the flush runs goes to the pool, not a cache.
         self.asleep.store(true, Ordering::Release);
         let fresh = self.flush_and_sync(token)?;
-        self.inner.sleep(fresh.as_ref().unwrap_or(token), offload)
+        let r = self.inner.sleep(fresh.as_ref().unwrap_or(token), offload);
+        if let Err(PoolError::CannotSleep { .. } | PoolError::WrongDevice { .. }) = &r {
+            // Refused before anything changed: the pool serves on, and so do the caches.
+            self.asleep.store(false, Ordering::Release);
+        }
+        r
     }
 
     fn wake(&self) -> Result<Moved, PoolError> {
