@@ -82,8 +82,9 @@ def _raising_pluggable(torch):
         try:
             path = _shim_path(torch)
         except Exception as e:  # noqa: BLE001 (any build failure falls back, with the reason)
+            version = getattr(torch, "__version__", "of unknown version")
             warnings.warn(f"cupool: out-of-memory errors cannot be raised to PyTorch (building the C++ shim "
-                          f"against torch {torch.__version__} failed: {str(e).splitlines()[0] if str(e) else e!r}); "
+                          f"against torch {version} failed: {str(e).splitlines()[0] if str(e) else e!r}); "
                           "an allocation cupool cannot serve gives PyTorch a null pointer. Install a C++ "
                           "compiler and ninja, or pass raise_oom=False to silence this.", RuntimeWarning)
             return _pluggable()

@@ -81,8 +81,8 @@ def test_a_wrong_cupool_lib_is_refused_even_with_a_bundled_library(tmp_path):
     assert "nowhere.so: no such file" in out, out
 
 
-def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch):
-    handed = {}
+def fake_torch(monkeypatch, handed):
+    """A stand-in for torch that records what install() hands it (no CUDA, no compiler)."""
 
     class Pluggable:
         def __init__(self, path, alloc, free):
@@ -94,7 +94,25 @@ def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch)
                                      change_current_allocator=lambda a: handed.update(current=a)))
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     monkeypatch.setattr(cupool.torch, "_allocator", None)
-    cupool.torch.install(device="sim", sim_gib=1)
+    monkeypatch.setattr(cupool.torch, "_raising", None)
+    return Pluggable
+
+
+def test_torch_install_without_a_buildable_shim_warns_and_hands_libcupool_s_entry_points(monkeypatch):
+    handed = {}
+    fake_torch(monkeypatch, handed)
+    with pytest.warns(RuntimeWarning, match="out-of-memory errors cannot be raised"):
+        cupool.torch.install(device="sim", sim_gib=1)
+    try:
+        assert (handed["alloc"], handed["free"]) == ("cupool_torch_alloc", "cupool_torch_free")
+    finally:
+        cupool.shutdown()
+
+
+def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch):
+    handed = {}
+    Pluggable = fake_torch(monkeypatch, handed)
+    cupool.torch.install(device="sim", sim_gib=1, raise_oom=False)
     try:
         assert os.path.samefile(handed["path"], cupool.library_path())
         assert (handed["alloc"], handed["free"]) == ("cupool_torch_alloc", "cupool_torch_free")
@@ -103,3 +121,8 @@ def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch)
             assert os.path.samefile(handed["path"], BUNDLED)
     finally:
         cupool.shutdown()
+
+
+def test_the_out_of_memory_shim_s_source_ships_with_the_package():
+    # install() builds it against the user's PyTorch: a wheel without it could not raise.
+    assert os.path.exists(os.path.join(os.path.dirname(cupool.__file__), "torch_oom.cpp"))
