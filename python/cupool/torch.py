@@ -180,6 +180,7 @@ def sleep(tags, offload=(), device=None):
     """``cupool.sleep`` for tensors: synchronizes the device (every queued kernel finishes),
     then releases the GPU memory of ``tags`` (tensors made inside ``with cupool.torch.tag(name):``)
     keeping every tensor's address; tags in ``offload`` are copied to page-locked host memory
-    first and restored bit for bit by ``wake``. Needs ``install()`` (or a ``mempool(pool="vmm")``
-    per tag); returns the bytes released."""
+    first and restored bit for bit by ``wake``. Made for ``install()`` (with a MemPool, PyTorch
+    caches on top and could hand a sleeping block to a new tensor: allocate nothing in it while
+    it sleeps); returns the bytes released."""
     return _sleep(tags, offload=offload, device=-1 if device is None else _index(device))
