@@ -68,6 +68,32 @@ fn each_pool(
     Ok(out)
 }
 
+/// Runs `f` for the tag `tag` names on each device `device` names (-1: all), and writes the
+/// sum of its results to `out` unless it is null.
+///
+/// # Safety
+/// `tag` is null or a NUL-terminated string; `out` is null or points to writable memory for one
+/// `size_t`.
+unsafe fn per_device(
+    device: i32,
+    tag: *const c_char,
+    out: *mut usize,
+    mut f: impl FnMut(&Lib, usize, u32) -> Result<usize, Failure>,
+) -> Result<(), Failure> {
+    // SAFETY: the caller's contract.
+    let t = unsafe { named_tag(tag) }?;
+    let lib = state::lib()?;
+    let mut total = 0;
+    for d in devices(&lib, device)? {
+        total += f(&lib, d, t)?;
+    }
+    if !out.is_null() {
+        // SAFETY: the caller passes null or a writable size_t.
+        unsafe { out.write(total) };
+    }
+    Ok(())
+}
+
 /// The tag a sleep or wake names: it must have been set before.
 ///
 /// # Safety
@@ -103,22 +129,16 @@ pub unsafe extern "C" fn cupool_sleep(
 ) -> CupoolStatus {
     status(|| {
         // SAFETY: the caller's contract.
-        let t = unsafe { named_tag(tag) }?;
-        let lib = state::lib()?;
-        let mut total = 0;
-        for d in devices(&lib, device)? {
-            let driver = lib.registry.driver(d).ok_or_else(|| {
-                Failure::new(CupoolStatus::Internal, format!("device {d} has no driver"))
-            })?;
-            let token = synchronize(driver.as_ref())?;
-            crate::record::sync();
-            total += each_pool(&lib, d, t, |p| p.sleep(&token, offload != 0))?.bytes;
+        unsafe {
+            per_device(device, tag, released, |lib, d, t| {
+                let driver = lib.registry.driver(d).ok_or_else(|| {
+                    Failure::new(CupoolStatus::Internal, format!("device {d} has no driver"))
+                })?;
+                let token = synchronize(driver.as_ref())?;
+                crate::record::sync();
+                Ok(each_pool(lib, d, t, |p| p.sleep(&token, offload != 0))?.bytes)
+            })
         }
-        if !released.is_null() {
-            // SAFETY: the caller passes null or a writable size_t.
-            unsafe { released.write(total) };
-        }
-        Ok(())
     })
 }
 
@@ -138,17 +158,11 @@ pub unsafe extern "C" fn cupool_wake(
 ) -> CupoolStatus {
     status(|| {
         // SAFETY: the caller's contract.
-        let t = unsafe { named_tag(tag) }?;
-        let lib = state::lib()?;
-        let mut total = 0;
-        for d in devices(&lib, device)? {
-            total += each_pool(&lib, d, t, |p| p.wake())?.bytes;
+        unsafe {
+            per_device(device, tag, mapped, |lib, d, t| {
+                Ok(each_pool(lib, d, t, |p| p.wake())?.bytes)
+            })
         }
-        if !mapped.is_null() {
-            // SAFETY: the caller passes null or a writable size_t.
-            unsafe { mapped.write(total) };
-        }
-        Ok(())
     })
 }
 
@@ -171,20 +185,16 @@ pub unsafe extern "C" fn cupool_asleep_bytes(
                 "cupool_asleep_bytes: asleep is null; pass the address of a size_t",
             ));
         }
-        // SAFETY: the caller's contract.
-        let t = unsafe { named_tag(tag) }?;
-        let lib = state::lib()?;
-        let mut total = 0;
-        for d in devices(&lib, device)? {
-            total += lib
-                .pools_of(Some(d))
-                .iter()
-                .filter(|s| s.tag == t)
-                .map(|s| s.pool.stats().asleep_bytes)
-                .sum::<usize>();
+        // SAFETY: the caller's contract; `asleep` is not null.
+        unsafe {
+            per_device(device, tag, asleep, |lib, d, t| {
+                Ok(lib
+                    .pools_of(Some(d))
+                    .iter()
+                    .filter(|s| s.tag == t)
+                    .map(|s| s.pool.stats().asleep_bytes)
+                    .sum())
+            })
         }
-        // SAFETY: checked non-null above; the caller passes a writable size_t.
-        unsafe { asleep.write(total) };
-        Ok(())
     })
 }
