@@ -175,6 +175,25 @@ bool ggml_cupool_enabled() {
     return enabled;
 }
 
+bool ggml_cupool_fa_kv_pool() {
+    static const bool pool = [] {
+        if (!ggml_cupool_enabled()) {
+            return false; // ggml's own pools: upstream's placement, whatever the variable says
+        }
+        const char * v = getenv("CUPOOL_FA_KV");
+        if (v == nullptr || v[0] == '\0' || strcmp(v, "buffer") == 0) {
+            return false;
+        }
+        if (strcmp(v, "pool") != 0) {
+            fail(std::string("CUPOOL_FA_KV=") + v +
+                 " is not accepted: use buffer (flash attention's f16 K/V copies in the compute buffer, for the"
+                 " whole context) or pool (from cupool's pool, per call)");
+        }
+        return true;
+    }();
+    return pool;
+}
+
 void ggml_cupool_startup() {
     static bool started = false;
     if (started || !ggml_cupool_enabled()) {
@@ -208,6 +227,7 @@ void ggml_cupool_startup() {
         api.phase_begin("start-up");
         recording = true;
     }
+    (void) ggml_cupool_fa_kv_pool(); // a bad CUPOOL_FA_KV stops start-up too
     atexit(at_exit);
     fprintf(stderr, "cupool: GGML_POOL=%s: ggml's pools go through libcupool (%d devices)\n", getenv("GGML_POOL"),
             api.device_count());

@@ -49,6 +49,11 @@
 //       compute takes outside ggml's buffers (cuBLAS workspace, kernel modules): a context that
 //       leaves no room fails at start-up with cupool's report. Unset: auto: the cuBLAS workspace
 //       (32 MiB from compute capability 9.0, else 4) plus 144 MiB.
+//   CUPOOL_FA_KV (buffer or pool): mainline llama.cpp's shim: where flash attention puts the f16
+//       copies of a quantized K/V cache. buffer: in the compute buffer, reserved at start-up for
+//       the whole context (upstream since PR #23907); pool: from the pool per call, sized by the KV
+//       length in use, as ik_llama.cpp and llama.cpp before #23907 do (returned by
+//       CUPOOL_PURGE=auto when the device is short). Unset: buffer: llama.cpp's own placement.
 //   CUPOOL_LIB (the path of libcupool.so (for the Python package, the file or its folder)): where
 //       llama.cpp's shim and the Python package find libcupool. Unset: beside the executable,
 //       beside the library holding ggml-cuda, then the loader's path.
@@ -69,6 +74,12 @@ bool ggml_cupool_enabled();
 // program before any work): a missing library lists the paths tried, a bad GGML_POOL or
 // CUPOOL_* value prints cupool's message; both abort. Starts recording to CUPOOL_TRACE if set.
 void ggml_cupool_startup();
+
+// CUPOOL_FA_KV=pool (GGML_POOL set; mainline llama.cpp): flash attention takes the f16 copies of
+// a quantized K/V cache from the pool, sized by each call's KV length, instead of from space in
+// the compute buffer reserved at start-up for the whole context. Read once; a value other than
+// buffer or pool stops start-up.
+bool ggml_cupool_fa_kv_pool();
 
 // The pool of `device` x `stream_no`, through libcupool.
 std::unique_ptr<ggml_cuda_pool> ggml_cupool_new_pool(int device, int stream_no);

@@ -32,7 +32,9 @@ the same pool hook, start-up check, op and buffer names and graph recapture, and
 - ggml_backend_cupool_ubatch_end / ggml_backend_cupool_context, reached through the CUDA
   registry's get_proc_address (so a backend loaded at run time works too);
 - src/llama-context.cpp: announces each context's size before its buffers and calls the boundary
-  after each prefill ubatch of llama_context::decode.
+  after each prefill ubatch of llama_context::decode;
+- fattn.cu, fattn-common.cuh: with CUPOOL_FA_KV=pool, flash attention's f16 copies of a quantized
+  K/V cache come from the pool per call (as before PR #23907), not from the compute buffer.
 """
 import difflib
 import re
@@ -455,8 +457,61 @@ def mainline_edits() -> dict:
             p,
         )
 
+    def edit_fattn_size(t: str) -> str:
+        p = "ggml/src/ggml-cuda/fattn.cu"
+        return insert_after(
+            t,
+            "size_t ggml_cuda_flash_attn_ext_get_alloc_size(int device, const ggml_tensor * dst) {\n"
+            "    GGML_ASSERT(dst->op == GGML_OP_FLASH_ATTN_EXT);\n",
+            "\n"
+            "    // cupool (CUPOOL_FA_KV=pool): the f16 copies of K and V come from the pool in\n"
+            "    // launch_fattn, so the compute buffer reserves no space for them\n"
+            "    if (ggml_cupool_fa_kv_pool()) {\n"
+            "        return ggml_nbytes(dst);\n"
+            "    }\n",
+            p,
+        )
+
+    def edit_fattn_launch(t: str) -> str:
+        p = "ggml/src/ggml-cuda/fattn-common.cuh"
+        t = insert_before(
+            t,
+            "    ggml_cuda_pool_alloc<int>    KV_max(pool);\n",
+            "    // cupool (CUPOOL_FA_KV=pool): a quantized cache's f16 copies from the pool, sized by this\n"
+            "    // call's KV length, rather than the compute buffer's space sized for the whole context.\n"
+            "    // Declared first, so they go back last, as before PR #23907.\n"
+            "    const bool cupool_kv_pool = ggml_cupool_fa_kv_pool();\n"
+            "    ggml_cuda_pool_alloc<half> cupool_K_f16(pool);\n"
+            "    ggml_cuda_pool_alloc<half> cupool_V_f16(pool);\n",
+            p,
+        )
+        t = insert_after(
+            t,
+            "        half * K_f16 = (half *) f16_extra.K;\n",
+            "        if (cupool_kv_pool) {\n"
+            "            GGML_CUPOOL_LABEL(\"K_f16\");\n"
+            "            K_f16 = cupool_K_f16.alloc(ggml_nelements(K));\n"
+            "        }\n",
+            p,
+        )
+        return insert_after(
+            t,
+            "            half * V_f16 = (half *) f16_extra.V;\n",
+            "            if (cupool_kv_pool) {\n"
+            "                GGML_CUPOOL_LABEL(\"V_f16\");\n"
+            "                V_f16 = cupool_V_f16.alloc(ggml_nelements(V));\n"
+            "            }\n",
+            p,
+        )
+
     return {cu: edit_cu, "ggml/src/ggml-cuda/common.cuh": edit_common, "src/llama-context.cpp": edit_context,
-            "tools/server/server-context.cpp": edit_server}
+            "tools/server/server-context.cpp": edit_server, "ggml/src/ggml-cuda/fattn.cu": edit_fattn_size,
+            "ggml/src/ggml-cuda/fattn-common.cuh": edit_fattn_launch}
+
+
+def compose(first, second):
+    """Both edits of one file, `first`'s before `second`'s."""
+    return lambda t: second(first(t))
 
 
 def main() -> None:
@@ -484,7 +539,8 @@ def main() -> None:
             }
         for f in sorted((root / "ggml/src/ggml-cuda").glob("fattn*.cu*")):
             if any(FA_BUFFER.match(line) for line in f.read_text().split("\n")):
-                edits[str(f.relative_to(root))] = edit_fattn
+                rel = str(f.relative_to(root))
+                edits[rel] = compose(edits[rel], edit_fattn) if rel in edits else edit_fattn
         if excerpt:
             write_excerpt(root, sorted(edits), excerpt)
         else:

@@ -13,6 +13,11 @@
 //! empty (`-n 0`: no decode).
 //!
 //! `logs.json` is what `scripts/llama/mainline_logs.py` extracts from the runs' `-v` logs.
+//!
+//! Two more runs (tests/data/h100-2026-11-25-mainline-fa-pool, the same build and flags, phi3-mini
+//! f16 and llama3-8b q8_0 at `-p 5000 -ub 512`) set `CUPOOL_FA_KV=pool`: flash attention takes a
+//! quantized cache's f16 copies from the pool, as llama.cpp did before PR #23907, so the
+//! `llama-b8833` profile (the same kernels, the copies from the pool) predicts them.
 mod common;
 
 use common::{phases, prompt_ubatch, read_trace, same, setup};
@@ -24,9 +29,14 @@ use cupool_profiles::predict::{engine_trace, EngineRun, Schedule};
 use cupool_profiles::{trace_events, Device, EngineModel, Profile, Setup, Weights};
 
 const DATA: &str = "tests/data/h100-2026-11-25-mainline";
+const FA_POOL: &str = "tests/data/h100-2026-11-25-mainline-fa-pool";
 
 /// One recorded llama-bench run.
 struct Run {
+    /// The folder of its trace and logs.json.
+    dir: &'static str,
+    /// The profile that models it.
+    profile: Profile,
     name: &'static str,
     model: &'static str,
     /// Layers kept by `gen_model.py --layers`, when not the preset's.
@@ -34,7 +44,7 @@ struct Run {
     weights: Weights,
 }
 
-const RUNS: [Run; 6] = [
+const RUNS: [Run; 8] = [
     run("phi3-f16-p5000-ub512", "phi3-mini", None, Weights::F16),
     run("phi3-f16-p8192-ub2048", "phi3-mini", None, Weights::F16),
     run("phi3-f16-p20480-ub512", "phi3-mini", None, Weights::F16),
@@ -46,6 +56,18 @@ const RUNS: [Run; 6] = [
         Some(4),
         Weights::Q8_0,
     ),
+    fa_pool(run(
+        "phi3-f16-fapool-p5000-ub512",
+        "phi3-mini",
+        None,
+        Weights::F16,
+    )),
+    fa_pool(run(
+        "llama3-q8-fapool-p5000-ub512",
+        "llama3-8b",
+        None,
+        Weights::Q8_0,
+    )),
 ];
 
 const fn run(
@@ -55,10 +77,21 @@ const fn run(
     weights: Weights,
 ) -> Run {
     Run {
+        dir: DATA,
+        profile: Profile::Llama,
         name,
         model,
         layers,
         weights,
+    }
+}
+
+/// A run with `CUPOOL_FA_KV=pool`.
+const fn fa_pool(r: Run) -> Run {
+    Run {
+        dir: FA_POOL,
+        profile: Profile::LlamaB8833,
+        ..r
     }
 }
 
@@ -83,11 +116,11 @@ impl Run {
     }
 
     fn recorded(&self) -> Vec<Op> {
-        read_trace(&format!("{DATA}/{}.trace.jsonl.gz", self.name))
+        read_trace(&format!("{}/{}.trace.jsonl.gz", self.dir, self.name))
     }
 
     fn logged(&self) -> Logged {
-        let path = format!("{}/{DATA}/logs.json", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/{}/logs.json", env!("CARGO_MANIFEST_DIR"), self.dir);
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let all: serde_json::Value = serde_json::from_str(&text).unwrap();
         let r = &all[self.name];
@@ -119,7 +152,7 @@ fn every_ubatch_s_requests_equal_the_recorded_ones() {
         assert!(recorded[2 * n_ub].is_empty(), "{}: the last phase", r.name);
         for (k, want) in recorded.iter().enumerate().take(2 * n_ub) {
             let u = prompt_ubatch(k % n_ub, log.tokens, log.batch, log.ubatch);
-            let calls = Profile::Llama.ubatch(&s, u).unwrap();
+            let calls = r.profile.ubatch(&s, u).unwrap();
             let mut ops = vec![Op::PhaseBegin {
                 name: String::new(),
             }];
@@ -138,7 +171,7 @@ fn the_replayed_peak_reserve_equals_the_run_s() {
     for r in &RUNS {
         let log = r.logged();
         let trace = engine_trace(&EngineRun {
-            profile: Profile::Llama,
+            profile: r.profile,
             setup: r.setup(),
             schedule: Schedule::Prompt {
                 tokens: log.tokens,
@@ -195,15 +228,20 @@ fn the_replayed_peak_reserve_equals_the_run_s() {
 #[test]
 fn the_compute_buffer_equals_the_logged_one_where_no_hole_lies_under_its_peak() {
     const MIB: f64 = 1048576.0;
-    const EXACT: [&str; 3] = [
+    const EXACT: [&str; 4] = [
         "llama3-q8-p5000-ub512",
         "llama3-q8-p20480-ub512",
         "phi3-f16-p20480-ub512",
+        "llama3-q8-fapool-p5000-ub512",
     ];
     for r in &RUNS {
         let log = r.logged();
         let s = r.setup();
-        let bytes = compute_buffer_bytes(Version::D99724f2, &s.model, s.kv, log.n_ctx, log.ubatch);
+        let version = match r.profile {
+            Profile::LlamaB8833 => Version::B8833,
+            _ => Version::D99724f2,
+        };
+        let bytes = compute_buffer_bytes(version, &s.model, s.kv, log.n_ctx, log.ubatch);
         let predicted = format!("{:.4}", bytes as f64 / MIB);
         if EXACT.contains(&r.name) {
             assert_eq!(predicted, log.compute_mib, "{}: MiB", r.name);

@@ -164,6 +164,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "mainline llama.cpp's shim holds this much device memory from a context's creation to its first compute, for what that compute takes outside ggml's buffers (cuBLAS workspace, kernel modules): a context that leaves no room fails at start-up with cupool's report",
     },
     Setting {
+        name: "CUPOOL_FA_KV",
+        accepts: Text("buffer or pool"),
+        read_by: &[by(Shim, "buffer: llama.cpp's own placement")],
+        keyword: None,
+        env_only: true,
+        doc: "mainline llama.cpp's shim: where flash attention puts the f16 copies of a quantized K/V cache. buffer: in the compute buffer, reserved at start-up for the whole context (upstream since PR #23907); pool: from the pool per call, sized by the KV length in use, as ik_llama.cpp and llama.cpp before #23907 do (returned by `CUPOOL_PURGE=auto` when the device is short)",
+    },
+    Setting {
         name: "CUPOOL_LIB",
         accepts: Text("the path of libcupool.so (for the Python package, the file or its folder)"),
         read_by: &[
