@@ -315,7 +315,7 @@ def test_start_up_never_asks_ggml_for_its_devices():
 def test_the_server_load_table_and_plot_in_the_docs_are_their_data_s(tmp_path):
     """docs/llama-cpp.md's llama-server table and its plot are what scripts/llama/server-report.py
     makes of the run kept in data/."""
-    folder = "data/h100-2026-11-25-mainline-server"
+    folder = "data/h100-2026-11-25-mainline-server-500"
     plot = tmp_path / "plot.svg"
     report = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "server-report.py"), folder,
                              "--svg", str(plot)], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -328,6 +328,7 @@ def test_the_server_load_table_and_plot_in_the_docs_are_their_data_s(tmp_path):
     for name, x in summary.items():
         if not name.startswith("_"):
             assert f"| {x['answered']} | {x['failed']} |" in block, name
+            assert x["answered"] >= 500 and x["failed"] == 0 and x["seconds"] >= 600, name
 
 
 def test_the_out_of_memory_run_in_the_docs_is_its_data_s():
