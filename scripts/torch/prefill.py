@@ -19,7 +19,7 @@ import time
 p = argparse.ArgumentParser()
 p.add_argument("--allocator", required=True,
                choices=["native", "expandable", "async", "cupool", "cupool-mempool"])
-p.add_argument("--model", default="phi3", choices=["phi3", "llama3"])
+p.add_argument("--model", default="phi3", choices=["phi3", "llama3", "qwen3moe"])
 p.add_argument("--prompt", type=int, default=20000)
 p.add_argument("--chunk", type=int, default=512)
 p.add_argument("--decode", type=int, default=32)
@@ -44,6 +44,13 @@ if a.model == "phi3":
     cfg = transformers.Phi3Config(hidden_size=3072, num_hidden_layers=32, num_attention_heads=32,
                                   num_key_value_heads=32, intermediate_size=8192, vocab_size=32064,
                                   max_position_embeddings=131072)
+elif a.model == "qwen3moe":
+    # Qwen3-30B-A3B's shape (128 experts, 8 per token, GQA 32/4, head 128) with 12 of its 48
+    # layers, so that the weights (about 16 GiB in bf16) leave the KV cache the card
+    cfg = transformers.Qwen3MoeConfig(hidden_size=2048, num_hidden_layers=12, num_attention_heads=32,
+                                      num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+                                      moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                                      vocab_size=151936, max_position_embeddings=40960)
 else:
     cfg = transformers.LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                                    num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
