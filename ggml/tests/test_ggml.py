@@ -386,3 +386,28 @@ def test_the_plan_still_gives_the_recorded_predictions():
             assert got[key] == want[key], f"{name}: {key} {got[key]} != recorded {want[key]}"
         checked += 1
     assert checked == 4
+
+
+def test_the_oom_token_report_reads_sweeps_and_prompts(tmp_path):
+    """predict-check.py's report-oom: a sweep's last KV length plus a ubatch, or a prompt's ubatch
+    lines counted within its pass, is where the run died; the plan's token and the fix beside it."""
+    pc = module("scripts/llama/predict-check.py")
+    sweep = {"rc": 1, "rows": [{"n_kv": 512}], "last_n_kv": 8704, "ubatches": []}
+    assert pc.real_oom_token(sweep) == 9216
+    # a 4,096-token prompt (8 ubatches): the warm-up's 8 done, then 3 of the measured pass
+    prompt = {"rc": 1, "rows": [], "prompt": 4096, "ubatches": [{}] * 11}
+    assert pc.real_oom_token(prompt) == 4 * 512
+    assert pc.real_oom_token({"rc": 0}) is None
+    case = tmp_path / "phi3-12"
+    case.mkdir()
+    (tmp_path / "phi3-12.ctx.plan.json").write_text(json.dumps({
+        "fits": False, "oom_at_token": 9216,
+        "check": {"engine": "ik-llama", "pool": "legacy", "purge": "never", "ctx": 20480},
+        "fix": {"pool": "legacy", "purge": "auto", "fits": True}}))
+    runs = [dict(sweep, name="phi3-12-ctx-c20480", card_gib=12.0, failed_at="compute"),
+            {"name": "phi3-12-fix-c20480", "rc": 0, "card_gib": 12.0, "failed_at": None}]
+    (case / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "predict-check.py"), "report-oom",
+                          str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert ("| phi3-12 | ik-llama, `legacy`, `never` | 12 GiB | 20,480 | dies at token 9,216 | dies at token 9,216 "
+            "| `legacy`, `auto` | completes | completes |") in out, out

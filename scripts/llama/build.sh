@@ -7,7 +7,7 @@
 # Unpacks the source into BUILD_DIR/src, copies the shim (ggml/ggml-cupool.{h,cu} and libcupool's
 # header) into ggml/src/ggml-cuda/, applies the engine's patch (ggml/llama.cpp.patch for a
 # mainline tree, which has tools/; ggml/ik_llama.cpp.patch otherwise), configures and builds
-# TARGETS (mainline: llama-bench llama-server llama-cli; ik_llama.cpp: llama-sweep-bench
+# TARGETS (mainline: llama-bench llama-server llama-cli; ik_llama.cpp: llama-sweep-bench llama-bench
 # llama-cli) for CUDA_ARCH (default: 90). A second run with the same BUILD_DIR resumes the build.
 # The engine finds libcupool at run time (CUPOOL_LIB, beside the executable, or the loader's
 # path); nothing links against it.
@@ -40,7 +40,7 @@ if [ -d "$dir/src/tools" ]; then
 else
     # ik_llama.cpp's server needs web-UI assets its source tarball lacks
     engine_args=(-DLLAMA_BUILD_SERVER=OFF)
-    targets=${TARGETS:-llama-sweep-bench llama-cli}
+    targets=${TARGETS:-llama-sweep-bench llama-bench llama-cli}
 fi
 if [ ! -e "$dir/build/build.ninja" ]; then
     cmake -S "$dir/src" -B "$dir/build" -G Ninja -DGGML_CUDA=ON \

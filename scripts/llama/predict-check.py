@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""Checks `repro-prefill plan`'s largest context against mainline llama.cpp on a GPU, from what a
+"""Checks `repro-prefill plan` against mainline llama.cpp or ik_llama.cpp on a GPU, from what a
 user knows: a GGUF file and the free device memory before the engine starts.
 
     python3 scripts/llama/predict-check.py run --bin BUILD/build/bin --repro repro-prefill --out DIR CASE [CASE ...]
     python3 scripts/llama/predict-check.py report DIR
+    python3 scripts/llama/predict-check.py report-oom DIR
 
-A CASE is NAME:MODEL.gguf:FREE_GIB. `run` asks the plan (engine llama, -b 2048 -ub 512, q8_0 KV,
-GGML_POOL=vmm with purge auto, the libcupool defaults) for the largest context that fits in
-FREE_GIB, writes its JSON to DIR/NAME.plan.json, and then runs llama-bench through seed.py with the
-ballast leaving FREE_GIB free: a prompt filling that context (it must complete) and one a ubatch
-(512 tokens) longer (it must not). `report` prints the table docs/llama-cpp.md keeps, between its
-markers: predicted against real, per case.
+A CASE is NAME:MODEL.gguf:FREE_GIB[:CTX]. `run` asks the plan (--engine, default llama; -b 2048
+-ub 512, q8_0 KV; --pool and --purge, default vmm and auto, the libcupool defaults) for the
+largest context that fits in FREE_GIB, writes its JSON to DIR/NAME.plan.json, and then runs
+llama-bench through seed.py with the ballast leaving FREE_GIB free: a prompt filling that context
+(it must complete) and one a ubatch (512 tokens) longer (it must not). With CTX it also plans
+that context (DIR/NAME.ctx.plan.json: whether it fits, the token where the run dies) and runs it
+(ik_llama.cpp: llama-sweep-bench -c CTX, whose rows say how far it got; mainline: llama-bench
+-p CTX, whose ubatch lines do), and with --fix POOL:PURGE the same context under that fix (it must
+complete where the plan says it fits). `report` prints the largest-context table docs/llama-cpp.md
+keeps, `report-oom` the table of predicted against real tokens where a run dies.
 """
 import argparse
 import json
@@ -25,35 +30,73 @@ UBATCH = 512
 
 
 def parse_case(spec: str) -> dict:
-    m = re.fullmatch(r"([\w.-]+):(.+\.gguf):([\d.]+)", spec)
+    m = re.fullmatch(r"([\w.-]+):(.+\.gguf):([\d.]+)(?::(\d+))?", spec)
     if not m:
-        sys.exit(f"predict-check: case {spec!r} is not NAME:MODEL.gguf:FREE_GIB")
-    return {"name": m.group(1), "gguf": m.group(2), "free": float(m.group(3))}
+        sys.exit(f"predict-check: case {spec!r} is not NAME:MODEL.gguf:FREE_GIB[:CTX]")
+    return {"name": m.group(1), "gguf": m.group(2), "free": float(m.group(3)),
+            "ctx": int(m.group(4)) if m.group(4) else None}
 
 
-def plan(repro: str, case: dict, ctx: int) -> dict:
-    cmd = [repro, "plan", "--gguf", case["gguf"], "--free", str(case["free"]), "--engine", "llama", "-b", "2048",
-           "-ub", str(UBATCH), "-c", str(ctx), "--kv-type", "q8_0", "--format", "json", "--quiet"]
+def plan(a, case: dict, ctx: int, pool: str = None, purge: str = None) -> dict:
+    cmd = [a.repro, "plan", "--gguf", case["gguf"], "--free", str(case["free"]), "--engine", a.engine, "-b", "2048",
+           "-ub", str(UBATCH), "-c", str(ctx), "--kv-type", "q8_0", "--pool", pool or a.pool,
+           "--purge", purge or a.purge, "--format", "json", "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"predict-check: {' '.join(cmd)} failed:\n{out.stderr}")
     return json.loads(out.stdout)
 
 
+def seed(a, case: dict, label: str, pool: str, purge: str, *, prompt: int = None, ctx: int = None) -> None:
+    """One engine run through seed.py, the ballast leaving the case's free memory: llama-bench
+    over `prompt` tokens, or (ctx) ik_llama.cpp's llama-sweep-bench over `ctx`, else llama-bench
+    over `ctx` tokens."""
+    sweep = ctx is not None and a.engine == "ik-llama"
+    n = ctx if ctx is not None else prompt
+    cmd = [sys.executable, str(HERE / "seed.py"), "--bin", a.bin, "--model", case["gguf"],
+           "--out", str(Path(a.out) / case["name"]), "--timeout", str(a.timeout)]
+    cmd += ["--ctx", str(n)] if sweep else ["--bench", "llama-bench", "--prompt", str(n), "--reps", "1"]
+    run_name = f"{case['name']}-{label}-{'c' if sweep else 'p'}{n}"
+    subprocess.run(cmd + [f"{run_name}:{pool}:{purge}@{case['free']}"], check=False)
+
+
 def run(a) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     for case in map(parse_case, a.cases):
-        fits = plan(a.repro, case, 4096)["max_ctx_that_fits"]
+        fits = plan(a, case, 4096)["max_ctx_that_fits"]
         # the plan of that very context: its peak device memory is the one to compare
-        p = plan(a.repro, case, fits)
+        p = plan(a, case, fits)
         (out / f"{case['name']}.plan.json").write_text(json.dumps(p, indent=1) + "\n")
         print(f"predict-check: {case['name']}: plan says -c {fits} fits in {case['free']} GiB", flush=True)
         for label, prompt in (("fits", fits), ("above", fits + UBATCH)):
-            subprocess.run([sys.executable, str(HERE / "seed.py"), "--bench", "llama-bench", "--bin", a.bin,
-                            "--model", case["gguf"], "--out", str(out / case["name"]), "--prompt", str(prompt),
-                            "--reps", "1", "--timeout", str(a.timeout),
-                            f"{case['name']}-{label}-p{prompt}:vmm@{case['free']}"], check=False)
+            seed(a, case, label, a.pool, a.purge, prompt=prompt)
+        if case["ctx"] is None:
+            continue
+        at = plan(a, case, case["ctx"])
+        at["check"] = {"pool": a.pool, "purge": a.purge, "ctx": case["ctx"], "engine": a.engine}
+        if a.fix:
+            pool, purge = a.fix.split(":")
+            at["fix"] = {"pool": pool, "purge": purge, "fits": plan(a, case, case["ctx"], pool, purge)["fits"]}
+        (out / f"{case['name']}.ctx.plan.json").write_text(json.dumps(at, indent=1) + "\n")
+        print(f"predict-check: {case['name']}: plan says -c {case['ctx']} "
+              + ("fits" if at["fits"] else f"dies at token {at['oom_at_token']}"), flush=True)
+        seed(a, case, "ctx", a.pool, a.purge, ctx=case["ctx"])
+        if a.fix:
+            seed(a, case, "fix", *a.fix.split(":"), ctx=case["ctx"])
+
+
+def real_oom_token(r: dict):
+    """Where a run that ran out of memory died: the end of the ubatch it was in. A sweep's rows
+    (ik_llama.cpp) say the KV length reached; else cupool's ubatch lines count the ubatches done
+    (llama-bench's warm-up runs the whole prompt first: counted within it)."""
+    if r["rc"] == 0:
+        return None
+    if r.get("rows"):
+        return r["last_n_kv"] + UBATCH
+    n_ub = -(-r["prompt"] // UBATCH) if r.get("prompt") else None
+    done = len(r.get("ubatches", []))
+    return (done % n_ub + 1) * UBATCH if n_ub else None
 
 
 def outcome(r: dict) -> str:
@@ -108,6 +151,30 @@ def report(a) -> None:
     print("\n".join(lines))
 
 
+def report_oom(a) -> None:
+    """Predicted against real: where each case's run at its CTX died (or that it completed), and
+    the fix."""
+    folder = Path(a.folder)
+    print("| case | engine, pool, purge | free before start | `-c` | plan | real | the fix | plan | real |")
+    print("|---|---|---:|---:|---|---|---|---|---|")
+    for pj in sorted(folder.glob("*.ctx.plan.json")):
+        name = pj.name[: -len(".ctx.plan.json")]
+        p = json.loads(pj.read_text())
+        runs = [json.loads(x) for x in (folder / name / "runs.jsonl").read_text().splitlines() if x.strip()]
+        at = next(r for r in runs if "-ctx-" in r["name"])
+        fix = next((r for r in runs if "-fix-" in r["name"]), None)
+        said = "completes" if p["fits"] else f"dies at token {p['oom_at_token']:,}"
+        tok = real_oom_token(at)
+        real = "completes" if at["rc"] == 0 else (f"dies at token {tok:,}" if tok else outcome(at))
+        c = p["check"]
+        f = p.get("fix")
+        fix_said = ("completes" if f and f["fits"] else "does not fit") if f else "–"
+        fix_real = ("completes" if fix["rc"] == 0 else outcome(fix)) if fix else "–"
+        fix_name = f"`{f['pool']}`, `{f['purge']}`" if f else "–"
+        print(f"| {name} | {c['engine']}, `{c['pool']}`, `{c['purge']}` | {at['card_gib']:g} GiB | {c['ctx']:,} | "
+              f"{said} | {real} | {fix_name} | {fix_said} | {fix_real} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -116,11 +183,17 @@ def main() -> None:
     r.add_argument("--repro", required=True, help="the repro-prefill binary")
     r.add_argument("--out", required=True)
     r.add_argument("--timeout", type=int, default=240)
+    r.add_argument("--engine", default="llama", choices=["llama", "ik-llama"], help="the engine profile to plan with")
+    r.add_argument("--pool", default="vmm")
+    r.add_argument("--purge", default="auto")
+    r.add_argument("--fix", metavar="POOL:PURGE", help="with a CASE's CTX: also run that context under this")
     r.add_argument("cases", nargs="+")
     p = sub.add_parser("report")
     p.add_argument("folder")
+    o = sub.add_parser("report-oom")
+    o.add_argument("folder")
     a = ap.parse_args()
-    run(a) if a.cmd == "run" else report(a)
+    {"run": run, "report": report, "report-oom": report_oom}[a.cmd](a)
 
 
 if __name__ == "__main__":
