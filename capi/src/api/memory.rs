@@ -5,7 +5,7 @@ use super::text_arg;
 use crate::state;
 use crate::status::{guard, status, CupoolStatus, Failure};
 use crate::tags;
-use crate::threads::with_stream;
+use crate::threads::with_local;
 use cupool_pool::{Purge, PurgePolicy};
 use std::ffi::{c_char, c_void};
 
@@ -46,14 +46,14 @@ fn try_alloc(
     size: usize,
     name: Option<&str>,
 ) -> Result<(u64, usize), Failure> {
-    with_stream(device, stream, tags::current(), true, |s, usage| {
-        let b = s.pool.alloc(size)?;
-        let (ptr, capacity) = (b.ptr(), b.capacity());
-        usage.lock().alloc(size);
-        s.live.shard(ptr).insert(ptr, (size, b, usage.clone()));
-        s.peaks.note(s.pool.reserved_bytes());
-        crate::record::alloc(s.device, stream, ptr, size, name);
-        Ok((ptr, capacity))
+    let tag = tags::current();
+    if let Some(r) = with_local(device, stream, tag, true, |me, s, held| {
+        Some(held.alloc(me, s, size, name))
+    }) {
+        return r;
+    }
+    state::with_shared(device, stream, tag, true, |s| {
+        s.shared.lock().held.alloc(&s.shared, s, size, name)
     })
 }
 
@@ -77,31 +77,21 @@ pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result
     }
 }
 
+/// Frees `ptr` from this thread's state if this thread allocated it (no shared state touched),
+/// else wherever the pool's directory says it is live.
 fn free_in(device: i32, stream: u64, tag: u32, ptr: u64, size: usize) -> Result<(), Failure> {
-    with_stream(device, stream, tag, false, |s, _| {
-        let mut live = s.live.shard(ptr);
-        match live.remove(&ptr) {
-            None => Err(Failure::new(
+    if let Some(r) = with_local(device, stream, tag, false, |_, s, held| {
+        held.free(s, ptr, size)
+    }) {
+        return r;
+    }
+    state::with_shared(device, stream, tag, false, |s| {
+        s.pool.free_any(s, ptr, size).unwrap_or_else(|| {
+            Err(Failure::new(
                 CupoolStatus::UnknownPointer,
                 format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
-            )),
-            // ggml frees with the usable size the allocation reported, PyTorch with the size it
-            // asked for: both name the block.
-            Some((asked, b, owner)) if asked != size && b.capacity() != size => {
-                let usable = b.capacity();
-                live.insert(ptr, (asked, b, owner));
-                Err(Failure::new(
-                    CupoolStatus::SizeMismatch,
-                    format!("{ptr:#x} was allocated with {asked} bytes ({usable} usable) but freed with {size}: pass the size it was allocated with, or the usable size cupool reported"),
-                ))
-            }
-            Some((asked, b, owner)) => {
-                drop(live);
-                owner.lock().free(asked);
-                crate::record::free(s.device, ptr);
-                s.pool.free(b).map_err(|e| Failure::from(e.error))
-            }
-        }
+            ))
+        })
     })
 }
 
