@@ -8,19 +8,15 @@
 //! first gives every thread's blocks back, and a sleep stops the bins serving or keeping until
 //! the wake. The pool counts kept blocks as live: the statistics move them to cached.
 
+use crate::front::Front;
 use crate::local::Local;
-use crate::owners::Owners;
-use crate::peaks::Peaks;
-use crate::state::StreamPool;
 use crate::status::Failure;
-use cupool_pool::adaptors::ThreadCacheConfig;
 use cupool_pool::driver::Driver;
 use cupool_pool::{
     synchronize, Block, FreeError, Moved, Pool, PoolError, PoolId, PoolKind, PoolStats, Purge,
     Released, SyncToken,
 };
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What states that were dropped (their threads exited, nothing of theirs live) still count
@@ -34,72 +30,32 @@ struct Gone {
     keep: Vec<usize>,
 }
 
-/// See the module docs.
-pub(crate) struct Cached {
-    inner: Arc<dyn Pool>,
-    config: ThreadCacheConfig,
-    /// Set by a sleep, cleared by a successful wake: the bins neither serve nor keep meanwhile.
-    asleep: AtomicBool,
-    /// Which state holds each block taken from the pool.
-    pub owners: Owners,
+/// See the module docs; `P` is the stream pool the states serve from.
+pub(crate) struct Cached<P> {
+    pub front: Front<Local<P>>,
     /// Every thread's state (the shared way's first).
-    locals: Mutex<Vec<Arc<Local>>>,
+    locals: Mutex<Vec<Arc<Local<P>>>>,
     gone: Mutex<Gone>,
 }
 
-impl Cached {
-    pub(crate) fn new(inner: Arc<dyn Pool>, shared: Arc<Local>) -> Self {
+impl<P> Cached<P> {
+    pub(crate) fn new(inner: Arc<dyn Pool>, shared: Arc<Local<P>>) -> Self {
         Self {
-            inner,
-            config: ThreadCacheConfig::default(),
-            asleep: AtomicBool::new(false),
-            owners: Owners::default(),
+            front: Front::new(inner),
             locals: Mutex::new(vec![shared]),
             gone: Mutex::new(Gone::default()),
         }
     }
 
-    #[inline]
-    pub(crate) fn asleep(&self) -> bool {
-        self.asleep.load(Ordering::Acquire)
-    }
-
-    #[inline]
-    pub(crate) fn config(&self) -> &ThreadCacheConfig {
-        &self.config
-    }
-
-    /// A block of `size` bytes from the pool for `owner`, listed under it.
-    #[inline]
-    pub(crate) fn take_from_pool(
-        &self,
-        owner: &Arc<Local>,
-        size: usize,
-        peaks: &Peaks,
-    ) -> Result<Block, Failure> {
-        let b = self.inner.alloc(size)?;
-        self.owners.insert(b.ptr(), owner.clone());
-        peaks.note(self.inner.reserved_bytes());
-        Ok(b)
-    }
-
-    /// Gives a block a thread held back to the pool.
-    #[inline]
-    pub(crate) fn give_to_pool(&self, b: Block) -> Result<(), Failure> {
-        // Unlisted first: the next thread the pool hands the address to lists itself after.
-        self.owners.remove(b.ptr());
-        self.inner.free(b).map_err(|e| Failure::from(e.error))
-    }
-
     /// A new thread's state, serving from `s` (whose pool this is).
-    pub(crate) fn join(&self, s: Arc<StreamPool>) -> Arc<Local> {
+    pub(crate) fn join(&self, s: Arc<P>) -> Arc<Local<P>> {
         let l = Arc::new(Local::serving(s));
         self.locals.lock().push(l.clone());
         l
     }
 
     /// Every state listed now.
-    fn locals(&self) -> Vec<Arc<Local>> {
+    fn locals(&self) -> Vec<Arc<Local<P>>> {
         self.locals.lock().clone()
     }
 
@@ -107,14 +63,14 @@ impl Cached {
     /// (or from one whose state is gone). `None` if no state holds it live.
     pub(crate) fn free_any(
         &self,
-        s: &StreamPool,
+        device: usize,
         ptr: u64,
         size: usize,
     ) -> Option<Result<(), Failure>> {
-        let owner = self.owners.get(ptr)?;
+        let owner = self.front.owners.get(ptr)?;
         let (r, idle) = {
             let mut st = owner.lock();
-            let r = st.held.free(s, ptr, size);
+            let r = st.held.free(&self.front, device, ptr, size);
             (r, st.held.retired && st.held.live.is_empty())
         };
         if idle {
@@ -125,7 +81,7 @@ impl Cached {
 
     /// Drops `l` from the list if its thread exited and nothing of it is live; what it counted
     /// stays in the statistics.
-    pub(crate) fn unlist_if_idle(&self, l: &Arc<Local>) {
+    pub(crate) fn unlist_if_idle(&self, l: &Arc<Local<P>>) {
         let mut locals = self.locals.lock();
         let mut st = l.lock();
         if !st.held.retired || !st.held.live.is_empty() {
@@ -149,7 +105,7 @@ impl Cached {
     pub(crate) fn flush(&self) -> usize {
         self.locals()
             .iter()
-            .map(|l| l.lock().held.flush(self))
+            .map(|l| l.lock().held.flush(&self.front))
             .sum()
     }
 
@@ -161,7 +117,7 @@ impl Cached {
         if self.flush() == 0 {
             return Ok(None);
         }
-        Ok(Some(synchronize(self.inner.driver().as_ref())?))
+        Ok(Some(synchronize(self.front.inner.driver().as_ref())?))
     }
 
     /// Waits for every call in flight through a thread's state to end.
@@ -176,10 +132,12 @@ impl Cached {
     pub(crate) fn close(&self) {
         for l in self.locals() {
             let mut st = l.lock();
-            st.held.flush(self);
+            st.held.flush(&self.front);
+            // A remote free still in flight gives its block to the pool, not to a bin.
+            st.held.keeps = false;
             st.pool = None;
         }
-        self.owners.clear();
+        self.front.owners.clear();
     }
 
     /// Blocks live now.
@@ -223,55 +181,58 @@ impl Cached {
     }
 }
 
-impl std::fmt::Debug for Cached {
+impl<P> std::fmt::Debug for Cached<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cached")
-            .field("inner", &self.inner)
-            .field("config", &self.config)
+            .field("inner", &self.front.inner)
+            .field("config", self.front.config())
             .finish_non_exhaustive()
     }
 }
 
-impl Pool for Cached {
+impl<P: Send + Sync + 'static> Pool for Cached<P> {
     fn id(&self) -> PoolId {
-        self.inner.id()
+        self.front.inner.id()
     }
 
     fn kind(&self) -> PoolKind {
-        self.inner.kind()
+        self.front.inner.kind()
     }
 
     fn driver(&self) -> &Arc<dyn Driver> {
-        self.inner.driver()
+        self.front.inner.driver()
     }
 
     fn alignment(&self) -> usize {
-        self.inner.alignment()
+        self.front.inner.alignment()
     }
 
     /// Straight from the pool: libcupool's calls go through the threads' states.
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
-        self.inner.alloc(bytes)
+        self.front.inner.alloc(bytes)
     }
 
     fn free(&self, block: Block) -> Result<(), FreeError> {
-        self.inner.free(block)
+        self.front.inner.free(block)
     }
 
     fn purge(&self, token: &SyncToken, what: Purge) -> Result<Released, PoolError> {
         // A pool may release a block's memory as the flush frees it (legacy's full slots):
         // that is released by this purge too.
-        let before = self.inner.reserved_bytes();
+        let before = self.front.inner.reserved_bytes();
         let fresh = self.flush_and_sync()?;
-        let flushed = before.saturating_sub(self.inner.reserved_bytes());
-        let mut r = self.inner.purge(fresh.as_ref().unwrap_or(token), what)?;
+        let flushed = before.saturating_sub(self.front.inner.reserved_bytes());
+        let mut r = self
+            .front
+            .inner
+            .purge(fresh.as_ref().unwrap_or(token), what)?;
         r.bytes += flushed;
         Ok(r)
     }
 
     fn releasable(&self, what: &Purge) -> usize {
         self.flush();
-        self.inner.releasable(what)
+        self.front.inner.releasable(what)
     }
 
     fn stats(&self) -> PoolStats {
@@ -290,7 +251,7 @@ impl Pool for Cached {
             hits += g.hits;
             kept += g.kept;
         }
-        let mut s = self.inner.stats();
+        let mut s = self.front.inner.stats();
         s.live_bytes = s.live_bytes.saturating_sub(asked);
         s.live_blocks = s.live_blocks.saturating_sub(blocks);
         s.cached_bytes += bytes;
@@ -301,29 +262,32 @@ impl Pool for Cached {
     }
 
     fn reserved_bytes(&self) -> usize {
-        self.inner.reserved_bytes()
+        self.front.inner.reserved_bytes()
     }
 
     fn reset_peaks(&self) {
         self.flush();
-        self.inner.reset_peaks()
+        self.front.inner.reset_peaks()
     }
 
     fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
         // Raised first: a block freed while the flush runs goes to the pool, not a bin.
-        self.asleep.store(true, Ordering::Release);
+        self.front.set_asleep(true);
         let fresh = self.flush_and_sync()?;
-        let r = self.inner.sleep(fresh.as_ref().unwrap_or(token), offload);
+        let r = self
+            .front
+            .inner
+            .sleep(fresh.as_ref().unwrap_or(token), offload);
         if let Err(PoolError::CannotSleep { .. } | PoolError::WrongDevice { .. }) = &r {
             // Refused before anything changed: the pool serves on, and so do the bins.
-            self.asleep.store(false, Ordering::Release);
+            self.front.set_asleep(false);
         }
         r
     }
 
     fn wake(&self) -> Result<Moved, PoolError> {
-        let moved = self.inner.wake()?;
-        self.asleep.store(false, Ordering::Release);
+        let moved = self.front.inner.wake()?;
+        self.front.set_asleep(false);
         Ok(moved)
     }
 }

@@ -14,7 +14,8 @@
 //! tag), `cached.rs` (a stream's pool with its threads' states in front: what purges, sleeps and
 //! statistics see), `local.rs` (one thread's state in one pool: its kept blocks, counts and live
 //! blocks, behind one lock: `owned_lock.rs`), `threads.rs` (each thread's cache of its states, and shutdown's
-//! gate), `owners.rs` (which thread holds a block, for frees from another thread), `api/` (the C functions, by idea: opening, closing and the
+//! gate), `front.rs` (what a thread's state reaches of its pool), `owners.rs` (which thread
+//! holds a block, for frees from another thread), `api/` (the C functions, by idea: opening, closing and the
 //! settings table; memory; releases; stats; recording; tags, sleep and wake), `torch.rs` (PyTorch's
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
 //! `repro-prefill replay`), `boundary.rs` (an engine's ubatch boundary: `CUPOOL_PURGE`, per-ubatch
@@ -24,6 +25,7 @@ mod api;
 mod boundary;
 mod cached;
 mod config;
+mod front;
 mod hash;
 mod local;
 mod log;

@@ -9,10 +9,10 @@
 //! The library's other paths (statistics, purges, sleep, shutdown) take it too, one thread's
 //! state at a time (`cached.rs`).
 
-use crate::cached::Cached;
+use crate::front::Front;
 use crate::hash::AddrHasher;
 use crate::owned_lock::{OwnedGuard, OwnedLock};
-use crate::state::StreamPool;
+use crate::peaks::Peaks;
 use crate::status::{CupoolStatus, Failure};
 use crate::usage::Usage;
 use cupool_pool::adaptors::ThreadBins;
@@ -25,18 +25,18 @@ use std::sync::Arc;
 /// Address → (size asked for, block).
 type LiveMap = HashMap<u64, (usize, Block), BuildHasherDefault<AddrHasher>>;
 
-/// A thread's state in one stream pool, on cache lines of its own.
+/// A thread's state in one stream pool (of type `P`), on cache lines of its own.
 #[repr(align(128))]
-pub(crate) struct Local {
-    state: OwnedLock<LocalState>,
+pub(crate) struct Local<P> {
+    state: OwnedLock<LocalState<P>>,
 }
 
 /// What the lock guards.
-pub(crate) struct LocalState {
+pub(crate) struct LocalState<P> {
     /// The stream pool the thread serves from: `None` once the library closed, or the thread
     /// exited, and always for the shared way's state. A call through the thread's cache goes
     /// the shared way then (`threads.rs`).
-    pub pool: Option<Arc<StreamPool>>,
+    pub pool: Option<Arc<P>>,
     pub held: Held,
 }
 
@@ -53,9 +53,9 @@ pub(crate) struct Held {
     pub live: LiveMap,
 }
 
-impl Local {
+impl<P> Local<P> {
     /// A thread's state, serving from `pool`.
-    pub(crate) fn serving(pool: Arc<StreamPool>) -> Self {
+    pub(crate) fn serving(pool: Arc<P>) -> Self {
         Self::new(Some(pool), true)
     }
 
@@ -64,7 +64,7 @@ impl Local {
         Self::new(None, false)
     }
 
-    fn new(pool: Option<Arc<StreamPool>>, keeps: bool) -> Self {
+    fn new(pool: Option<Arc<P>>, keeps: bool) -> Self {
         Self {
             state: OwnedLock::new(LocalState {
                 pool,
@@ -77,26 +77,22 @@ impl Local {
     }
 
     #[inline]
-    pub(crate) fn lock(&self) -> OwnedGuard<'_, LocalState> {
+    pub(crate) fn lock(&self) -> OwnedGuard<'_, LocalState<P>> {
         self.state.lock()
     }
 
-    /// The thread exited: its bins go back to the pool, later frees of its blocks too, and its
-    /// state is unlisted once none of its blocks is live.
-    pub(crate) fn retire(self: &Arc<Self>) {
-        let pool = {
-            let mut st = self.lock();
-            st.held.keeps = false;
-            st.held.retired = true;
-            let pool = st.pool.take();
-            if let Some(p) = &pool {
-                st.held.flush(&p.pool);
-            }
-            pool
-        };
-        if let Some(p) = pool {
-            p.pool.unlist_if_idle(self);
+    /// The thread exited: its bins go back to the pool (`front` gives the pool of `P`), later
+    /// frees of its blocks too. Returns the pool it served from, if the library is open, for
+    /// the caller to unlist this state once none of its blocks is live.
+    pub(crate) fn retire<T>(&self, front: impl Fn(&P) -> &Front<T>) -> Option<Arc<P>> {
+        let mut st = self.lock();
+        st.held.keeps = false;
+        st.held.retired = true;
+        let pool = st.pool.take();
+        if let Some(p) = &pool {
+            st.held.flush(front(p));
         }
+        pool
     }
 }
 
@@ -104,35 +100,39 @@ impl Held {
     /// Allocates `size` bytes for the thread whose state this is (`me`): from its bins when
     /// one of that request size is kept, else from the pool.
     #[inline]
-    pub(crate) fn alloc(
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn alloc<T>(
         &mut self,
-        me: &Arc<Local>,
-        s: &StreamPool,
+        me: &Arc<T>,
+        front: &Front<T>,
+        peaks: &Peaks,
+        (device, stream): (usize, u64),
         size: usize,
         name: Option<&str>,
     ) -> Result<(u64, usize), Failure> {
-        let kept = if self.keeps && !s.pool.asleep() {
+        let kept = if self.keeps && !front.asleep() {
             self.bins.take(size.max(1))
         } else {
             None
         };
         let b = match kept {
             Some(b) => b,
-            None => s.pool.take_from_pool(me, size, &s.peaks)?,
+            None => front.take_from_pool(me, size, peaks)?,
         };
         let (ptr, capacity) = (b.ptr(), b.capacity());
         self.usage.alloc(size);
         self.live.insert(ptr, (size, b));
-        crate::record::alloc(s.device, s.stream, ptr, size, name);
+        crate::record::alloc(device, stream, ptr, size, name);
         Ok((ptr, capacity))
     }
 
     /// Frees `ptr` if it is live here (`None` if not: another thread's, or unknown). `size` is
     /// the size asked for or the usable size (ggml frees with the one, PyTorch with the other).
     #[inline]
-    pub(crate) fn free(
+    pub(crate) fn free<T>(
         &mut self,
-        s: &StreamPool,
+        front: &Front<T>,
+        device: usize,
         ptr: u64,
         size: usize,
     ) -> Option<Result<(), Failure>> {
@@ -148,14 +148,14 @@ impl Held {
         }
         let (asked, b) = e.remove();
         self.usage.free(asked);
-        crate::record::free(s.device, ptr);
-        Some(self.put_back(&s.pool, b))
+        crate::record::free(device, ptr);
+        Some(self.put_back(front, b))
     }
 
     /// Keeps a freed block for reuse if this state keeps and the bounds allow; else the pool
     /// takes it back.
     #[inline]
-    fn put_back(&mut self, c: &Cached, b: Block) -> Result<(), Failure> {
+    fn put_back<T>(&mut self, c: &Front<T>, b: Block) -> Result<(), Failure> {
         let b = if self.keeps && !c.asleep() {
             match self.bins.keep(b, c.config()) {
                 Ok(()) => return Ok(()),
@@ -168,7 +168,7 @@ impl Held {
     }
 
     /// Gives every kept block back to the pool; returns how many.
-    pub(crate) fn flush(&mut self, c: &Cached) -> usize {
+    pub(crate) fn flush<T>(&mut self, c: &Front<T>) -> usize {
         let blocks = self.bins.drain();
         let n = blocks.len();
         for b in blocks {

@@ -8,7 +8,6 @@
 //! The map is split in shards by address, each behind its own lock on its own cache lines.
 
 use crate::hash::AddrHasher;
-use crate::local::Local;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -16,35 +15,36 @@ use std::sync::Arc;
 
 const SHARDS: usize = 64;
 
-type Map = HashMap<u64, Arc<Local>, BuildHasherDefault<AddrHasher>>;
+type Map<T> = HashMap<u64, Arc<T>, BuildHasherDefault<AddrHasher>>;
 
 #[repr(align(128))]
-#[derive(Default)]
-struct Shard(Mutex<Map>);
+struct Shard<T>(Mutex<Map<T>>);
 
-/// Address → the thread state that holds the block (live or kept for reuse).
-pub(crate) struct Owners {
-    shards: Box<[Shard]>,
+/// Address → the thread state (`T`) that holds the block (live or kept for reuse).
+pub(crate) struct Owners<T> {
+    shards: Box<[Shard<T>]>,
 }
 
-impl Default for Owners {
+impl<T> Default for Owners<T> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Shard(Mutex::new(Map::default())))
+                .collect(),
         }
     }
 }
 
-impl Owners {
+impl<T> Owners<T> {
     #[inline]
-    fn shard(&self, ptr: u64) -> &Mutex<Map> {
+    fn shard(&self, ptr: u64) -> &Mutex<Map<T>> {
         // Addresses are multiples of 128 or more, and spread well under a multiplicative hash.
         let i = (ptr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
         &self.shards[i].0
     }
 
     /// `owner` took the block at `ptr` from the pool. Called after the pool handed it out.
-    pub(crate) fn insert(&self, ptr: u64, owner: Arc<Local>) {
+    pub(crate) fn insert(&self, ptr: u64, owner: Arc<T>) {
         self.shard(ptr).lock().insert(ptr, owner);
     }
 
@@ -55,7 +55,7 @@ impl Owners {
     }
 
     /// The thread state holding the block at `ptr`, if any.
-    pub(crate) fn get(&self, ptr: u64) -> Option<Arc<Local>> {
+    pub(crate) fn get(&self, ptr: u64) -> Option<Arc<T>> {
         self.shard(ptr).lock().get(&ptr).cloned()
     }
 

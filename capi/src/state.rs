@@ -7,7 +7,7 @@
 
 use crate::cached::Cached;
 use crate::config::{Config, Devices};
-use crate::local::Local;
+use crate::local::{Held, Local};
 use crate::status::{CupoolStatus, Failure};
 use cupool_pool::driver::cuda::{device_count, CudaDriver};
 use cupool_pool::driver::limit::LimitedDriver;
@@ -27,18 +27,58 @@ pub(crate) struct StreamPool {
     pub tag: u32,
     /// Behind the threads' states (`local.rs`): threads sharing the stream do not serialise on
     /// the pool's lock, and each finds its own blocks without touching shared state.
-    pub pool: Cached,
+    pub pool: Cached<StreamPool>,
     /// The state of calls that go the shared way (no thread's cache: while shutdown runs, or
     /// after the thread's locals are gone).
-    pub shared: Arc<Local>,
+    pub shared: Arc<ThreadState>,
     /// The reserved peak the user sees (restarted only on request).
     pub peaks: crate::peaks::Peaks,
 }
 
+/// A thread's state in a stream pool.
+pub(crate) type ThreadState = Local<StreamPool>;
+
 impl StreamPool {
     /// A new thread's state here.
-    pub(crate) fn join(self: &Arc<Self>) -> Arc<Local> {
+    pub(crate) fn join(self: &Arc<Self>) -> Arc<ThreadState> {
         self.pool.join(self.clone())
+    }
+
+    /// Allocates `size` bytes for the thread whose state is `me` (`held`, locked).
+    #[inline]
+    pub(crate) fn alloc(
+        &self,
+        me: &Arc<ThreadState>,
+        held: &mut Held,
+        size: usize,
+        name: Option<&str>,
+    ) -> Result<(u64, usize), Failure> {
+        let at = (self.device, self.stream);
+        held.alloc(me, &self.pool.front, &self.peaks, at, size, name)
+    }
+
+    /// Frees `ptr` if `held` (locked) holds it live; `None` if not.
+    #[inline]
+    pub(crate) fn free(
+        &self,
+        held: &mut Held,
+        ptr: u64,
+        size: usize,
+    ) -> Option<Result<(), Failure>> {
+        held.free(&self.pool.front, self.device, ptr, size)
+    }
+
+    /// Frees `ptr` wherever it is live (another thread's block); `None` if nowhere.
+    pub(crate) fn free_any(&self, ptr: u64, size: usize) -> Option<Result<(), Failure>> {
+        self.pool.free_any(self.device, ptr, size)
+    }
+
+    /// The thread whose state is `l` exited: its bins go back, and it is unlisted once none
+    /// of its blocks is live.
+    pub(crate) fn retire(l: &Arc<ThreadState>) {
+        if let Some(p) = l.retire(|p: &StreamPool| &p.pool.front) {
+            p.pool.unlist_if_idle(l);
+        }
     }
 }
 
@@ -276,7 +316,12 @@ pub(crate) fn current() -> Option<Arc<Lib>> {
 /// when `create`), and the library's generation it belongs to; `None` when the library is not
 /// open or the arguments name no pool (the shared way then says why). Under the library's read
 /// lock, so a state never joins a pool that `close` has already let go of.
-pub(crate) fn join(device: i32, stream: u64, tag: u32, create: bool) -> Option<(Arc<Local>, u64)> {
+pub(crate) fn join(
+    device: i32,
+    stream: u64,
+    tag: u32,
+    create: bool,
+) -> Option<(Arc<ThreadState>, u64)> {
     let lib = LIB.read();
     let lib = lib.as_ref()?;
     let d = lib.check_device(device).ok()?;

@@ -16,8 +16,8 @@
 //! The thread's exit retires its states: their kept blocks go back to the pool, and each is
 //! dropped once none of its blocks is live (frees of them find it through the pool's directory).
 
-use crate::local::{Held, Local, LocalState};
-use crate::state::{self, StreamPool};
+use crate::local::{Held, LocalState};
+use crate::state::{self, StreamPool, ThreadState};
 use crate::status::Failure;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -33,8 +33,8 @@ type Key = (i32, u64, u32);
 #[derive(Default)]
 struct Cache {
     generation: u64,
-    last: Option<(Key, Arc<Local>)>,
-    streams: HashMap<Key, Arc<Local>, BuildHasherDefault<crate::hash::AddrHasher>>,
+    last: Option<(Key, Arc<ThreadState>)>,
+    streams: HashMap<Key, Arc<ThreadState>, BuildHasherDefault<crate::hash::AddrHasher>>,
 }
 
 impl Cache {
@@ -47,7 +47,7 @@ impl Cache {
     /// This thread's state in the pool `key` names, joined on first use; `None` when there is
     /// none to join (the shared way says why).
     #[inline]
-    fn local(&mut self, key: Key, create: bool) -> Option<&Arc<Local>> {
+    fn local(&mut self, key: Key, create: bool) -> Option<&Arc<ThreadState>> {
         let generation = state::generation();
         if self.generation != generation {
             // The library closed since: those states serve nothing any more.
@@ -60,7 +60,7 @@ impl Cache {
     }
 
     #[cold]
-    fn find(&mut self, key: Key, create: bool) -> Option<&Arc<Local>> {
+    fn find(&mut self, key: Key, create: bool) -> Option<&Arc<ThreadState>> {
         let l = match self.streams.get(&key) {
             Some(l) => l.clone(),
             None => {
@@ -82,7 +82,7 @@ impl Drop for Cache {
         // The thread is exiting: what it kept goes back now, not at the next purge.
         self.last = None;
         for (_, l) in self.streams.drain() {
-            l.retire();
+            StreamPool::retire(&l);
         }
     }
 }
@@ -104,7 +104,7 @@ pub(crate) fn with_local<T>(
     stream: u64,
     tag: u32,
     create: bool,
-    f: impl FnOnce(&Arc<Local>, &StreamPool, &mut Held) -> Option<Result<T, Failure>>,
+    f: impl FnOnce(&Arc<ThreadState>, &Arc<StreamPool>, &mut Held) -> Option<Result<T, Failure>>,
 ) -> Option<Result<T, Failure>> {
     CACHE
         .try_with(|c| {
@@ -117,7 +117,7 @@ pub(crate) fn with_local<T>(
                 return None;
             }
             let LocalState { pool, held } = &mut *st;
-            f(local, pool.as_deref()?, held)
+            f(local, pool.as_ref()?, held)
         })
         .ok()
         .flatten()

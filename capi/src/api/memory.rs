@@ -2,12 +2,13 @@
 //! checks on what is given back.
 
 use super::text_arg;
-use crate::state;
+use crate::state::{self, StreamPool};
 use crate::status::{guard, status, CupoolStatus, Failure};
 use crate::tags;
 use crate::threads::with_local;
 use cupool_pool::{Purge, PurgePolicy};
 use std::ffi::{c_char, c_void};
+use std::sync::Arc;
 
 /// Allocates from the pool of `device` × `stream`. When the device is out of memory, the idle
 /// memory of all its pools (other streams' included) goes back to the driver after a
@@ -48,12 +49,12 @@ fn try_alloc(
 ) -> Result<(u64, usize), Failure> {
     let tag = tags::current();
     if let Some(r) = with_local(device, stream, tag, true, |me, s, held| {
-        Some(held.alloc(me, s, size, name))
+        Some(s.alloc(me, held, size, name))
     }) {
         return r;
     }
     state::with_shared(device, stream, tag, true, |s| {
-        s.shared.lock().held.alloc(&s.shared, s, size, name)
+        s.alloc(&s.shared, &mut s.shared.lock().held, size, name)
     })
 }
 
@@ -77,22 +78,38 @@ pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result
     }
 }
 
+/// Where a free went through this thread's state: done, or the block is another thread's.
+enum Freed {
+    Done(Result<(), Failure>),
+    Elsewhere(Arc<StreamPool>),
+}
+
 /// Frees `ptr` from this thread's state if this thread allocated it (no shared state touched),
-/// else wherever the pool's directory says it is live.
+/// else wherever the pool's directory says it is live. A remote free runs after this thread's
+/// lock is let go (two threads freeing each other's blocks must not wait on each other), on
+/// the pool this thread's state served from: it only takes a live block off its holder, and a
+/// shutdown that closes meanwhile has the holders give blocks to the pool, not keep them.
 fn free_in(device: i32, stream: u64, tag: u32, ptr: u64, size: usize) -> Result<(), Failure> {
-    if let Some(r) = with_local(device, stream, tag, false, |_, s, held| {
-        held.free(s, ptr, size)
-    }) {
-        return r;
+    let unknown = || {
+        Failure::new(
+            CupoolStatus::UnknownPointer,
+            format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
+        )
+    };
+    let local = with_local(device, stream, tag, false, |_, s, held| {
+        Some(Ok(match s.free(held, ptr, size) {
+            Some(r) => Freed::Done(r),
+            None => Freed::Elsewhere(s.clone()),
+        }))
+    });
+    match local {
+        Some(Ok(Freed::Done(r))) => r,
+        Some(Ok(Freed::Elsewhere(s))) => s.free_any(ptr, size).unwrap_or_else(|| Err(unknown())),
+        Some(Err(f)) => Err(f),
+        None => state::with_shared(device, stream, tag, false, |s| {
+            s.free_any(ptr, size).unwrap_or_else(|| Err(unknown()))
+        }),
     }
-    state::with_shared(device, stream, tag, false, |s| {
-        s.pool.free_any(s, ptr, size).unwrap_or_else(|| {
-            Err(Failure::new(
-                CupoolStatus::UnknownPointer,
-                format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
-            ))
-        })
-    })
 }
 
 /// Allocates `size` bytes on `device` for `stream` (an opaque stream handle; one pool per
