@@ -21,7 +21,7 @@
 
 use crate::state::{self, StreamPool};
 use crate::status::Failure;
-use cupool_pool::{synchronize, Boundary, Purge};
+use cupool_pool::{synchronize, Boundary, Pool, Purge};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -101,8 +101,8 @@ fn device_end(
     let mut plan: Vec<(&Arc<StreamPool>, Purge)> = Vec::new();
     for s in pools {
         // Every boundary opens a fresh interval, whatever the policy does with it.
-        let held = s.usage.take_keep();
-        let decision = boundary.decide(s.pool.as_ref(), r.peak_live, read_free, || Ok(held))?;
+        let held = s.pool.take_keep();
+        let decision = boundary.decide(&s.pool, r.peak_live, read_free, || Ok(held))?;
         if let Some(keep) = decision.recorded_keep() {
             r.short |= keep.is_some();
             crate::record::keep(s.device, s.stream, keep);

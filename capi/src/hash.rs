@@ -5,13 +5,17 @@
 use std::hash::Hasher;
 
 /// A hasher for device addresses, sizes and pool keys: a rotate, a xor and a multiply per
-/// word (Fibonacci hashing). Not for keys an adversary chooses.
+/// word (Fibonacci hashing), the high half folded into the low at the end. Not for keys an
+/// adversary chooses.
 #[derive(Default)]
 pub(crate) struct AddrHasher(u64);
 
 impl Hasher for AddrHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // The product's low bits are poor (addresses and sizes are multiples of large powers of
+        // two, and a multiply only carries upwards), and hash tables index by the low bits:
+        // the high half, the well-mixed one, is folded down.
+        self.0 ^ (self.0 >> 32)
     }
 
     fn write(&mut self, bytes: &[u8]) {

@@ -10,8 +10,12 @@
 //!   a size mismatch is reported and leaves the pool untouched.
 //!
 //! Layers: `status.rs` (codes, last error, the panic guard), `config.rs` (the configuration
-//! string), `live.rs` (the blocks handed out, by address, in shards), `state.rs` (the process-wide library state: devices, one pool per device × stream × tag,
-//! the live blocks by address), `api/` (the C functions, by idea: opening, closing and the
+//! string), `state.rs` (the process-wide library state: devices, one pool per device × stream ×
+//! tag), `cached.rs` (a stream's pool with its threads' states in front: what purges, sleeps and
+//! statistics see), `local.rs` (one thread's state in one pool: its kept blocks, counts and live
+//! blocks, behind one lock: `owned_lock.rs`), `threads.rs` (each thread's cache of its states, and shutdown's
+//! gate), `front.rs` (what a thread's state reaches of its pool), `owners.rs` (which thread
+//! holds a block, for frees from another thread), `api/` (the C functions, by idea: opening, closing and the
 //! settings table; memory; releases; stats; recording; tags, sleep and wake), `torch.rs` (PyTorch's
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
 //! `repro-prefill replay`), `boundary.rs` (an engine's ubatch boundary: `CUPOOL_PURGE`, per-ubatch
@@ -19,10 +23,14 @@
 
 mod api;
 mod boundary;
+mod cached;
 mod config;
+mod front;
 mod hash;
-mod live;
+mod local;
 mod log;
+mod owned_lock;
+mod owners;
 mod peaks;
 mod record;
 mod state;

@@ -1,42 +1,85 @@
-//! The library's process-wide state: the devices, one pool per device × stream (built on first
-//! use from the configuration), and the blocks handed out, by address.
+//! The library's process-wide state: the devices, and one pool per device × stream × tag (built
+//! on first use from the configuration), with its threads' states in front.
 //!
-//! The hot path takes no global lock: each thread caches the stream pools it has used
-//! (`threads.rs`), checked against a generation counter that `init` and `shutdown` advance; a
-//! stream pool's own lock guards its live blocks, so threads on different streams do not
-//! contend.
+//! The hot path takes no global lock: each thread caches its state in each stream pool it has
+//! used (`threads.rs`), checked against a generation counter that `init` and `shutdown`
+//! advance; that state's own lock guards the thread's kept and live blocks (`local.rs`).
 
+use crate::cached::Cached;
 use crate::config::{Config, Devices};
+use crate::local::{Held, Local};
 use crate::status::{CupoolStatus, Failure};
-use crate::usage::{ThreadUsage, Usages};
-use cupool_pool::adaptors::{ThreadCache, ThreadCacheConfig};
 use cupool_pool::driver::cuda::{device_count, CudaDriver};
 use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
-use cupool_pool::{Pool, PurgePolicy, Registry, StreamId};
+use cupool_pool::{PurgePolicy, Registry, StreamId};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The pool of one device × stream and the blocks it handed out: address → (size asked for,
-/// block).
+/// The pool of one device × stream × tag, with its threads' states in front.
 pub(crate) struct StreamPool {
     pub device: usize,
     pub stream: u64,
     /// The tag of what it holds (`tags.rs`; 0: none).
     pub tag: u32,
-    /// Behind per-thread caches ([`cupool_pool::adaptors::ThreadCache`]): threads sharing the
-    /// stream do not serialise on the pool's lock.
-    pub pool: Arc<dyn Pool>,
-    pub live: crate::live::Live,
-    /// What its requests held at once since the last ubatch boundary, per thread.
-    pub usage: Usages,
-    /// The counts of calls that go the shared way (no thread cache).
-    pub shared_usage: ThreadUsage,
-    /// Its live bytes and the peaks the user sees (restarted only on request).
+    /// Behind the threads' states (`local.rs`): threads sharing the stream do not serialise on
+    /// the pool's lock, and each finds its own blocks without touching shared state.
+    pub pool: Cached<StreamPool>,
+    /// The state of calls that go the shared way (no thread's cache: while shutdown runs, or
+    /// after the thread's locals are gone).
+    pub shared: Arc<ThreadState>,
+    /// The reserved peak the user sees (restarted only on request).
     pub peaks: crate::peaks::Peaks,
+}
+
+/// A thread's state in a stream pool.
+pub(crate) type ThreadState = Local<StreamPool>;
+
+impl StreamPool {
+    /// A new thread's state here.
+    pub(crate) fn join(self: &Arc<Self>) -> Arc<ThreadState> {
+        self.pool.join(self.clone())
+    }
+
+    /// Allocates `size` bytes for the thread whose state is `me` (`held`, locked).
+    #[inline]
+    pub(crate) fn alloc(
+        &self,
+        me: &Arc<ThreadState>,
+        held: &mut Held,
+        size: usize,
+        name: Option<&str>,
+    ) -> Result<(u64, usize), Failure> {
+        let at = (self.device, self.stream);
+        held.alloc(me, &self.pool.front, &self.peaks, at, size, name)
+    }
+
+    /// Frees `ptr` if `held` (locked) holds it live; `None` if not.
+    #[inline]
+    pub(crate) fn free(
+        &self,
+        held: &mut Held,
+        ptr: u64,
+        size: usize,
+    ) -> Option<Result<(), Failure>> {
+        held.free(&self.pool.front, self.device, ptr, size)
+    }
+
+    /// Frees `ptr` wherever it is live (another thread's block); `None` if nowhere.
+    pub(crate) fn free_any(&self, ptr: u64, size: usize) -> Option<Result<(), Failure>> {
+        self.pool.free_any(self.device, ptr, size)
+    }
+
+    /// The thread whose state is `l` exited: its bins go back, and it is unlisted once none
+    /// of its blocks is live.
+    pub(crate) fn retire(l: &Arc<ThreadState>) {
+        if let Some(p) = l.retire(|p: &StreamPool| &p.pool.front) {
+            p.pool.unlist_if_idle(l);
+        }
+    }
 }
 
 pub(crate) struct Lib {
@@ -119,18 +162,13 @@ impl Lib {
             .write()
             .entry((device, stream, tag))
             .or_insert_with(|| {
-                let pool: Arc<dyn Pool> =
-                    Arc::new(ThreadCache::new(inner, ThreadCacheConfig::default()));
-                let usage = Usages::default();
-                let shared_usage = usage.join();
+                let shared = Arc::new(Local::shared());
                 Arc::new(StreamPool {
                     device,
                     stream,
                     tag,
-                    pool,
-                    live: crate::live::Live::default(),
-                    usage,
-                    shared_usage,
+                    pool: Cached::new(inner, shared.clone()),
+                    shared,
                     peaks: crate::peaks::Peaks::default(),
                 })
             })
@@ -164,7 +202,10 @@ impl Lib {
     }
 
     fn live_blocks(&self) -> usize {
-        self.pools_of(None).iter().map(|s| s.live.len()).sum()
+        self.pools_of(None)
+            .iter()
+            .map(|s| s.pool.live_blocks())
+            .sum()
     }
 }
 
@@ -223,9 +264,10 @@ pub(crate) fn admin() -> Admin {
 }
 
 /// Closes the library; refused while blocks are live (their memory must stay valid). The
-/// caller holds `Admin` and has stopped the calls through the threads' caches (`threads.rs`);
+/// caller holds `Admin` and has stopped the calls through the threads' states (`threads.rs`);
 /// the calls that go the shared way hold the library's read lock, so once the write lock is
-/// taken, the count of live blocks is exact and no block is handed out under it.
+/// taken, the count of live blocks is exact and no block is handed out under it. Every
+/// thread's state then gives its kept blocks back and lets go of its pool.
 pub(crate) fn close(_admin: &Admin) -> Result<(), Failure> {
     let mut lib = LIB.write();
     let live = lib.as_ref().map_or(0, |l| l.live_blocks());
@@ -236,6 +278,9 @@ pub(crate) fn close(_admin: &Admin) -> Result<(), Failure> {
         ));
     }
     let closed = lib.take();
+    if let Some(l) = &closed {
+        l.pools_of(None).iter().for_each(|s| s.pool.close());
+    }
     OPEN.store(false, Ordering::Release);
     GENERATION.fetch_add(1, Ordering::AcqRel);
     drop(lib);
@@ -262,24 +307,42 @@ pub(crate) fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
-/// The open library, if any (what a thread's cache fills itself from).
+/// The open library, if any.
 pub(crate) fn current() -> Option<Arc<Lib>> {
     LIB.read().clone()
 }
 
-/// Runs `f` on the pool of `device` × `stream` × `tag` without a thread's cache: while shutdown runs,
-/// and for calls after this thread's locals are gone. The library's read lock is held for the
-/// whole call, so shutdown cannot end the library under it.
+/// A new state for this thread in the pool of `device` × `stream` × `tag` (built on first use
+/// when `create`), and the library's generation it belongs to; `None` when the library is not
+/// open or the arguments name no pool (the shared way then says why). Under the library's read
+/// lock, so a state never joins a pool that `close` has already let go of.
+pub(crate) fn join(
+    device: i32,
+    stream: u64,
+    tag: u32,
+    create: bool,
+) -> Option<(Arc<ThreadState>, u64)> {
+    let lib = LIB.read();
+    let lib = lib.as_ref()?;
+    let d = lib.check_device(device).ok()?;
+    let s = lib.stream(d, stream, tag, create).ok()?;
+    Some((s.join(), GENERATION.load(Ordering::Acquire)))
+}
+
+/// Runs `f` on the pool of `device` × `stream` × `tag` without this thread's state: while
+/// shutdown runs, for calls after this thread's locals are gone, and for frees of blocks that
+/// another thread allocated. The library's read lock is held for the whole call, so shutdown
+/// cannot end the library under it.
 pub(crate) fn with_shared<T>(
     device: i32,
     stream: u64,
     tag: u32,
     create: bool,
-    f: impl FnOnce(&StreamPool, &ThreadUsage) -> Result<T, Failure>,
+    f: impl FnOnce(&StreamPool) -> Result<T, Failure>,
 ) -> Result<T, Failure> {
     let lib = LIB.read();
     let lib = lib.as_ref().ok_or_else(not_initialized)?;
     let d = lib.check_device(device)?;
     let s = lib.stream(d, stream, tag, create)?;
-    f(&s, &s.shared_usage)
+    f(&s)
 }

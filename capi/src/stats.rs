@@ -6,7 +6,7 @@
 //! only when the user asks (`cupool_reset_peaks`), not at an ubatch boundary.
 
 use crate::state::StreamPool;
-use cupool_pool::PoolStats;
+use cupool_pool::{Pool, PoolStats};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
     let (mut live_peak, mut reserved_peak) = (0, 0);
     for p in pools {
         let s = p.pool.stats();
-        live_peak += p.usage.live_peak().max(s.live_bytes);
+        live_peak += p.pool.live_peak().max(s.live_bytes);
         reserved_peak += p.peaks.reserved_peak(s.reserved_bytes);
         t.merge(&s);
     }

@@ -1,196 +1,166 @@
-//! Each thread's cache of the stream pools it used, and the gate that lets `cupool_shutdown`
-//! run only while no allocation or free is in flight.
+//! Each thread's cache of its states in the stream pools it used (`local.rs`), and the gate that
+//! lets `cupool_shutdown` run only while no allocation or free is in flight.
 //!
-//! The hot path takes no global lock and changes no shared counter: a thread finds its pool in
-//! a cache of its own, behind a lock of its own that only `shutdown` ever contends for. That
-//! lock is the gate: shutdown raises [`CLOSING`], then takes every thread's lock in turn, so each
-//! call in flight has ended, each later call sees the flag and goes the shared way (under the
-//! library's read lock, which shutdown then takes for writing), and each thread's cache is
-//! emptied by shutdown itself, so an idle thread keeps no pool, and no memory, alive.
+//! The hot path takes no global lock and writes no shared line: a thread finds its state in a
+//! cache only it touches (a thread local, no lock), and takes that state's own lock, which other
+//! threads take only for a remote free, statistics, a purge or shutdown. That lock is the gate:
+//! shutdown raises [`CLOSING`], then takes every state's lock in turn, so each call in flight
+//! has ended and each later call sees the flag and goes the shared way (under the library's read
+//! lock, which shutdown then takes for writing). When the library closes, every state gives its
+//! blocks back and lets go of its pool, so an idle thread keeps no pool, and no memory, alive:
+//! its cache holds only its states, which its next call finds stale by the generation.
 //!
 //! A call that comes after this thread's locals were destroyed (a free from another thread
 //! local's destructor, or from a pthread key's, at thread or process exit) finds no cache and
 //! goes the shared way too: nothing here touches a thread local with `with`, which panics then.
+//! The thread's exit retires its states: their kept blocks go back to the pool, and each is
+//! dropped once none of its blocks is live (frees of them find it through the pool's directory).
 
-use crate::state::{self, Lib, StreamPool};
-use crate::status::{CupoolStatus, Failure};
-use crate::usage::ThreadUsage;
-use parking_lot::Mutex;
-use std::collections::hash_map::Entry as MapEntry;
+use crate::local::{Held, LocalState};
+use crate::state::{self, StreamPool, ThreadState};
+use crate::status::Failure;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-type Key = (usize, u64, u32);
-/// A stream pool and this thread's counts in it.
-type Entry = (Arc<StreamPool>, ThreadUsage);
+/// Device (as the caller names it), stream, tag.
+type Key = (i32, u64, u32);
 
-/// One thread's cache: the library it saw (by generation) and the stream pools it used, the
-/// last one apart (a thread mostly uses one stream: no hashing then).
+/// One thread's states, by pool, of the library generation it saw; the last one apart (a
+/// thread mostly uses one stream: no hashing then).
 #[derive(Default)]
 struct Cache {
     generation: u64,
-    lib: Option<Arc<Lib>>,
-    last: Option<(Key, Entry)>,
-    streams: HashMap<Key, Entry, BuildHasherDefault<crate::hash::AddrHasher>>,
+    last: Option<(Key, Arc<ThreadState>)>,
+    streams: HashMap<Key, Arc<ThreadState>, BuildHasherDefault<crate::hash::AddrHasher>>,
 }
 
 impl Cache {
-    fn clear(&mut self) {
-        self.generation = 0;
-        self.lib = None;
+    fn forget(&mut self, generation: u64) {
+        self.generation = generation;
         self.last = None;
         self.streams.clear();
     }
 
-    fn run<T>(
-        &mut self,
-        device: i32,
-        stream: u64,
-        tag: u32,
-        create: bool,
-        f: impl FnOnce(&StreamPool, &ThreadUsage) -> Result<T, Failure>,
-    ) -> Result<T, Failure> {
+    /// This thread's state in the pool `key` names, joined on first use; `None` when there is
+    /// none to join (the shared way says why).
+    #[inline]
+    fn local(&mut self, key: Key, create: bool) -> Option<&Arc<ThreadState>> {
         let generation = state::generation();
         if self.generation != generation {
-            self.streams.clear();
-            self.last = None;
-            self.lib = state::current();
-            self.generation = generation;
+            // The library closed since: those states serve nothing any more.
+            self.forget(generation);
         }
-        // No reference count changes here: threads would contend on the shared counters.
-        let lib = self.lib.as_ref().ok_or_else(state::not_initialized)?;
-        let d = lib.check_device(device)?;
-        let key = (d, stream, tag);
-        if let Some((k, (s, u))) = &self.last {
-            if *k == key {
-                return f(s, u);
-            }
+        if self.last.as_ref().is_some_and(|(k, _)| *k == key) {
+            return self.last.as_ref().map(|(_, l)| l);
         }
-        let e = match self.streams.entry(key) {
-            MapEntry::Occupied(e) => e.into_mut(),
-            MapEntry::Vacant(e) => {
-                let s = lib.stream(d, stream, tag, create)?;
-                let u = s.usage.join();
-                e.insert((s, u))
+        self.find(key, create)
+    }
+
+    #[cold]
+    fn find(&mut self, key: Key, create: bool) -> Option<&Arc<ThreadState>> {
+        let l = match self.streams.get(&key) {
+            Some(l) => l.clone(),
+            None => {
+                let (l, generation) = state::join(key.0, key.1, key.2, create)?;
+                if generation != self.generation {
+                    self.forget(generation);
+                }
+                self.streams.insert(key, l.clone());
+                l
             }
         };
-        self.last = Some((key, e.clone()));
-        f(&e.0, &e.1)
+        self.last = Some((key, l));
+        self.last.as_ref().map(|(_, l)| l)
     }
 }
 
-/// A thread's cache behind its own lock; the list below holds it too, for shutdown.
-#[derive(Default)]
-struct Slot {
-    cache: Mutex<Cache>,
-}
-
-/// Every live thread's slot.
-static SLOTS: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
-/// Raised by shutdown while it empties the caches: calls go the shared way meanwhile.
-static CLOSING: AtomicBool = AtomicBool::new(false);
-
-/// This thread's slot, listed while the thread lives.
-struct Handle(Arc<Slot>);
-
-impl Handle {
-    fn register() -> Self {
-        let slot = Arc::new(Slot::default());
-        SLOTS.lock().push(slot.clone());
-        Self(slot)
-    }
-}
-
-impl Drop for Handle {
+impl Drop for Cache {
     fn drop(&mut self) {
-        // The thread is exiting: what it cached is let go now, not at the next shutdown.
-        self.0.cache.lock().clear();
-        SLOTS.lock().retain(|s| !Arc::ptr_eq(s, &self.0));
+        // The thread is exiting: what it kept goes back now, not at the next purge.
+        self.last = None;
+        for (_, l) in self.streams.drain() {
+            StreamPool::retire(&l);
+        }
     }
 }
 
 thread_local! {
-    static SLOT: Handle = Handle::register();
+    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
 }
 
-/// Runs `f` on the pool of `device` × `stream` × `tag` (built on first use when `create`),
-/// through this thread's cache, or the shared way while shutdown runs or after this thread's
-/// locals are gone.
+/// Raised by shutdown while it counts the live blocks: calls go the shared way meanwhile.
+static CLOSING: AtomicBool = AtomicBool::new(false);
+
+/// Runs `f` on this thread's state in the pool of `device` × `stream` × `tag` (joined on first
+/// use; the pool built on first use when `create`), under that state's lock. `None` when the
+/// call must go the shared way: while shutdown runs, after this thread's locals are gone, when
+/// no pool can be joined, or when `f` says so.
 #[inline]
-pub(crate) fn with_stream<T>(
+pub(crate) fn with_local<T>(
     device: i32,
     stream: u64,
     tag: u32,
     create: bool,
-    f: impl FnOnce(&StreamPool, &ThreadUsage) -> Result<T, Failure>,
-) -> Result<T, Failure> {
-    let mut f = Some(f);
-    let cached = SLOT.try_with(|h| {
-        let mut cache = h.0.cache.lock();
-        // Read under the slot's lock: shutdown raises the flag before it takes each slot's
-        // lock, so this call either ends before shutdown goes on or sees the flag.
-        if CLOSING.load(Ordering::Relaxed) {
-            return None;
-        }
-        f.take().map(|f| cache.run(device, stream, tag, create, f))
-    });
-    if let Ok(Some(r)) = cached {
-        return r;
-    }
-    match f {
-        Some(f) => state::with_shared(device, stream, tag, create, f),
-        None => Err(Failure::new(
-            CupoolStatus::Internal,
-            "a call was neither run through the thread's cache nor the shared way",
-        )),
-    }
+    f: impl FnOnce(&Arc<ThreadState>, &Arc<StreamPool>, &mut Held) -> Option<Result<T, Failure>>,
+) -> Option<Result<T, Failure>> {
+    CACHE
+        .try_with(|c| {
+            let mut c = c.try_borrow_mut().ok()?;
+            let local = c.local((device, stream, tag), create)?;
+            let mut st = local.lock();
+            // Read under the state's lock: shutdown raises the flag before it takes each
+            // state's lock, so this call either ends before shutdown goes on or sees the flag.
+            if CLOSING.load(Ordering::Relaxed) {
+                return None;
+            }
+            let LocalState { pool, held } = &mut *st;
+            f(local, pool.as_ref()?, held)
+        })
+        .ok()
+        .flatten()
 }
 
 /// Closes the library: refused while blocks are live. No allocation or free runs meanwhile
-/// (see the module's text), and every thread's cache is emptied, so the pools, and the memory
-/// they cache, go back now, not at each thread's next call.
+/// (see the module's text), and every thread's kept blocks go back, so the pools, and the
+/// memory they cache, go back now, not at each thread's next call.
 pub(crate) fn shutdown() -> Result<(), Failure> {
     let admin = state::admin();
-    if state::current().is_none() {
+    let Some(lib) = state::current() else {
         return Ok(());
+    };
+    CLOSING.store(true, Ordering::SeqCst);
+    let _open = Reopen;
+    // A state that joins after this snapshot does so under the library's read lock, after the
+    // flag was raised: its calls see the flag.
+    for s in lib.pools_of(None) {
+        s.pool.wait_calls();
     }
-    let _quiet = quiesce();
+    drop(lib);
     state::close(&admin)
 }
 
-/// Holds every cached call off until dropped (see the module's text).
-struct Quiet(());
+/// Lowers the gate when shutdown ends, whether it closed the library or refused.
+struct Reopen;
 
-/// Raises the gate, waits for every call in flight through a thread's cache, and empties every
-/// cache. Calls that start meanwhile go the shared way until the returned value is dropped.
-fn quiesce() -> Quiet {
-    CLOSING.store(true, Ordering::SeqCst);
-    // A thread that registers after this snapshot took `SLOTS`' lock after the flag was
-    // raised, so it sees the flag; its cache is empty anyway.
-    let slots: Vec<Arc<Slot>> = SLOTS.lock().clone();
-    for s in slots {
-        // Taken after the call in flight, if any, ended; dropped at once.
-        let old = std::mem::take(&mut *s.cache.lock());
-        drop(old);
-    }
-    Quiet(())
-}
-
-impl Drop for Quiet {
+impl Drop for Reopen {
     fn drop(&mut self) {
         CLOSING.store(false, Ordering::SeqCst);
     }
 }
 
+/// Threads' states listed in the open library's pools.
 #[cfg(test)]
 pub(crate) fn threads_listed() -> usize {
-    SLOTS.lock().len()
+    state::current().map_or(0, |l| {
+        l.pools_of(None).iter().map(|s| s.pool.threads()).sum()
+    })
 }
 
 /// Whether this thread's cache is gone (its locals are being destroyed).
 #[cfg(test)]
 pub(crate) fn cache_gone() -> bool {
-    SLOT.try_with(|_| ()).is_err()
+    CACHE.try_with(|_| ()).is_err()
 }

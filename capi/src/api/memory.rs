@@ -2,12 +2,13 @@
 //! checks on what is given back.
 
 use super::text_arg;
-use crate::state;
+use crate::state::{self, StreamPool};
 use crate::status::{guard, status, CupoolStatus, Failure};
 use crate::tags;
-use crate::threads::with_stream;
+use crate::threads::with_local;
 use cupool_pool::{Purge, PurgePolicy};
 use std::ffi::{c_char, c_void};
+use std::sync::Arc;
 
 /// Allocates from the pool of `device` × `stream`. When the device is out of memory, the idle
 /// memory of all its pools (other streams' included) goes back to the driver after a
@@ -46,14 +47,14 @@ fn try_alloc(
     size: usize,
     name: Option<&str>,
 ) -> Result<(u64, usize), Failure> {
-    with_stream(device, stream, tags::current(), true, |s, usage| {
-        let b = s.pool.alloc(size)?;
-        let (ptr, capacity) = (b.ptr(), b.capacity());
-        usage.lock().alloc(size);
-        s.live.shard(ptr).insert(ptr, (size, b, usage.clone()));
-        s.peaks.note(s.pool.reserved_bytes());
-        crate::record::alloc(s.device, stream, ptr, size, name);
-        Ok((ptr, capacity))
+    let tag = tags::current();
+    if let Some(r) = with_local(device, stream, tag, true, |me, s, held| {
+        Some(s.alloc(me, held, size, name))
+    }) {
+        return r;
+    }
+    state::with_shared(device, stream, tag, true, |s| {
+        s.alloc(&s.shared, &mut s.shared.lock().held, size, name)
     })
 }
 
@@ -77,32 +78,38 @@ pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result
     }
 }
 
+/// Where a free went through this thread's state: done, or the block is another thread's.
+enum Freed {
+    Done(Result<(), Failure>),
+    Elsewhere(Arc<StreamPool>),
+}
+
+/// Frees `ptr` from this thread's state if this thread allocated it (no shared state touched),
+/// else wherever the pool's directory says it is live. A remote free runs after this thread's
+/// lock is let go (two threads freeing each other's blocks must not wait on each other), on
+/// the pool this thread's state served from: it only takes a live block off its holder, and a
+/// shutdown that closes meanwhile has the holders give blocks to the pool, not keep them.
 fn free_in(device: i32, stream: u64, tag: u32, ptr: u64, size: usize) -> Result<(), Failure> {
-    with_stream(device, stream, tag, false, |s, _| {
-        let mut live = s.live.shard(ptr);
-        match live.remove(&ptr) {
-            None => Err(Failure::new(
-                CupoolStatus::UnknownPointer,
-                format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
-            )),
-            // ggml frees with the usable size the allocation reported, PyTorch with the size it
-            // asked for: both name the block.
-            Some((asked, b, owner)) if asked != size && b.capacity() != size => {
-                let usable = b.capacity();
-                live.insert(ptr, (asked, b, owner));
-                Err(Failure::new(
-                    CupoolStatus::SizeMismatch,
-                    format!("{ptr:#x} was allocated with {asked} bytes ({usable} usable) but freed with {size}: pass the size it was allocated with, or the usable size cupool reported"),
-                ))
-            }
-            Some((asked, b, owner)) => {
-                drop(live);
-                owner.lock().free(asked);
-                crate::record::free(s.device, ptr);
-                s.pool.free(b).map_err(|e| Failure::from(e.error))
-            }
-        }
-    })
+    let unknown = || {
+        Failure::new(
+            CupoolStatus::UnknownPointer,
+            format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x}, or it was freed already"),
+        )
+    };
+    let local = with_local(device, stream, tag, false, |_, s, held| {
+        Some(Ok(match s.free(held, ptr, size) {
+            Some(r) => Freed::Done(r),
+            None => Freed::Elsewhere(s.clone()),
+        }))
+    });
+    match local {
+        Some(Ok(Freed::Done(r))) => r,
+        Some(Ok(Freed::Elsewhere(s))) => s.free_any(ptr, size).unwrap_or_else(|| Err(unknown())),
+        Some(Err(f)) => Err(f),
+        None => state::with_shared(device, stream, tag, false, |s| {
+            s.free_any(ptr, size).unwrap_or_else(|| Err(unknown()))
+        }),
+    }
 }
 
 /// Allocates `size` bytes on `device` for `stream` (an opaque stream handle; one pool per

@@ -4,7 +4,7 @@
 use crate::boundary;
 use crate::state;
 use crate::status::{status, CupoolStatus, Failure};
-use cupool_pool::{synchronize, Purge};
+use cupool_pool::{synchronize, Pool, Purge};
 
 /// Synchronizes `device`, then returns its pools' idle memory to the driver: every idle
 /// buffer smaller than `smaller_than` bytes, or everything idle when it is 0 (for VMM pools,

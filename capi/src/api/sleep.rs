@@ -7,7 +7,7 @@ use super::text_arg;
 use crate::state::{self, Lib};
 use crate::status::{status, CupoolStatus, Failure};
 use crate::tags;
-use cupool_pool::{synchronize, Moved};
+use cupool_pool::{synchronize, Moved, Pool};
 use std::ffi::c_char;
 
 /// Sets the tag of this thread's later allocations: a name of 1 to 64 bytes ("weights",
@@ -55,7 +55,7 @@ fn each_pool(
 ) -> Result<Moved, Failure> {
     let mut out = Moved::default();
     for s in lib.pools_of(Some(device)).iter().filter(|s| s.tag == tag) {
-        let m = f(s.pool.as_ref()).map_err(|e| {
+        let m = f(&s.pool).map_err(|e| {
             Failure::from(e).context(format!(
                 "tag {:?} on device {device}, stream {:#x}",
                 tags::name(tag),

@@ -2,6 +2,7 @@
 
 use crate::state;
 use crate::status::{guard, status, CupoolStatus};
+use cupool_pool::Pool;
 use std::ffi::c_char;
 
 /// Sets the peaks of `device`'s statistics (every device when -1) to the current values. Only
@@ -17,7 +18,7 @@ pub extern "C" fn cupool_reset_peaks(device: i32) -> CupoolStatus {
         };
         for s in lib.pools_of(d) {
             s.pool.reset_peaks();
-            s.usage.reset_peaks();
+            s.pool.reset_live_peaks();
             s.peaks.reset(s.pool.reserved_bytes());
         }
         Ok(())

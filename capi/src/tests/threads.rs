@@ -256,3 +256,112 @@ fn shutdown_racing_allocations_frees_and_writes_never_returns_a_live_block() {
     assert_eq!(stat(&stats(0), "allocated_bytes.all.current"), 0);
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
 }
+
+#[test]
+fn frees_from_other_threads_return_blocks_to_the_allocating_thread_and_keep_counts_exact() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    open("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1");
+    let before = crate::threads::threads_listed();
+    let (to_freer, from_owner) = mpsc::channel::<Vec<(usize, usize)>>();
+    let (freed, wait_freed) = mpsc::channel::<()>();
+    let (exit, wait_exit) = mpsc::channel::<()>();
+    let owner = std::thread::spawn(move || {
+        let blocks: Vec<(usize, usize)> = (0..8)
+            .map(|i| {
+                let p = cupool_torch_alloc(4096 << (i % 3), 0, std::ptr::null_mut());
+                assert!(!p.is_null(), "{}", error());
+                (p as usize, 4096 << (i % 3))
+            })
+            .collect();
+        to_freer.send(blocks.clone()).unwrap();
+        wait_freed.recv().unwrap();
+        // The other thread's frees went back into this thread's bins: the same addresses.
+        let again: Vec<usize> = blocks
+            .iter()
+            .map(|&(_, size)| cupool_torch_alloc(size, 0, std::ptr::null_mut()) as usize)
+            .collect();
+        let mut want: Vec<usize> = blocks.iter().map(|b| b.0).collect();
+        let mut got = again.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want, "served from the bins the remote frees filled");
+        // Left live for the main thread to free after this thread exits.
+        to_freer
+            .send(again.into_iter().zip(blocks.iter().map(|b| b.1)).collect())
+            .unwrap();
+        wait_exit.recv().unwrap();
+    });
+    let blocks = from_owner.recv().unwrap();
+    let bytes: usize = blocks.iter().map(|b| b.1).sum();
+    assert_eq!(stat(&stats(0), "allocated_bytes.all.current"), bytes as u64);
+    for &(p, size) in &blocks {
+        assert_eq!(
+            cupool_free(0, 0, p as *mut c_void, size + 1),
+            CupoolStatus::SizeMismatch
+        );
+        assert_eq!(
+            cupool_free(0, 0, p as *mut c_void, size),
+            CupoolStatus::Ok,
+            "{}",
+            error()
+        );
+        assert_eq!(
+            cupool_free(0, 0, p as *mut c_void, size),
+            CupoolStatus::UnknownPointer,
+            "a second free is refused"
+        );
+    }
+    let s = stats(0);
+    assert_eq!(stat(&s, "allocated_bytes.all.current"), 0, "{s}");
+    assert_eq!(stat(&s, "allocated_bytes.all.peak"), bytes as u64, "{s}");
+    assert_eq!(stat(&s, "allocation.all.freed"), 8, "{s}");
+    freed.send(()).unwrap();
+    let again = from_owner.recv().unwrap();
+    exit.send(()).unwrap();
+    owner.join().unwrap();
+    // The owner exited with its blocks live: they are freed here, and its state goes.
+    let listed = crate::threads::threads_listed();
+    assert!(listed > before);
+    for (p, size) in again {
+        assert_eq!(
+            cupool_free(0, 0, p as *mut c_void, size),
+            CupoolStatus::Ok,
+            "{}",
+            error()
+        );
+    }
+    assert_eq!(crate::threads::threads_listed(), listed - 1);
+    let s = stats(0);
+    assert_eq!(stat(&s, "allocated_bytes.all.current"), 0, "{s}");
+    assert_eq!(stat(&s, "allocation.all.allocated"), 16, "{s}");
+    assert_eq!(stat(&s, "allocation.all.freed"), 16, "{s}");
+    assert_eq!(
+        stat(&s, "allocated_bytes.all.peak"),
+        bytes as u64,
+        "the peak outlives the thread: {s}"
+    );
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
+}
+
+#[test]
+fn live_bytes_are_exact_and_peaks_add_up_per_thread_until_a_reset() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    open("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1");
+    let a = std::thread::spawn(|| {
+        let p = cupool_torch_alloc(100 << 10, 0, std::ptr::null_mut());
+        cupool_torch_free(p, 100 << 10, 0, std::ptr::null_mut());
+    });
+    a.join().unwrap();
+    let (p, _) = alloc(0, 0, 30 << 10);
+    let s = stats(0);
+    assert_eq!(stat(&s, "allocated_bytes.all.current"), 30 << 10, "{s}");
+    assert_eq!(
+        stat(&s, "allocated_bytes.all.peak"),
+        130 << 10,
+        "an upper bound with two threads: {s}"
+    );
+    assert_eq!(cupool_reset_peaks(0), CupoolStatus::Ok);
+    assert_eq!(stat(&stats(0), "allocated_bytes.all.peak"), 30 << 10);
+    assert_eq!(cupool_free(0, 0, p, 30 << 10), CupoolStatus::Ok);
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
+}

@@ -83,4 +83,4 @@ pub mod thread_cache;
 pub use managed_fallback::ManagedFallback;
 pub use phases::Phases;
 pub use size_classes::SizeClasses;
-pub use thread_cache::{ThreadCache, ThreadCacheConfig};
+pub use thread_cache::{ThreadBins, ThreadCache, ThreadCacheConfig};

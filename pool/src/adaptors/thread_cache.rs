@@ -46,9 +46,12 @@ impl Default for ThreadCacheConfig {
 /// Distinct request sizes a thread keeps blocks of.
 const SIZES: usize = 16;
 
-/// One thread's blocks, by request size.
+/// One thread's blocks, by request size: what a [`ThreadCache`] keeps per thread, public for a
+/// caller that keeps its per-thread state itself, behind a lock it already takes (libcupool).
+/// Its blocks must go back to their pool before the pool purges, sleeps or counts what it
+/// could release, as [`ThreadCache`] does.
 #[derive(Debug, Default)]
-struct Bins {
+pub struct ThreadBins {
     /// (request size, blocks).
     bins: Vec<(usize, Vec<Block>)>,
     /// Capacity of every block held.
@@ -61,8 +64,10 @@ struct Bins {
     kept: u64,
 }
 
-impl Bins {
-    fn take(&mut self, size: usize) -> Option<Block> {
+impl ThreadBins {
+    /// A kept block of request size `size`, if any.
+    #[inline]
+    pub fn take(&mut self, size: usize) -> Option<Block> {
         let i = self.bins.iter().rposition(|(s, _)| *s == size)?;
         let b = self.bins[i].1.pop()?;
         self.bytes -= b.capacity();
@@ -73,7 +78,8 @@ impl Bins {
     }
 
     /// Keeps `b` if the bounds allow; gives it back otherwise.
-    fn keep(&mut self, b: Block, config: &ThreadCacheConfig) -> Result<(), Block> {
+    #[inline]
+    pub fn keep(&mut self, b: Block, config: &ThreadCacheConfig) -> Result<(), Block> {
         let (size, capacity) = (b.size(), b.capacity());
         if capacity > config.max_block || self.bytes + capacity > config.max_bytes {
             return Err(b);
@@ -101,15 +107,38 @@ impl Bins {
         Ok(())
     }
 
-    fn drain(&mut self) -> Vec<Block> {
+    /// Every kept block, the bins left empty.
+    pub fn drain(&mut self) -> Vec<Block> {
+        // The pool counts these frees as it takes the blocks back: no longer kept here.
+        self.kept -= self.blocks as u64;
         self.bytes = 0;
         self.asked = 0;
         self.blocks = 0;
         self.bins.drain(..).flat_map(|(_, v)| v).collect()
     }
+
+    /// Capacity of every block kept.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Request sizes of every block kept (what the pool counts as live for them).
+    pub fn asked(&self) -> usize {
+        self.asked
+    }
+
+    /// Blocks kept.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Allocations served and frees kept here, which the pool never saw.
+    pub fn hits_and_kept(&self) -> (u64, u64) {
+        (self.hits, self.kept)
+    }
 }
 
-/// The sums of every thread's [`Bins`].
+/// The sums of every thread's [`ThreadBins`].
 #[derive(Default)]
 struct Held {
     bytes: usize,
@@ -122,7 +151,7 @@ struct Held {
 /// A thread's cache on lines of its own: threads must not write each other's lines.
 #[repr(align(128))]
 #[derive(Debug, Default)]
-struct Slot(Mutex<Bins>);
+struct Slot(Mutex<ThreadBins>);
 
 /// See the module docs.
 #[derive(Debug)]

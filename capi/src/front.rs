@@ -1,0 +1,70 @@
+//! What a thread's state (`local.rs`) reaches of its stream's pool on the hot path: the pool
+//! itself, the bounds of what a thread keeps, whether the pool sleeps, and the directory of
+//! which state holds each block (`owners.rs`). Generic over the holder's type, so this sits
+//! below the states it serves.
+
+use crate::owners::Owners;
+use crate::peaks::Peaks;
+use crate::status::Failure;
+use cupool_pool::adaptors::ThreadCacheConfig;
+use cupool_pool::{Block, Pool};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A stream's pool as its threads' states see it; `T` is the state type.
+pub(crate) struct Front<T> {
+    pub inner: Arc<dyn Pool>,
+    config: ThreadCacheConfig,
+    /// Set by a sleep, cleared by a successful wake: the bins neither serve nor keep meanwhile.
+    asleep: AtomicBool,
+    /// Which state holds each block taken from the pool.
+    pub owners: Owners<T>,
+}
+
+impl<T> Front<T> {
+    pub(crate) fn new(inner: Arc<dyn Pool>) -> Self {
+        Self {
+            inner,
+            config: ThreadCacheConfig::default(),
+            asleep: AtomicBool::new(false),
+            owners: Owners::default(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn asleep(&self) -> bool {
+        self.asleep.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_asleep(&self, asleep: bool) {
+        self.asleep.store(asleep, Ordering::Release);
+    }
+
+    #[inline]
+    pub(crate) fn config(&self) -> &ThreadCacheConfig {
+        &self.config
+    }
+
+    /// A block of `size` bytes from the pool for `owner`, listed under it; `peaks` notes what
+    /// the pool holds now.
+    #[inline]
+    pub(crate) fn take_from_pool(
+        &self,
+        owner: &Arc<T>,
+        size: usize,
+        peaks: &Peaks,
+    ) -> Result<Block, Failure> {
+        let b = self.inner.alloc(size)?;
+        self.owners.insert(b.ptr(), owner.clone());
+        peaks.note(self.inner.reserved_bytes());
+        Ok(b)
+    }
+
+    /// Gives a block a thread held back to the pool.
+    #[inline]
+    pub(crate) fn give_to_pool(&self, b: Block) -> Result<(), Failure> {
+        // Unlisted first: the next thread the pool hands the address to lists itself after.
+        self.owners.remove(b.ptr());
+        self.inner.free(b).map_err(|e| Failure::from(e.error))
+    }
+}
