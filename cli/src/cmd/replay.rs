@@ -128,6 +128,11 @@ fn print(a: &ReplayArgs, r: &ReplayReport) {
             outln!("  peak reserved  {:>14} bytes", r.peak_reserved_bytes);
             outln!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
             outln!("  driver calls   {}", driver_calls(r));
+            outln!(
+                "  recycling      {} pages moved, {} synchronizes",
+                r.driver_remaps,
+                r.driver_syncs
+            );
             outln!("  OOMs           {}", r.ooms);
         }
     }

@@ -78,4 +78,3 @@ fn not_live(what: &str, ptr: DevicePtr, bytes: usize) -> (ErrorCode, String) {
         format!("{what} of {bytes} bytes at {ptr:#x}: not live device memory"),
     )
 }
-
