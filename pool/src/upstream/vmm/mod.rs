@@ -297,6 +297,24 @@ impl Upstream for VmmReserve {
         } else {
             self.space.donor_pages(donors, self.granularity)
         };
+        // A growth's new segment: memory created for it covers all of it (the amortised
+        // step), as one growth used to map it all. Without recycling that is one page, tried
+        // first; with it, pages go behind the block first and the rest is best effort.
+        let rest = self
+            .space
+            .segs
+            .last()
+            .map(|&(p, l)| (p, p + l as u64))
+            .filter(|&(p, e)| range.1 > p && range.1 < e)
+            .map(|(_, e)| e);
+        if let (false, Some(end)) = (self.config.recycle, rest) {
+            match self.back_range((range.0, end), &mut Vec::new(), calls) {
+                Err(e) if e.is_oom() => {
+                    tracing::debug!(error = %e, "the amortised vmm growth does not fit; backing the block alone");
+                }
+                other => return other.map(|_| ()),
+            }
+        }
         let done = self.back_range(range, &mut pages, calls)?;
         if done.moved > 0 {
             tracing::trace!(
@@ -305,15 +323,9 @@ impl Upstream for VmmReserve {
                 "vmm recycled free pages"
             );
         }
-        // Created memory for a growth: the rest of the new segment too (the amortised step),
-        // best effort, as one growth used to map it all.
-        let last = self.space.segs.last().map(|&(p, l)| p + l as u64);
-        if let Some(seg_end) = last.filter(|&e| done.created > 0 && range.1 < e) {
-            let first = self.space.segs.last().map_or(seg_end, |s| s.0);
-            if range.1 > first {
-                if let Err(e) = self.back_range((range.1, seg_end), &mut Vec::new(), calls) {
-                    tracing::debug!(error = %e, "could not map the amortised rest of a vmm growth; the block alone is backed");
-                }
+        if let Some(end) = rest.filter(|_| done.created > 0 && self.config.recycle) {
+            if let Err(e) = self.back_range((range.1, end), &mut Vec::new(), calls) {
+                tracing::debug!(error = %e, "could not map the amortised rest of a vmm growth; the block alone is backed");
             }
         }
         Ok(())

@@ -13,8 +13,9 @@
 //! [`super::VmmConfig::recycle`] every page is one granule; without it a page is what one growth
 //! maps, as ggml does.
 //!
-//! A failure stops where it happened: every page is either where it was or where it went, and
-//! a failed move leaves the page at its old place (the driver's promise), so nothing is lost.
+//! A failure stops where it happened: every page is either where it was or where it went (a
+//! failed move leaves the page at its old place: the driver's promise), and the pages the call
+//! created are unmapped again, so a failed allocation holds no more memory than before.
 //! Pages created for a growth beyond the block (the amortised step) are best effort.
 
 use super::space::{AddressSpace, Page};
@@ -61,6 +62,7 @@ impl AddressSpace {
         calls: &mut DriverCalls,
     ) -> Result<Backed, DriverError> {
         let mut out = Backed::default();
+        let mut made: Vec<DevicePtr> = Vec::new();
         for (s, e) in self.vacant_in(from, to) {
             let step = if page == 0 { (e - s) as usize } else { page };
             let mut at = s;
@@ -69,15 +71,44 @@ impl AddressSpace {
                 if self.move_page(driver, donors, at, len, calls) {
                     out.moved += len;
                 } else {
-                    let handle = driver.map(at, len)?;
-                    calls.record(CallKind::Map);
-                    self.place(at, len, handle);
-                    out.created += len;
+                    match driver.map(at, len) {
+                        Ok(handle) => {
+                            calls.record(CallKind::Map);
+                            self.place(at, len, handle);
+                            made.push(at);
+                            out.created += len;
+                        }
+                        Err(e) => {
+                            self.unmake(driver, &made, calls);
+                            return Err(e);
+                        }
+                    }
                 }
                 at += len as u64;
             }
         }
         Ok(out)
+    }
+
+    /// Gives back the pages a failed [`AddressSpace::back`] created, so a failed allocation
+    /// holds no more memory than before. A page the driver refuses to unmap stays, backing free
+    /// space (counted, and released with its segment).
+    fn unmake(&mut self, driver: &dyn Driver, made: &[DevicePtr], calls: &mut DriverCalls) {
+        for &at in made.iter().rev() {
+            let Some(p) = self.pages.get(&at).copied() else {
+                continue;
+            };
+            match driver.unmap(at, p.len, p.handle) {
+                Ok(()) => {
+                    calls.record(CallKind::Unmap);
+                    self.pages.remove(&at);
+                    self.add_vacant(at, at + p.len as u64);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, bytes = p.len, "could not undo part of a failed vmm growth; the page stays, behind free space");
+                }
+            }
+        }
     }
 
     /// Moves one of `donors` (a page of `len` bytes) to `at`; false if none is left or the
