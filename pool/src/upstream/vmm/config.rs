@@ -29,7 +29,7 @@ pub struct VmmConfig {
     /// inside holes are moved there (after one synchronize) before new memory is created, so
     /// the memory held follows what is live rather than the range's high-water mark (see
     /// `recycle.rs`). Off: a page is what one growth maps, as in ggml (fewer driver calls, no
-    /// synchronize, but the holes' pages stay where they are). `CUPOOL_VMM_RECYCLE`.
+    /// synchronize, but the holes' pages stay where they are).
     pub recycle: bool,
 }
 
