@@ -59,7 +59,11 @@ fn a_hole_s_pages_move_behind_a_larger_successor_after_one_synchronize() {
     fill(&d, 4);
     let s = p.stats();
     assert_eq!((s.calls.remaps, s.calls.syncs), (4, 1));
-    assert_eq!(s.reserved_bytes, 26 * MIB, "24 MiB held before, one page created");
+    assert_eq!(
+        s.reserved_bytes,
+        26 * MIB,
+        "24 MiB held before, one page created"
+    );
     assert_eq!(dev.ledger().device_bytes, 26 * MIB);
     assert!(holds(&a, 1) && holds(&c, 3) && holds(&d, 4));
     for x in [&a, &c, &d] {
@@ -68,7 +72,10 @@ fn a_hole_s_pages_move_behind_a_larger_successor_after_one_synchronize() {
     let log = &dev.call_log()[log_from..];
     let sync = log.iter().position(|c| c.kind == CallKind::Synchronize);
     let unmap = log.iter().position(|c| c.kind == CallKind::Unmap);
-    assert!(sync.is_some() && sync < unmap, "synchronize before unmap: {log:?}");
+    assert!(
+        sync.is_some() && sync < unmap,
+        "synchronize before unmap: {log:?}"
+    );
     // The hole is vacant now: a block landing there is backed again before it is handed out.
     let e = p.alloc(8 * MIB).unwrap();
     assert_eq!(e.ptr(), a.ptr() + 8 * MIB as u64);

@@ -195,7 +195,11 @@ fn a_segment_whose_release_fails_halfway_keeps_its_place_and_is_backed_again() {
     let t = synchronize(dev.as_ref()).unwrap();
     p.purge(&t, Purge::All).unwrap_err();
     faults.clear_faults();
-    assert_eq!(p.stats().reserved_bytes, 4 * MIB, "the unmapped half is counted gone");
+    assert_eq!(
+        p.stats().reserved_bytes,
+        4 * MIB,
+        "the unmapped half is counted gone"
+    );
     assert_eq!(dev.ledger().device_bytes, 4 * MIB);
     let c = p.alloc(4 * MIB).unwrap();
     assert_eq!(
