@@ -33,6 +33,8 @@ fn replay_of_a_recorded_trace_reproduces_the_run() {
                 pool,
                 "--purge",
                 purge,
+                "--recycle",
+                "off",
                 "--format",
                 "json",
             ])

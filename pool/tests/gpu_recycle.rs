@@ -129,6 +129,7 @@ fn cuda_recycling_keeps_live_neighbours_and_queued_kernels_safe() {
         min_grow: 0,
         max_grow: 0,
         large_rounding: 2 * MIB,
+        recycle: true,
         ..VmmConfig::default()
     };
     let pool: Arc<dyn Pool> = Arc::new(VmmPool::with_config(drv.clone(), config).unwrap());

@@ -78,9 +78,15 @@ impl Ctx {
         let fit = g.placement.take_new(seg, size);
         if !g.upstream.backed(fit.addr, fit.capacity) {
             if let Err(e) = self.back(g, fit) {
-                // The block was never handed out: its place is free again, and the segment
-                // stays with whatever memory is behind it (counted).
+                // The block was never handed out: its place is free again. A segment with no
+                // memory behind it goes back too (no kernel can use it: nothing to wait for),
+                // so a failed growth leaves the pool as it was.
                 g.placement.give_back(fit, 0);
+                if g.upstream.wholly_vacant(&seg)
+                    && g.upstream.release(seg, &mut g.tracker.s.calls).is_ok()
+                {
+                    g.placement.remove(&seg);
+                }
                 return Err(self.failed(g, size, e));
             }
         }

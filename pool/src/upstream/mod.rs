@@ -71,6 +71,12 @@ pub trait Upstream: Send + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Whether `seg` has no memory behind it at all (a growth whose backing failed).
+    fn wholly_vacant(&self, seg: &Segment) -> bool {
+        let _ = seg;
+        false
+    }
+
     /// Whether [`Upstream::back`] recycles pages from free ranges at all.
     fn recycles(&self) -> bool {
         false
@@ -78,7 +84,8 @@ pub trait Upstream: Send + fmt::Debug + 'static {
 
     /// Whether some page lies wholly inside `donors` and could be moved: only then is a
     /// synchronize worth paying.
-    fn movable(&self, donors: &[(u64, usize)]) -> bool {
+    /// The core asks only when the pool's free memory is worth recycling.
+    fn movable(&mut self, donors: &[(u64, usize)]) -> bool {
         let _ = donors;
         false
     }

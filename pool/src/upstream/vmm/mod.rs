@@ -51,6 +51,8 @@ pub struct VmmReserve {
     space: AddressSpace,
     /// Growths since the last free: the amortised step is `min_grow << streak`.
     streak: u32,
+    /// Pages are created one granule each, so they can move: with [`VmmConfig::recycle`].
+    granular: bool,
 }
 
 impl VmmReserve {
@@ -59,6 +61,7 @@ impl VmmReserve {
     pub fn new(driver: Arc<dyn Driver>, config: VmmConfig) -> Self {
         Self {
             driver,
+            granular: config.recycle,
             config,
             granularity: 0,
             reserve_len: 0,
@@ -220,11 +223,7 @@ impl VmmReserve {
         donors: &mut Vec<DevicePtr>,
         calls: &mut DriverCalls,
     ) -> Result<recycle::Backed, DriverError> {
-        let page = if self.config.recycle {
-            self.granularity
-        } else {
-            0
-        };
+        let page = if self.granular { self.granularity } else { 0 };
         let driver = self.driver.clone();
         self.space.back(driver.as_ref(), range, donors, page, calls)
     }
@@ -270,14 +269,20 @@ impl Upstream for VmmReserve {
         self.space.backed(addr, len)
     }
 
+    fn wholly_vacant(&self, seg: &Segment) -> bool {
+        let end = seg.ptr + seg.len as u64;
+        self.space.pages.range(seg.ptr..end).next().is_none()
+    }
+
     fn recycles(&self) -> bool {
         self.config.recycle
     }
 
-    fn movable(&self, donors: &[(u64, usize)]) -> bool {
-        self.config.recycle
-            && self.granularity > 0
-            && !self.space.donor_pages(donors, self.granularity).is_empty()
+    fn movable(&mut self, donors: &[(u64, usize)]) -> bool {
+        if !self.config.recycle || self.granularity == 0 {
+            return false;
+        }
+        !self.space.donor_pages(donors, self.granularity).is_empty()
     }
 
     fn back(
@@ -307,7 +312,7 @@ impl Upstream for VmmReserve {
             .map(|&(p, l)| (p, p + l as u64))
             .filter(|&(p, e)| range.1 > p && range.1 < e)
             .map(|(_, e)| e);
-        if let (false, Some(end)) = (self.config.recycle, rest) {
+        if let (false, Some(end)) = (self.granular, rest) {
             match self.back_range((range.0, end), &mut Vec::new(), calls) {
                 Err(e) if e.is_oom() => {
                     tracing::debug!(error = %e, "the amortised vmm growth does not fit; backing the block alone");
@@ -323,7 +328,7 @@ impl Upstream for VmmReserve {
                 "vmm recycled free pages"
             );
         }
-        if let Some(end) = rest.filter(|_| done.created > 0 && self.config.recycle) {
+        if let Some(end) = rest.filter(|_| done.created > 0 && self.granular) {
             if let Err(e) = self.back_range((range.1, end), &mut Vec::new(), calls) {
                 tracing::debug!(error = %e, "could not map the amortised rest of a vmm growth; the block alone is backed");
             }
