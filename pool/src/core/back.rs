@@ -47,8 +47,10 @@ impl Ctx {
         // what the pool holds is kept without paying one (measured on the PyTorch prefill
         // traces: 1/64 keeps the mapped peak within 2% of the live peak with a fifth of the
         // synchronizes that recycling at every opportunity takes; docs/pytorch.md).
-        let snap = g.tracker.snapshot();
-        if g.upstream.recycles() && snap.cached_bytes > snap.reserved_bytes / SLACK {
+        if g.upstream.recycles() && {
+            let snap = g.tracker.snapshot();
+            snap.cached_bytes > snap.reserved_bytes / SLACK
+        } {
             let (spans, freed_at) = g.placement.free_spans();
             if g.upstream.movable(&spans) {
                 if self.driver.epoch().idle_since(freed_at) {

@@ -102,6 +102,7 @@ impl AddressSpace {
                 Ok(()) => {
                     calls.record(CallKind::Unmap);
                     self.pages.remove(&at);
+                    self.held -= p.len;
                     self.add_vacant(at, at + p.len as u64);
                 }
                 Err(e) => {
@@ -135,12 +136,14 @@ impl AddressSpace {
         donors.pop();
         calls.remaps += 1;
         self.pages.remove(&src);
+        self.held -= len;
         self.add_vacant(src, src + len as u64);
         self.place(at, len, p.handle);
         true
     }
 
     fn place(&mut self, at: DevicePtr, len: usize, handle: crate::driver::PhysHandle) {
+        self.held += len;
         self.pages.insert(
             at,
             Page {

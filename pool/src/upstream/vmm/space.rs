@@ -67,6 +67,8 @@ pub(super) struct AddressSpace {
     pub(super) segs: Vec<(DevicePtr, usize)>,
     /// The pages behind the segments, by address.
     pub(super) pages: BTreeMap<DevicePtr, Page>,
+    /// Bytes of `pages`, kept as they change: the core reads it after every slow path.
+    pub(super) held: usize,
     /// Ranges of segments with no page behind them: start → end, merged with their neighbours.
     pub(super) vacant: BTreeMap<DevicePtr, DevicePtr>,
     /// Host copies of pages that sleep offloaded, by page address, until wake restores them
@@ -88,7 +90,7 @@ impl AddressSpace {
 
     /// Bytes of pages, asleep or not: what the pool counts as reserved.
     pub fn held(&self) -> usize {
-        self.pages.values().map(|p| p.len).sum()
+        self.held
     }
 
     /// Whether `[at, at+len)` has memory behind every byte. O(log n), and one comparison

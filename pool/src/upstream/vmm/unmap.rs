@@ -46,6 +46,7 @@ impl AddressSpace {
                 self.forget_asleep(at);
             }
             self.pages.remove(&at);
+            self.held -= p.len;
             self.add_vacant(at, at + p.len as u64);
         }
         self.remove_vacant(seg.ptr, end);
