@@ -321,6 +321,10 @@ pub struct ReplayArgs {
     /// CUPOOL_SIZE_CLASSES, else none; libcupool uses 1048576 for vmm).
     #[arg(long)]
     pub size_classes: Option<String>,
+    /// VMM page recycling: on (libcupool's default, for a framework's traffic) or off (the
+    /// library's default, ggml's mapping: what `repro-prefill run` simulates).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub recycle: String,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,

@@ -33,6 +33,8 @@ fn replay_of_a_recorded_trace_reproduces_the_run() {
                 pool,
                 "--purge",
                 purge,
+                "--recycle",
+                "off",
                 "--format",
                 "json",
             ])
@@ -257,9 +259,9 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
             "docs/pytorch.md lacks the row {row}"
         );
         if classes == "1048576" && round == "2097152" {
-            // libcupool's default: today's ratios, to be lowered by the VMM page recycling
-            // that the docs describe (the goal is at most 1.03).
-            assert!(phi3.1 <= 1.088 && llama3.1 <= 1.026, "{phi3:?} {llama3:?}");
+            // libcupool's default, with page recycling: the mapped peak within 2% of the live
+            // peak (1.087 and 1.025 before recycling; the goal was at most 1.03).
+            assert!(phi3.1 <= 1.019 && llama3.1 <= 1.016, "{phi3:?} {llama3:?}");
         }
     }
     // PyTorch's own allocator replayed (`--pool torch`) on a card of the H100's free memory,

@@ -19,8 +19,12 @@ pub struct DriverCalls {
     pub maps: u64,
     /// Physical unmap+release.
     pub unmaps: u64,
-    /// Device synchronizations the pool asked for itself (flush-and-retry, purge on grow).
+    /// Device synchronizations the pool asked for itself (flush-and-retry, purge on grow,
+    /// page recycling).
     pub syncs: u64,
+    /// Free pages moved to where a block landed (unmap and map of the same memory), instead
+    /// of new memory created.
+    pub remaps: u64,
 }
 
 impl DriverCalls {
@@ -59,6 +63,7 @@ impl DriverCalls {
             maps: self.maps + o.maps,
             unmaps: self.unmaps + o.unmaps,
             syncs: self.syncs + o.syncs,
+            remaps: self.remaps + o.remaps,
         }
     }
 
@@ -73,6 +78,7 @@ impl DriverCalls {
             maps: self.maps.saturating_sub(earlier.maps),
             unmaps: self.unmaps.saturating_sub(earlier.unmaps),
             syncs: self.syncs.saturating_sub(earlier.syncs),
+            remaps: self.remaps.saturating_sub(earlier.remaps),
         }
     }
 

@@ -49,6 +49,7 @@ pub fn synchronize(driver: &dyn Driver) -> Result<SyncToken, DriverError> {
     // covered by this token, even if it is freed while the synchronize is still waiting.
     let epoch = driver.epoch().advance();
     driver.synchronize_device()?;
+    driver.epoch().finished(epoch);
     Ok(SyncToken {
         epoch_id: driver.epoch().id(),
         epoch,

@@ -24,6 +24,20 @@ fn pool<D: Driver + 'static>(dev: &Arc<D>, min_grow: usize) -> VmmPool {
     .unwrap()
 }
 
+/// A pool that maps one page per growth, as ggml does: the map counts below are its.
+fn ggml_pool<D: Driver + 'static>(dev: &Arc<D>, min_grow: usize, max_grow: usize) -> VmmPool {
+    VmmPool::with_config(
+        dev.clone(),
+        VmmConfig {
+            min_grow,
+            max_grow,
+            recycle: false,
+            ..VmmConfig::default()
+        },
+    )
+    .unwrap()
+}
+
 #[test]
 fn lifo_bumps_and_grows_by_granularity() {
     let dev = sim(4.0);
@@ -122,7 +136,8 @@ fn trim_waits_for_frees_after_the_synchronize() {
 #[test]
 fn growth_doubles_in_a_burst_and_resets_after_a_free() {
     let dev = sim(4.0);
-    let p = VmmPool::new(as_driver(&dev));
+    let d = VmmConfig::default();
+    let p = ggml_pool(&dev, d.min_grow, d.max_grow);
     // 126 MiB in 1 MiB steps with no free: chunks of 2, 4, 8, 16, 32, 64 MiB.
     let blocks: Vec<_> = (0..126).map(|_| p.alloc(MIB).unwrap()).collect();
     assert_eq!(p.stats().calls.maps, 6);
@@ -141,7 +156,7 @@ fn growth_doubles_in_a_burst_and_resets_after_a_free() {
 #[test]
 fn min_grow_amortises_maps() {
     let dev = sim(4.0);
-    let p = pool(&dev, 64 * MIB);
+    let p = ggml_pool(&dev, 64 * MIB, 64 * MIB);
     let blocks: Vec<_> = (0..32).map(|_| p.alloc(MIB).unwrap()).collect();
     assert_eq!(p.stats().calls.maps, 1);
     assert_eq!(p.stats().reserved_bytes, 64 * MIB);

@@ -36,6 +36,7 @@ pub fn replay(a: ReplayArgs) -> ExitCode {
     let config = match PoolConfig::from_env() {
         Ok(mut c) => {
             c.kind = Some(a.pool);
+            c.vmm.recycle = a.recycle == "on";
             if let Some(r) = a.round_large {
                 c.vmm.large_rounding = r;
             }
@@ -128,6 +129,13 @@ fn print(a: &ReplayArgs, r: &ReplayReport) {
             outln!("  peak reserved  {:>14} bytes", r.peak_reserved_bytes);
             outln!("  end reserved   {:>14} bytes", r.end_reserved_bytes);
             outln!("  driver calls   {}", driver_calls(r));
+            if r.driver_remaps + r.driver_syncs > 0 {
+                outln!(
+                    "  recycling      {} pages moved, {} synchronizes",
+                    r.driver_remaps,
+                    r.driver_syncs
+                );
+            }
             outln!("  OOMs           {}", r.ooms);
         }
     }

@@ -94,6 +94,7 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                     min_grow: 0,
                     max_grow: 0,
                     large_rounding: 2 << 20,
+                    recycle: true,
                 },
             )
             .expect("valid settings"),

@@ -11,6 +11,7 @@
 //! back at the next slow path (growth, purge, stats). A pool dropped with live blocks moves its
 //! state into a retired core that the owners table keeps until those blocks are dropped.
 
+mod back;
 mod oom;
 mod retire;
 mod sleep;
@@ -162,6 +163,9 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
             return Err(self.ctx.asleep(&g));
         }
         if let Some(fit) = g.placement.take(size) {
+            if !g.upstream.backed(fit.addr, fit.capacity) {
+                return self.ctx.back_taken(&mut g, fit, size);
+            }
             g.tracker.on_alloc(size, fit.capacity);
             return Ok(self.ctx.block(fit, size));
         }

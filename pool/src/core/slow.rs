@@ -67,16 +67,44 @@ impl Ctx {
             result = g.upstream.acquire(want, &mut g.tracker.s.calls);
         }
         self.adopt_leftovers(g);
-        match result {
-            Ok(seg) => {
-                g.tracker.on_reserve(seg.len);
-                self.publish(g);
-                let fit = g.placement.take_new(seg, size);
-                g.tracker.on_alloc(size, fit.capacity);
-                tracing::trace!(pool = %self.kind, requested = size, bytes = seg.len, reserved = g.tracker.s.reserved_bytes, "grew");
-                Ok(self.block(fit, size))
+        let seg = match result {
+            Ok(seg) => seg,
+            Err(e) => return Err(self.failed(g, size, e)),
+        };
+        if g.upstream.held().is_none() {
+            g.tracker.on_reserve(seg.len);
+            self.publish(g);
+        }
+        let fit = g.placement.take_new(seg, size);
+        if !g.upstream.backed(fit.addr, fit.capacity) {
+            if let Err(e) = self.back(g, fit) {
+                // The block was never handed out: its place is free again. A segment with no
+                // memory behind it goes back too (no kernel can use it: nothing to wait for),
+                // so a failed growth leaves the pool as it was.
+                g.placement.give_back(fit, 0);
+                if g.upstream.wholly_vacant(&seg)
+                    && g.upstream.release(seg, &mut g.tracker.s.calls).is_ok()
+                {
+                    g.placement.remove(&seg);
+                }
+                return Err(self.failed(g, size, e));
             }
-            Err(e) if e.is_oom() => {
+        }
+        g.tracker.on_alloc(size, fit.capacity);
+        tracing::trace!(pool = %self.kind, requested = size, bytes = seg.len, reserved = g.tracker.s.reserved_bytes, "grew");
+        Ok(self.block(fit, size))
+    }
+
+    /// The error of an allocation that failed in the driver, with the out-of-memory report.
+    #[cold]
+    pub(super) fn failed<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        size: usize,
+        e: DriverError,
+    ) -> PoolError {
+        match e {
+            e if e.is_oom() => {
                 g.tracker.s.ooms += 1;
                 let report = self.oom_report(g, size, e.to_string());
                 // The 1st, 2nd, 4th, 8th, ... of a pool: a replay or a caller retrying in a
@@ -86,9 +114,9 @@ impl Ctx {
                 } else {
                     tracing::debug!(pool = %self.kind, ooms_so_far = g.tracker.s.ooms, "{report}");
                 }
-                Err(PoolError::OutOfMemory(Box::new(report)))
+                PoolError::OutOfMemory(Box::new(report))
             }
-            Err(e) => Err(e.into()),
+            e => e.into(),
         }
     }
 
@@ -140,9 +168,12 @@ impl Ctx {
         };
         if let Some(seg) = g.placement.give_back(fit, freed_at) {
             match g.upstream.release(seg, &mut g.tracker.s.calls) {
-                Ok(()) => g.tracker.on_release(seg.len, false),
+                Ok(()) => {
+                    self.count_release(g, seg.len, false);
+                }
                 Err(e) => {
                     tracing::error!(pool = %self.kind, error = %e, "the driver refused a free; kept for the next purge");
+                    self.count_release(g, 0, false);
                     g.pending.push(seg);
                 }
             }
@@ -165,11 +196,11 @@ impl Ctx {
         for seg in std::mem::take(&mut g.pending) {
             match g.upstream.release(seg, &mut g.tracker.s.calls) {
                 Ok(()) => {
-                    g.tracker.on_release(seg.len, true);
-                    out.bytes += seg.len;
+                    out.bytes += self.count_release(g, seg.len, true);
                     out.buffers += 1;
                 }
                 Err(e) => {
+                    out.bytes += self.count_release(g, 0, true);
                     g.pending.push(seg);
                     first_err.get_or_insert(e);
                 }
@@ -181,12 +212,13 @@ impl Ctx {
                 continue;
             }
             if let Err(e) = g.upstream.release(idle.seg, &mut g.tracker.s.calls) {
+                // Pages unmapped before the refusal are gone all the same.
+                out.bytes += self.count_release(g, 0, true);
                 first_err.get_or_insert(e);
                 break;
             }
             g.placement.remove(&idle.seg);
-            g.tracker.on_release(idle.seg.len, true);
-            out.bytes += idle.seg.len;
+            out.bytes += self.count_release(g, idle.seg.len, true);
             out.buffers += 1;
         }
         self.adopt_leftovers(g);

@@ -6,7 +6,9 @@
 //! (cuMemCreate, cuMemMap, cuMemSetAccess): a fault on the first fails before the wrapped
 //! driver is called; a fault on a later step maps, then unmaps again and fails, which is what a
 //! real partial failure leaves behind. An unmap is two (cuMemUnmap, cuMemRelease): either fault
-//! leaves the mapping in place, as [`Driver::unmap`] promises.
+//! leaves the mapping in place, as [`Driver::unmap`] promises. A move ([`Driver::remap`]) is three
+//! (cuMemUnmap, cuMemMap, cuMemSetAccess): a fault on the first fails before anything moved; on a
+//! later one the memory moves and moves back, so it is where it was.
 
 use super::{
     CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
@@ -191,6 +193,28 @@ impl Driver for FaultInjector {
         self.step(CallKind::Unmap)?;
         self.step(CallKind::Release)?;
         self.inner.unmap(at, bytes, handle)
+    }
+
+    fn remap(
+        &self,
+        from: DevicePtr,
+        to: DevicePtr,
+        bytes: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DriverError> {
+        self.step(CallKind::Unmap)?;
+        for later in [CallKind::Map, CallKind::SetAccess] {
+            if let Err(e) = self.step(later) {
+                // A later step failed: the memory is back where it was, as `remap` promises
+                // (the real driver maps it back at `from`).
+                self.inner.remap(from, to, bytes, handle)?;
+                if let Err(undo) = self.inner.remap(to, from, bytes, handle) {
+                    tracing::error!(error = %undo, "undoing a move after an injected fault failed");
+                }
+                return Err(e);
+            }
+        }
+        self.inner.remap(from, to, bytes, handle)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

@@ -177,6 +177,17 @@ impl Driver for LimitedDriver {
         Ok(())
     }
 
+    fn remap(
+        &self,
+        from: DevicePtr,
+        to: DevicePtr,
+        bytes: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DriverError> {
+        // The memory stays held: nothing to count.
+        self.inner.remap(from, to, bytes, handle)
+    }
+
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
         self.inner.poison(ptr, bytes)
     }

@@ -117,6 +117,28 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// range is still mapped and may be unmapped again later.
     fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError>;
 
+    /// Moves the physical memory of a mapping made by [`Driver::map`] from `from` to `to`
+    /// (cuMemUnmap, then cuMemMap of the same handle and cuMemSetAccess), keeping the memory:
+    /// a pool recycles a free page where it needs one instead of creating another. `to` must
+    /// lie inside a reservation, aligned, with nothing mapped. The contents do not move.
+    /// Nothing may use `from` any more: the caller has synchronized since its last use. On
+    /// error the memory is mapped at `from` as before. The default refuses, so a driver that
+    /// cannot move memory makes the pool create new memory instead.
+    fn remap(
+        &self,
+        from: DevicePtr,
+        to: DevicePtr,
+        bytes: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DriverError> {
+        let _ = (to, handle);
+        Err(DriverError::new(
+            CallKind::Map,
+            ErrorCode::NotSupported,
+            format!("this driver cannot move the {bytes} bytes mapped at {from:#x}"),
+        ))
+    }
+
     /// Fills `bytes` at `ptr` with 0xFF (NaN as f32, f16 and bf16), ordered after the work
     /// already queued on the default stream. Used by the `poison` feature on every free, so a
     /// kernel that reads freed scratch produces NaN instead of stale, plausible numbers.

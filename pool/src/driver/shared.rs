@@ -15,6 +15,8 @@ static NEXT_EPOCH_ID: AtomicU64 = AtomicU64::new(1);
 pub struct SyncEpoch {
     id: u64,
     counter: AtomicU64,
+    /// The epoch of the latest synchronize that finished: what was freed before it is idle.
+    completed: AtomicU64,
 }
 
 impl SyncEpoch {
@@ -22,6 +24,7 @@ impl SyncEpoch {
         Self {
             id: NEXT_EPOCH_ID.fetch_add(1, Ordering::Relaxed),
             counter: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
         }
     }
 
@@ -34,6 +37,18 @@ impl SyncEpoch {
     /// This counter's identity (tokens carry it, so a token only fits its own device).
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Whether a buffer freed at epoch `freed_at` is certainly idle: a synchronize that began
+    /// after its free has finished (by any pool on the device), so no token is needed.
+    #[inline]
+    pub fn idle_since(&self, freed_at: u64) -> bool {
+        freed_at < self.completed.load(Ordering::Acquire)
+    }
+
+    /// Records that the synchronize of `epoch` (from [`SyncEpoch::advance`]) finished.
+    pub(crate) fn finished(&self, epoch: u64) {
+        self.completed.fetch_max(epoch, Ordering::AcqRel);
     }
 
     /// Moves to the next epoch and returns it.

@@ -293,6 +293,16 @@ impl Placement for Bump {
         self.by_size.range(..(n, 0)).map(|&(l, _)| l).sum()
     }
 
+    fn free_spans(&self) -> (Vec<(u64, usize)>, u64) {
+        // The holes and the free end of the last range: a top that came down after LIFO frees
+        // leaves mapped pages there that the next block may never reach.
+        let mut spans: Vec<(u64, usize)> = self.holes.iter().map(|(&a, &l)| (a, l)).collect();
+        if self.top < self.end {
+            spans.push((self.top, (self.end - self.top) as usize));
+        }
+        (spans, self.last_free)
+    }
+
     fn segments(&self) -> Vec<Segment> {
         self.segments.clone()
     }

@@ -93,6 +93,13 @@ pub trait Placement: Send + fmt::Debug + 'static {
     /// Idle bytes too small to serve a request of `size`: held, but useless to it.
     fn stranded(&self, size: usize) -> usize;
 
+    /// Free ranges inside the segments that no block uses (address, length), and the
+    /// synchronize epoch of the latest free among them: where an upstream may take memory from
+    /// to put behind a new block (page recycling). The default names none.
+    fn free_spans(&self) -> (Vec<(u64, usize)>, u64) {
+        (Vec::new(), 0)
+    }
+
     /// Segments still held (idle or not), for the pool's final release.
     fn segments(&self) -> Vec<Segment>;
 }

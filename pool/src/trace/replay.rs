@@ -32,6 +32,10 @@ pub struct ReplayReport {
     pub driver_maps: u64,
     /// VMM unmaps.
     pub driver_unmaps: u64,
+    /// VMM pages moved from holes to where a block landed (recycling).
+    pub driver_remaps: u64,
+    /// Synchronizes the pools asked for themselves.
+    pub driver_syncs: u64,
     /// Allocations that ran out of memory.
     pub ooms: u64,
     /// Bytes returned to the driver at each prefill boundary, in order (0 where nothing went
@@ -237,6 +241,7 @@ pub fn replay(
         r.driver_frees += c.frees + c.managed_frees;
         r.driver_maps += c.maps;
         r.driver_unmaps += c.unmaps;
+        (r.driver_remaps, r.driver_syncs) = (r.driver_remaps + c.remaps, r.driver_syncs + c.syncs);
     }
     r.ooms = ooms;
     for (_, (stream, b)) in live.drain() {

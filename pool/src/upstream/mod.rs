@@ -47,6 +47,56 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     /// segment ends, else of at least `want.alone` bytes.
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError>;
 
+    /// Whether `[addr, addr+len)`, inside a segment, has memory behind every byte. An upstream
+    /// whose segments are address space first (VMM) says no where it has none yet; the core
+    /// then calls [`Upstream::back`] before the block is handed out. Asked on the fast path.
+    #[inline]
+    fn backed(&self, addr: u64, len: usize) -> bool {
+        let _ = (addr, len);
+        true
+    }
+
+    /// Puts memory behind `[addr, addr+len)` where it has none, first moving pages that lie
+    /// wholly inside the free ranges `donors` (address, length; empty: none may move). The
+    /// core names donors only after a synchronize covers their frees. On error the range may
+    /// be partly backed; nothing is lost.
+    fn back(
+        &mut self,
+        addr: u64,
+        len: usize,
+        donors: &[(u64, usize)],
+        calls: &mut DriverCalls,
+    ) -> Result<(), DriverError> {
+        let _ = (addr, len, donors, calls);
+        Ok(())
+    }
+
+    /// Whether `seg` has no memory behind it at all (a growth whose backing failed).
+    fn wholly_vacant(&self, seg: &Segment) -> bool {
+        let _ = seg;
+        false
+    }
+
+    /// Whether [`Upstream::back`] recycles pages from free ranges at all.
+    fn recycles(&self) -> bool {
+        false
+    }
+
+    /// Whether some page lies wholly inside `donors` and could be moved: only then is a
+    /// synchronize worth paying.
+    /// The core asks only when the pool's free memory is worth recycling.
+    fn movable(&mut self, donors: &[(u64, usize)]) -> bool {
+        let _ = donors;
+        false
+    }
+
+    /// Bytes of memory the upstream holds behind its segments, where that is not their length
+    /// (segments with vacant ranges); `None`: every segment is held whole. The core counts
+    /// this as reserved.
+    fn held(&self) -> Option<usize> {
+        None
+    }
+
     /// Returns `seg`. On error the upstream still holds it and it may be released again later.
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError>;
 

@@ -6,6 +6,7 @@
 
 mod devices;
 mod host;
+mod moves;
 
 use devices::peers;
 pub use devices::{device_count, unavailable};
@@ -328,6 +329,16 @@ impl Driver for CudaDriver {
             ));
         }
         Ok(())
+    }
+
+    fn remap(
+        &self,
+        from: DevicePtr,
+        to: DevicePtr,
+        bytes: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DriverError> {
+        self.move_mapping(from, to, bytes, handle)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

@@ -193,6 +193,30 @@ impl Memory {
         }
     }
 
+    /// Moves the mapping of `bytes` at `from` with `handle` to `to`, which must be an aligned
+    /// range of one reservation over nothing mapped; the physical memory stays counted.
+    pub fn move_mapping(
+        &mut self,
+        from: u64,
+        to: u64,
+        bytes: usize,
+        handle: u64,
+        gran: usize,
+    ) -> Result<(), String> {
+        match self.mappings.get(&from) {
+            Some(m) if m.bytes == bytes && m.handle == handle => {}
+            _ => {
+                return Err(format!(
+                    "no mapping of {bytes} bytes with handle {handle} at {from:#x}"
+                ))
+            }
+        }
+        self.check_map(to, bytes, gran)?;
+        let m = self.mappings.remove(&from).ok_or("checked above")?;
+        self.mappings.insert(to, m);
+        Ok(())
+    }
+
     /// Everything still held, for the device's drop.
     pub fn drain(&mut self) -> Vec<Range> {
         self.mappings.clear();

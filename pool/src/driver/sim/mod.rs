@@ -12,6 +12,7 @@ mod backing;
 mod config;
 mod ledger;
 mod memory;
+mod moves;
 mod space;
 
 pub use config::{SimConfig, MAX_CAPACITY};
@@ -321,6 +322,16 @@ impl Driver for SimDevice {
         })
     }
 
+    fn remap(
+        &self,
+        from: DevicePtr,
+        to: DevicePtr,
+        bytes: usize,
+        handle: PhysHandle,
+    ) -> Result<(), DriverError> {
+        self.move_mapping(from, to, bytes, handle)
+    }
+
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
         if !self.config.backed {
             return Ok(());
@@ -340,47 +351,16 @@ impl Driver for SimDevice {
     }
 
     fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), DriverError> {
-        let backed = self.config.backed;
-        self.call(CallKind::Copy, dst.len(), |s| {
-            if !s.memory.contains(src, dst.len()) {
-                return Err(not_live("copy", src, dst.len()));
-            }
-            if backed {
-                // SAFETY: the range lies inside live, readable host memory of ours (checked
-                // above); the lock keeps it mapped while we read.
-                let from = unsafe { std::slice::from_raw_parts(src as *const u8, dst.len()) };
-                dst.copy_from_slice(from);
-            }
-            Ok(())
-        })
+        self.copy_out(src, dst)
     }
 
     fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
-        let backed = self.config.backed;
-        self.call(CallKind::Copy, src.len(), |s| {
-            if !s.memory.contains(dst, src.len()) {
-                return Err(not_live("copy", dst, src.len()));
-            }
-            if backed {
-                // SAFETY: the range lies inside live, writable host memory of ours (checked
-                // above); the lock keeps it mapped while we write.
-                let to = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, src.len()) };
-                to.copy_from_slice(src);
-            }
-            Ok(())
-        })
+        self.copy_in(dst, src)
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {
         self.call(CallKind::Synchronize, 0, |_| Ok(()))
     }
-}
-
-fn not_live(what: &str, ptr: DevicePtr, bytes: usize) -> (ErrorCode, String) {
-    (
-        ErrorCode::InvalidValue,
-        format!("{what} of {bytes} bytes at {ptr:#x}: not live device memory"),
-    )
 }
 
 impl Drop for SimDevice {

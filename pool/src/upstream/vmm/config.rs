@@ -24,6 +24,13 @@ pub struct VmmConfig {
     /// 128 bytes (ggml's rounding, the default) to 1 GiB. libcupool uses the 2 MiB granule,
     /// which suits PyTorch's traffic (`CUPOOL_VMM_ROUND_LARGE`).
     pub large_rounding: usize,
+    /// Recycle free pages. Off by default (ggml's mapping: one page per growth, and a hole's
+    /// pages stay where they are); libcupool turns it on for a framework's traffic. On: physical
+    /// memory is mapped one granule per page, and where a block lands on address space with no memory behind it, whole free
+    /// granules in holes are moved there (after one synchronize) before new memory is created,
+    /// so the memory held follows what is live rather than the range's high-water mark (see
+    /// `recycle.rs`).
+    pub recycle: bool,
 }
 
 impl Default for VmmConfig {
@@ -33,6 +40,7 @@ impl Default for VmmConfig {
             min_grow: 2 << 20,
             max_grow: 64 << 20,
             large_rounding: 128,
+            recycle: false,
         }
     }
 }

@@ -1,25 +1,30 @@
-//! Reserved address ranges, physical memory mapped at the end of the last as the pool grows.
+//! Reserved address ranges, handed out as segments at the end of the last as the pool grows,
+//! with physical memory put behind them where blocks land.
 //!
 //! Like ggml's VMM pool the address space is reserved lazily, at the first growth; unlike ggml
 //! it has no fixed size and no cap. Each reservation covers [`VmmConfig::reserve_bytes`] (the
 //! device's memory by default, not ggml's fixed 32 GiB). When the last one is full, the pool
 //! reserves another, asking the driver for the range right after it (cuMemAddressReserve's
 //! address hint): where it gets it, growth goes on contiguously across the boundary (one
-//! growth may map the end of one reservation and the start of the next) and the placement
+//! segment may cover the end of one reservation and the start of the next) and the placement
 //! sees one range; where it does not, the new reservation is a range of its own, and a block
 //! never spans two of them (see [`crate::placement::bump`]). A reservation the driver refuses
 //! as out of memory is retried at half the size, down to what the growth needs, so a device
 //! with little address space (Jetson) works, and the smaller size is kept for the next ones.
-//! Reservations after the first are released as soon as a trim unmaps everything in them; the
-//! first when the pool closes (`space.rs`).
+//! Reservations after the first are released as soon as a trim gives back everything in them;
+//! the first when the pool closes (`space.rs`).
 //!
-//! Growth adapts like TCP's slow start: each growth maps at least `min_grow`, doubling while
-//! the pool keeps growing with no free in between, up to `max_grow`; a free starts it small
-//! again. A burst of growth amortises the ~45 µs cost of a map over large chunks, while a
+//! A growth hands out address space only; the pool core then asks for memory behind the block
+//! it placed ([`Upstream::back`]), which recycles free pages from holes before it creates any
+//! (`recycle.rs`). Growth adapts like TCP's slow start: each growth covers at least
+//! `min_grow`, doubling while the pool keeps growing with no free in between, up to
+//! `max_grow`, and memory created for a growth covers the whole new segment; a free starts it
+//! small again. A burst of growth amortises the ~45 µs cost of a map over large chunks, while a
 //! pool that grows once per ubatch stays within a granule or two of its need. If the
-//! amortised size does not fit, the exact need is tried.
+//! amortised part does not fit on the device, the block alone is backed.
 
 mod config;
+mod recycle;
 mod sleep;
 mod space;
 mod unmap;
@@ -46,6 +51,8 @@ pub struct VmmReserve {
     space: AddressSpace,
     /// Growths since the last free: the amortised step is `min_grow << streak`.
     streak: u32,
+    /// Pages are created one granule each, so they can move: with [`VmmConfig::recycle`].
+    granular: bool,
 }
 
 impl VmmReserve {
@@ -54,6 +61,7 @@ impl VmmReserve {
     pub fn new(driver: Arc<dyn Driver>, config: VmmConfig) -> Self {
         Self {
             driver,
+            granular: config.recycle,
             config,
             granularity: 0,
             reserve_len: 0,
@@ -75,6 +83,20 @@ impl VmmReserve {
     /// Address reservations currently held.
     pub fn reservations(&self) -> usize {
         self.space.reservations()
+    }
+
+    /// Bytes of address space handed out with no memory behind them.
+    pub fn vacant(&self) -> usize {
+        self.space
+            .vacant
+            .iter()
+            .map(|(s, e)| (e - s) as usize)
+            .sum()
+    }
+
+    /// The pages (address, length) behind the segments, awake or asleep, in address order.
+    pub fn pages(&self) -> Vec<(DevicePtr, usize)> {
+        self.space.pages.iter().map(|(&a, p)| (a, p.len)).collect()
     }
 
     fn round(&self, bytes: usize) -> Result<usize, DriverError> {
@@ -114,7 +136,7 @@ impl VmmReserve {
         }
     }
 
-    /// What this growth would like to map, at least `need` and at most `room`.
+    /// What this growth would like to hand out, at least `need` and at most `room`.
     fn preferred(&self, need: usize, room: usize) -> usize {
         let cap = self.config.max_grow.max(self.config.min_grow);
         let amortised = self
@@ -125,25 +147,6 @@ impl VmmReserve {
         need.max(amortised)
             .checked_next_multiple_of(self.granularity)
             .map_or(room, |p| p.min(room))
-    }
-
-    /// Maps the preferred size at `at`, else the exact need if that was out of memory.
-    fn map(
-        &mut self,
-        at: DevicePtr,
-        need: usize,
-        room: usize,
-        calls: &mut DriverCalls,
-    ) -> Result<Segment, DriverError> {
-        let preferred = self.preferred(need, room);
-        let driver = self.driver.clone();
-        let result = self.space.map(driver.as_ref(), at, preferred, calls);
-        match result {
-            Err(e) if e.is_oom() && preferred > need => {
-                self.space.map(driver.as_ref(), at, need, calls)
-            }
-            other => other,
-        }
     }
 
     /// A further reservation of at least `need` bytes, at `hint` if the driver places it
@@ -176,7 +179,7 @@ impl VmmReserve {
     }
 
     /// Grows into a further reservation: right after `tail`'s if the driver places it there,
-    /// continuing the mapped end (so it needs only what the last one lacks, which matters
+    /// continuing the last segment (so it needs only what the last one lacks, which matters
     /// where address space is scarce); else anywhere, holding `alone` bytes by itself.
     #[cold]
     fn grow_further(
@@ -200,15 +203,29 @@ impl VmmReserve {
             (base, len) = self.reserve(alone, 0, calls)?;
         }
         let result = if contiguous {
-            self.map(tail.at, extend, tail.room + len, calls)
+            let want = self.preferred(extend, tail.room + len);
+            self.space.claim(tail.at, want)
         } else {
-            self.map(base, alone, len, calls)
+            let want = self.preferred(alone, len);
+            self.space.claim(base, want)
         };
         if result.is_err() {
             // Leave the address space as it was.
             self.space.drop_empty_tail(driver.as_ref());
         }
         result
+    }
+
+    /// Backs `[from, to)` from `donors`, then with new pages.
+    fn back_range(
+        &mut self,
+        range: (DevicePtr, DevicePtr),
+        donors: &mut Vec<DevicePtr>,
+        calls: &mut DriverCalls,
+    ) -> Result<recycle::Backed, DriverError> {
+        let page = if self.granular { self.granularity } else { 0 };
+        let driver = self.driver.clone();
+        self.space.back(driver.as_ref(), range, donors, page, calls)
     }
 }
 
@@ -228,14 +245,16 @@ impl Upstream for VmmReserve {
         let alone = self.round(want.alone.max(want.extend))?;
         let seg = match self.space.tail() {
             None => {
-                // The first reservation stays until the pool closes, also if this map fails.
+                // The first reservation stays until the pool closes.
                 let (base, len) = self.reserve(alone, 0, calls)?;
-                self.map(base, alone, len, calls)?
+                let want = self.preferred(alone, len);
+                self.space.claim(base, want)?
             }
             Some(tail) => {
                 let need = if tail.extends { extend } else { alone };
                 if need <= tail.room {
-                    self.map(tail.at, need, tail.room, calls)?
+                    let want = self.preferred(need, tail.room);
+                    self.space.claim(tail.at, want)?
                 } else {
                     self.grow_further(tail, extend, alone, calls)?
                 }
@@ -245,13 +264,85 @@ impl Upstream for VmmReserve {
         Ok(seg)
     }
 
+    #[inline]
+    fn backed(&self, addr: u64, len: usize) -> bool {
+        self.space.backed(addr, len)
+    }
+
+    fn wholly_vacant(&self, seg: &Segment) -> bool {
+        let end = seg.ptr + seg.len as u64;
+        self.space.pages.range(seg.ptr..end).next().is_none()
+    }
+
+    fn recycles(&self) -> bool {
+        self.config.recycle
+    }
+
+    fn movable(&mut self, donors: &[(u64, usize)]) -> bool {
+        if !self.config.recycle || self.granularity == 0 {
+            return false;
+        }
+        !self.space.donor_pages(donors, self.granularity).is_empty()
+    }
+
+    fn back(
+        &mut self,
+        addr: u64,
+        len: usize,
+        donors: &[(u64, usize)],
+        calls: &mut DriverCalls,
+    ) -> Result<(), DriverError> {
+        let gran = self.granularity.max(1) as u64;
+        let range = (
+            addr / gran * gran,
+            (addr + len as u64).next_multiple_of(gran),
+        );
+        let mut pages = if donors.is_empty() {
+            Vec::new()
+        } else {
+            self.space.donor_pages(donors, self.granularity)
+        };
+        // A growth's new segment: memory created for it covers all of it (the amortised
+        // step), as one growth used to map it all. Without recycling that is one page, tried
+        // first; with it, pages go behind the block first and the rest is best effort.
+        let rest = self
+            .space
+            .segs
+            .last()
+            .map(|&(p, l)| (p, p + l as u64))
+            .filter(|&(p, e)| range.1 > p && range.1 < e)
+            .map(|(_, e)| e);
+        if let (false, Some(end)) = (self.granular, rest) {
+            match self.back_range((range.0, end), &mut Vec::new(), calls) {
+                Err(e) if e.is_oom() => {
+                    tracing::debug!(error = %e, "the amortised vmm growth does not fit; backing the block alone");
+                }
+                other => return other.map(|_| ()),
+            }
+        }
+        let done = self.back_range(range, &mut pages, calls)?;
+        if done.moved > 0 {
+            tracing::trace!(
+                moved = done.moved,
+                created = done.created,
+                "vmm recycled free pages"
+            );
+        }
+        if let Some(end) = rest.filter(|_| done.created > 0 && self.granular) {
+            if let Err(e) = self.back_range((range.1, end), &mut Vec::new(), calls) {
+                tracing::debug!(error = %e, "could not map the amortised rest of a vmm growth; the block alone is backed");
+            }
+        }
+        Ok(())
+    }
+
+    fn held(&self) -> Option<usize> {
+        Some(self.space.held())
+    }
+
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError> {
         let driver = self.driver.clone();
         self.space.unmap(driver.as_ref(), &seg, calls)
-    }
-
-    fn take_leftovers(&mut self) -> Vec<Segment> {
-        self.space.take_leftovers()
     }
 
     #[inline]

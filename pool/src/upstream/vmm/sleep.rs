@@ -2,10 +2,10 @@
 //! every address range stays reserved, so each block keeps its address; wake maps new physical
 //! memory at the same addresses and copies back what sleep offloaded.
 //!
-//! A mapping is one physical allocation (one `cuMemCreate`), so a sleep is one unmap per
-//! mapping and a wake one create-and-map, not one per block. Sleep does not synchronize: the
+//! A page is one physical allocation (one `cuMemCreate`), so a sleep is one unmap per page
+//! and a wake one create-and-map, not one per block; vacant ranges stay vacant. Sleep does not synchronize: the
 //! pool core does that once, before it calls in here (an offload copies only after the device
-//! is idle). A failure stops where it happened and leaves every mapping either awake (mapped,
+//! is idle). A failure stops where it happened and leaves every page either awake (mapped,
 //! with its contents) or asleep (unmapped, with its host copy when offloaded): a later sleep or
 //! wake goes on from there, and nothing is lost.
 //!
@@ -15,27 +15,28 @@
 //! for the next sleep, and given back by a purge of everything (a trim) or when the pool
 //! closes.
 
-use super::space::{AddressSpace, Mapping};
+use super::space::AddressSpace;
+use crate::driver::DevicePtr;
 use crate::driver::{CallKind, Driver, DriverError};
 use crate::pool::Moved;
 use crate::stats::DriverCalls;
 
 impl AddressSpace {
-    /// Bytes of the pool's mappings that are asleep, or mapped but still waiting for their
+    /// Bytes of the pool's pages that are asleep, or mapped but still waiting for their
     /// contents (a restore that failed).
     pub fn asleep(&self) -> usize {
-        self.maps
+        self.pages
             .iter()
-            .filter(|m| m.asleep || self.copy_of(m).is_some())
-            .map(|m| m.len)
+            .filter(|(&at, p)| p.asleep || self.copy_of(at).is_some())
+            .map(|(_, p)| p.len)
             .sum()
     }
 
-    fn copy_of(&self, m: &Mapping) -> Option<usize> {
-        self.copies.iter().position(|(p, _)| *p == m.ptr)
+    fn copy_of(&self, at: DevicePtr) -> Option<usize> {
+        self.copies.iter().position(|(p, _)| *p == at)
     }
 
-    /// Unmaps every awake mapping, copying it to page-locked host memory first if `offload`.
+    /// Unmaps every awake page, copying it to page-locked host memory first if `offload`.
     pub fn sleep(
         &mut self,
         driver: &dyn Driver,
@@ -43,79 +44,80 @@ impl AddressSpace {
         calls: &mut DriverCalls,
     ) -> Result<Moved, DriverError> {
         let mut out = Moved::default();
-        for i in 0..self.maps.len() {
-            let m = self.maps[i];
-            if m.asleep {
+        let all: Vec<_> = self.pages.iter().map(|(&at, &p)| (at, p)).collect();
+        for (at, p) in all {
+            if p.asleep {
                 continue;
             }
             // A copy still waiting from a failed restore holds the contents: keep it.
-            let copy = if offload && self.copy_of(&m).is_none() {
-                let mut buf = match self.spares.iter().position(|b| b.len() == m.len) {
+            let copy = if offload && self.copy_of(at).is_none() {
+                let mut buf = match self.spares.iter().position(|b| b.len() == p.len) {
                     Some(i) => self.spares.swap_remove(i),
-                    None => driver.host_buffer(m.len)?,
+                    None => driver.host_buffer(p.len)?,
                 };
-                driver.copy_to_host(m.ptr, buf.bytes_mut())?;
+                driver.copy_to_host(at, buf.bytes_mut())?;
                 Some(buf)
             } else {
                 None
             };
-            driver.unmap(m.ptr, m.len, m.handle)?;
+            driver.unmap(at, p.len, p.handle)?;
             calls.record(CallKind::Unmap);
-            self.maps[i].asleep = true;
-            out.bytes += m.len;
+            if let Some(pg) = self.pages.get_mut(&at) {
+                pg.asleep = true;
+            }
+            out.bytes += p.len;
             if let Some(buf) = copy {
-                out.copied += m.len;
-                self.copies.push((m.ptr, buf));
+                out.copied += p.len;
+                self.copies.push((at, buf));
             }
         }
         Ok(out)
     }
 
-    /// Maps every asleep mapping again at its address and restores its host copy, if any.
+    /// Maps every asleep page again at its address and restores its host copy, if any.
     pub fn wake(
         &mut self,
         driver: &dyn Driver,
         calls: &mut DriverCalls,
     ) -> Result<Moved, DriverError> {
         let mut out = Moved::default();
-        for i in 0..self.maps.len() {
-            let m = self.maps[i];
-            let mut handle = m.handle;
-            if m.asleep {
-                handle = driver.map(m.ptr, m.len)?;
+        let all: Vec<_> = self.pages.iter().map(|(&at, &p)| (at, p)).collect();
+        for (at, p) in all {
+            let mut handle = p.handle;
+            if p.asleep {
+                handle = driver.map(at, p.len)?;
                 calls.record(CallKind::Map);
             }
-            // Also for an awake mapping: a restore that failed at an earlier wake is retried.
-            if let Some(at) = self.copy_of(&m) {
-                let restored = driver.copy_from_host(m.ptr, self.copies[at].1.bytes());
+            // Also for an awake page: a restore that failed at an earlier wake is retried.
+            if let Some(i) = self.copy_of(at) {
+                let restored = driver.copy_from_host(at, self.copies[i].1.bytes());
                 if let Err(e) = restored {
-                    if m.asleep && driver.unmap(m.ptr, m.len, handle).is_ok() {
+                    if p.asleep && driver.unmap(at, p.len, handle).is_ok() {
                         // As it was: asleep, with its copy.
                         calls.record(CallKind::Unmap);
                         return Err(e);
                     }
                     // Mapped, its copy kept for the next wake.
-                    self.maps[i] = Mapping {
-                        handle,
-                        asleep: false,
-                        ..m
-                    };
+                    self.awake(at, handle);
                     return Err(e);
                 }
-                let (_, buf) = self.copies.swap_remove(at);
+                let (_, buf) = self.copies.swap_remove(i);
                 self.spares.push(buf);
-                out.copied += m.len;
+                out.copied += p.len;
             }
-            if m.asleep {
-                self.maps[i] = Mapping {
-                    handle,
-                    asleep: false,
-                    ..m
-                };
-                out.bytes += m.len;
+            if p.asleep {
+                self.awake(at, handle);
+                out.bytes += p.len;
             }
         }
         Ok(out)
+    }
+
+    fn awake(&mut self, at: DevicePtr, handle: crate::driver::PhysHandle) {
+        if let Some(pg) = self.pages.get_mut(&at) {
+            pg.handle = handle;
+            pg.asleep = false;
+        }
     }
 
     /// Gives back the host buffers kept for the next offload; returns their bytes.
@@ -125,8 +127,8 @@ impl AddressSpace {
         bytes
     }
 
-    /// Drops what is left of an asleep mapping that the pool releases: its host copy.
-    pub(super) fn forget_asleep(&mut self, m: &Mapping) {
-        self.copies.retain(|(p, _)| *p != m.ptr);
+    /// Drops what is left of an asleep page that the pool releases: its host copy.
+    pub(super) fn forget_asleep(&mut self, at: DevicePtr) {
+        self.copies.retain(|(p, _)| *p != at);
     }
 }

@@ -1,66 +1,59 @@
-//! The VMM upstream's address space: its reservations in the order they were made, and the
-//! stack of physical mappings in them.
+//! The VMM upstream's address space: its reservations in the order they were made, the
+//! segments handed out in them, and the pages of physical memory behind the segments.
 //!
-//! Mappings go at the mapped end of the last reservation. A mapping run may cross into the
-//! next reservation only where that one starts exactly where the previous ends (the driver
-//! honoured the address hint): it is then two driver mappings, one in each, behind one segment,
-//! and the pool sees one contiguous range. Mappings come back from the top of the stack; a
-//! reservation other than the first is released as soon as nothing is mapped in it, so the
-//! address space a pool holds follows its peak down after a trim. The first stays until the
-//! pool closes, as ggml keeps its one reservation: a pool that trims at every ubatch does not
-//! reserve again each time.
+//! Segments are address space only: they are handed out at the end of the last reservation,
+//! crossing into the next only where that one starts exactly where the previous ends (the driver
+//! honoured the address hint), so the pool sees one contiguous range. Physical memory is put
+//! behind a segment's ranges where blocks land (`recycle.rs`), as pages: each one physical
+//! allocation mapped inside one reservation. A range of a segment with no page is *vacant*;
+//! the pool core asks [`AddressSpace::backed`] before it hands out a block, so no block ever
+//! lies on a vacant range. Vacant ranges come from growth (a new segment starts vacant), from
+//! recycling (a free page moved to where a new block lands) and from a release the driver
+//! refused halfway.
 //!
-//! A mapping that a failed growth made and could not undo (the driver refused the unmap every
-//! time) is a leftover: no block may use it, yet the device holds it. It is handed to the pool
-//! as a segment of its own ([`AddressSpace::take_leftovers`]), which counts it as reserved and
-//! releases it with the releases the driver refused, at the next purge (`unmap.rs`). Growth
-//! goes on above it.
+//! Segments come back from the top of the stack (`unmap.rs`); a reservation other than the
+//! first is released as soon as nothing is handed out in it, so the address space a pool holds
+//! follows its peak down after a trim. The first stays until the pool closes, as ggml keeps its
+//! one reservation: a pool that trims at every ubatch does not reserve again each time.
 
 use crate::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, PhysHandle};
 use crate::placement::Segment;
 use crate::stats::DriverCalls;
+use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Reservation {
     pub base: DevicePtr,
     pub len: usize,
-    /// End of its highest mapping, from `base`: where the next mapping in it goes.
+    /// End of the address space handed out in it, from `base`: where the next segment goes.
     pub top: usize,
 }
 
 impl Reservation {
-    fn end(&self) -> DevicePtr {
+    pub(super) fn end(&self) -> DevicePtr {
         self.base + self.len as u64
     }
 }
 
+/// One physical allocation mapped at its address (the key in [`AddressSpace::pages`]).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Mapping {
-    pub ptr: DevicePtr,
+pub(super) struct Page {
     pub len: usize,
     pub handle: PhysHandle,
-    /// Index of its reservation.
-    pub res: usize,
     /// Unmapped by a sleep: the address range is kept, the physical memory is gone until the
     /// pool wakes (`sleep.rs`).
     pub asleep: bool,
 }
 
-impl Mapping {
-    pub(super) fn end(&self) -> DevicePtr {
-        self.ptr + self.len as u64
-    }
-}
-
-/// Where the next mapping goes.
+/// Where the next segment goes.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Tail {
-    /// Its address: the mapped end of the last reservation.
+    /// Its address: the end of what the last reservation handed out.
     pub at: DevicePtr,
     /// Bytes left in the last reservation.
     pub room: usize,
-    /// Whether it starts where the last mapping ends (or there is none), so the pool sees a
-    /// mapping there as extending its range.
+    /// Whether it starts where the last segment ends (or there is none), so the pool sees a
+    /// segment there as extending its range.
     pub extends: bool,
     /// The end of the last reservation: the hint for the next one.
     pub end: DevicePtr,
@@ -70,63 +63,47 @@ pub(super) struct Tail {
 #[derive(Debug, Default)]
 pub(super) struct AddressSpace {
     pub(super) reservations: Vec<Reservation>,
-    /// The mappings behind the pool's segments, in the order they were made.
-    pub(super) maps: Vec<Mapping>,
-    /// Leftover mappings (see the module docs), each a segment of the pool's refused releases.
-    pub(super) strays: Vec<Mapping>,
-    /// How many of `strays`, from the end, the pool has not been handed yet.
-    unclaimed: usize,
-    /// Host copies of mappings that sleep offloaded, by mapping address, until wake restores
-    /// them (`sleep.rs`).
+    /// The segments handed out, in order (address, length): released from the end.
+    pub(super) segs: Vec<(DevicePtr, usize)>,
+    /// The pages behind the segments, by address.
+    pub(super) pages: BTreeMap<DevicePtr, Page>,
+    /// Bytes of `pages`, kept as they change: the core reads it after every slow path.
+    pub(super) held: usize,
+    /// Ranges of segments with no page behind them: start → end, merged with their neighbours.
+    pub(super) vacant: BTreeMap<DevicePtr, DevicePtr>,
+    /// Host copies of pages that sleep offloaded, by page address, until wake restores them
+    /// (`sleep.rs`).
     pub(super) copies: Vec<(DevicePtr, crate::driver::HostBuffer)>,
     /// Host buffers a wake emptied, kept for the next offload (`sleep.rs`).
     pub(super) spares: Vec<crate::driver::HostBuffer>,
 }
 
-/// How often undoing part of a failed growth, or finishing a half-done release, is tried.
-pub(super) const UNDO_TRIES: usize = 3;
-
 impl AddressSpace {
-    /// Bytes mapped in all reservations (asleep mappings hold no physical memory).
+    /// Bytes of physical memory mapped now (asleep pages hold none).
     pub fn mapped(&self) -> usize {
-        self.maps
-            .iter()
-            .chain(&self.strays)
-            .filter(|m| !m.asleep)
-            .map(|m| m.len)
+        self.pages
+            .values()
+            .filter(|p| !p.asleep)
+            .map(|p| p.len)
             .sum()
     }
 
-    /// Recomputes where the next mapping in reservation `res` goes, after an unmap: the end
-    /// of its highest mapping. Within a reservation the stack is in address order, so that is
-    /// its last mapping in `maps`, unless a leftover lies above.
-    pub(super) fn settle_top(&mut self, res: usize) {
-        let base = self.reservations[res].base;
-        let ends = self.maps.iter().rev().find(|m| m.res == res).into_iter();
-        let ends = ends.chain(self.strays.iter().filter(|m| m.res == res));
-        self.reservations[res].top = ends.map(|m| (m.end() - base) as usize).max().unwrap_or(0);
+    /// Bytes of pages, asleep or not: what the pool counts as reserved.
+    pub fn held(&self) -> usize {
+        self.held
     }
 
-    /// Makes `rest` (mappings in no segment any more, in no list) leftovers.
-    pub(super) fn adopt(&mut self, rest: &[Mapping]) {
-        self.strays.extend_from_slice(rest);
-        self.unclaimed += rest.len();
-        for m in rest {
-            self.settle_top(m.res);
+    /// Whether `[at, at+len)` has memory behind every byte. O(log n), and one comparison
+    /// while nothing is vacant: the pool asks it on its fast path.
+    #[inline]
+    pub fn backed(&self, at: DevicePtr, len: usize) -> bool {
+        self.vacant.is_empty() || {
+            let end = at + len as u64;
+            self.vacant
+                .range(..end)
+                .next_back()
+                .is_none_or(|(_, &e)| e <= at)
         }
-    }
-
-    /// The leftovers made since the last call, as segments for the pool to count and release.
-    pub fn take_leftovers(&mut self) -> Vec<Segment> {
-        let new = &self.strays[self.strays.len() - self.unclaimed..];
-        self.unclaimed = 0;
-        new.iter()
-            .map(|m| Segment {
-                ptr: m.ptr,
-                len: m.len,
-                handle: m.handle.0,
-            })
-            .collect()
     }
 
     /// Live reservations.
@@ -134,14 +111,14 @@ impl AddressSpace {
         self.reservations.len()
     }
 
-    /// Where the next mapping goes; `None` before the first reservation.
+    /// Where the next segment goes; `None` before the first reservation.
     pub fn tail(&self) -> Option<Tail> {
         let r = self.reservations.last()?;
         let at = r.base + r.top as u64;
         Some(Tail {
             at,
             room: r.len - r.top,
-            extends: self.maps.last().is_none_or(|m| m.end() == at),
+            extends: self.segs.last().is_none_or(|&(p, l)| p + l as u64 == at),
             end: r.end(),
         })
     }
@@ -183,84 +160,104 @@ impl AddressSpace {
         }
     }
 
-    /// Maps `len` bytes at `at`, the mapped end of a reservation, continuing into the next
-    /// reservation where `at + len` passes its end (the next must then start there). A
-    /// failure unmaps what this call mapped.
-    pub fn map(
-        &mut self,
-        driver: &dyn Driver,
-        at: DevicePtr,
-        len: usize,
-        calls: &mut DriverCalls,
-    ) -> Result<Segment, DriverError> {
+    /// Hands out `len` bytes of address space at `at`, the end of what a reservation handed
+    /// out, continuing into the next reservation where `at + len` passes its end (the next
+    /// must then start there). The segment starts vacant.
+    pub fn claim(&mut self, at: DevicePtr, len: usize) -> Result<Segment, DriverError> {
         let continues = |r: &Reservation| r.base + r.top as u64 == at && at < r.end();
         let Some(first) = self.reservations.iter().rposition(continues) else {
             return Err(outside(at, len));
         };
-        let mut done: Vec<Mapping> = Vec::with_capacity(2);
+        // Check the whole run first: a refusal changes nothing.
         let (mut ptr, mut left, mut res) = (at, len, first);
+        let mut parts = Vec::with_capacity(2);
         while left > 0 {
-            let r = self.reservations.get(res).copied();
-            let part = match r {
+            match self.reservations.get(res) {
                 Some(r) if r.base + r.top as u64 == ptr && ptr < r.end() => {
-                    left.min((r.end() - ptr) as usize)
+                    let part = left.min((r.end() - ptr) as usize);
+                    parts.push((res, part));
+                    (ptr, left, res) = (ptr + part as u64, left - part, res + 1);
                 }
-                _ => {
-                    self.undo(driver, &done, calls);
-                    return Err(outside(at, len));
-                }
-            };
-            match driver.map(ptr, part) {
-                Ok(handle) => {
-                    calls.record(CallKind::Map);
-                    done.push(Mapping {
-                        ptr,
-                        len: part,
-                        handle,
-                        res,
-                        asleep: false,
-                    });
-                    self.reservations[res].top += part;
-                }
-                Err(e) => {
-                    self.undo(driver, &done, calls);
-                    return Err(e);
-                }
+                _ => return Err(outside(at, len)),
             }
-            (ptr, left, res) = (ptr + part as u64, left - part, res + 1);
         }
-        self.maps.extend_from_slice(&done);
+        for (res, part) in parts {
+            self.reservations[res].top += part;
+        }
+        self.segs.push((at, len));
+        self.add_vacant(at, at + len as u64);
         Ok(Segment {
             ptr: at,
             len,
-            handle: done[0].handle.0,
+            handle: 0,
         })
     }
 
-    /// Unmaps what one [`AddressSpace::map`] call mapped before it failed (`done`, not in
-    /// `maps`); what the driver refuses to unmap becomes a leftover.
-    pub(super) fn undo(&mut self, driver: &dyn Driver, done: &[Mapping], calls: &mut DriverCalls) {
-        for m in done.iter().rev() {
-            let mut result = driver.unmap(m.ptr, m.len, m.handle);
-            for _ in 1..UNDO_TRIES {
-                if result.is_ok() {
-                    break;
-                }
-                result = driver.unmap(m.ptr, m.len, m.handle);
+    /// Marks `[from, to)` vacant, merged with the vacant ranges it touches.
+    pub(super) fn add_vacant(&mut self, mut from: DevicePtr, mut to: DevicePtr) {
+        if from >= to {
+            return;
+        }
+        if let Some((&s, &e)) = self.vacant.range(..=from).next_back() {
+            if e >= from {
+                self.vacant.remove(&s);
+                from = s;
+                to = to.max(e);
             }
-            match result {
-                Ok(()) => calls.record(CallKind::Unmap),
-                Err(e) => {
-                    tracing::error!(error = %e, bytes = m.len, "could not undo part of a failed vmm growth; the pool keeps it as reserved and releases it at its next purge");
-                    self.adopt(std::slice::from_ref(m));
-                }
+        }
+        while let Some((&s, &e)) = self.vacant.range(from..=to).next() {
+            self.vacant.remove(&s);
+            to = to.max(e);
+        }
+        self.vacant.insert(from, to);
+    }
+
+    /// Marks `[from, to)` backed: removes it from the vacant ranges.
+    pub(super) fn remove_vacant(&mut self, from: DevicePtr, to: DevicePtr) {
+        let mut hit: Vec<(DevicePtr, DevicePtr)> = Vec::new();
+        if let Some((&s, &e)) = self.vacant.range(..from).next_back() {
+            if e > from {
+                hit.push((s, e));
             }
-            self.settle_top(m.res);
+        }
+        hit.extend(self.vacant.range(from..to).map(|(&s, &e)| (s, e)));
+        for (s, e) in hit {
+            self.vacant.remove(&s);
+            if s < from {
+                self.vacant.insert(s, from);
+            }
+            if e > to {
+                self.vacant.insert(to, e);
+            }
         }
     }
 
-    /// Releases the reservations after the first that nothing is mapped in, from the last.
-    /// A refusal is logged and the reservation kept: mappings go there next, and close retries.
+    /// The vacant ranges inside `[from, to)`, each cut at reservation ends (a page lies in
+    /// one reservation).
+    pub(super) fn vacant_in(&self, from: DevicePtr, to: DevicePtr) -> Vec<(DevicePtr, DevicePtr)> {
+        let mut runs: Vec<(DevicePtr, DevicePtr)> = Vec::new();
+        if let Some((_, &e)) = self.vacant.range(..from).next_back() {
+            if e > from {
+                runs.push((from, e.min(to)));
+            }
+        }
+        runs.extend(self.vacant.range(from..to).map(|(&s, &e)| (s, e.min(to))));
+        let mut out = Vec::with_capacity(runs.len());
+        for (mut s, e) in runs {
+            for r in &self.reservations {
+                if r.base > s && r.base < e {
+                    out.push((s, r.base));
+                    s = r.base;
+                }
+            }
+            out.push((s, e));
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Releases the reservations after the first that nothing is handed out in, from the last.
+    /// A refusal is logged and the reservation kept: segments go there next, and close retries.
     pub fn drop_empty_tail(&mut self, driver: &dyn Driver) {
         while self.reservations.len() > 1 {
             let r = self.reservations[self.reservations.len() - 1];
@@ -275,10 +272,9 @@ impl AddressSpace {
         }
     }
 
-    /// Releases every reservation, once nothing is mapped (the pool releases its leftovers
-    /// before it closes).
+    /// Releases every reservation, once no segment is left.
     pub fn close(&mut self, driver: &dyn Driver) -> Result<(), DriverError> {
-        if !self.maps.is_empty() || !self.strays.is_empty() {
+        if !self.segs.is_empty() || !self.pages.is_empty() {
             return Ok(());
         }
         while let Some(r) = self.reservations.last().copied() {
@@ -293,6 +289,6 @@ fn outside(at: DevicePtr, len: usize) -> DriverError {
     DriverError::new(
         CallKind::Map,
         ErrorCode::InvalidValue,
-        format!("{len} bytes at {at:#x} do not continue the mapped end of the pool's reservations"),
+        format!("{len} bytes at {at:#x} do not continue the end of the pool's reservations"),
     )
 }

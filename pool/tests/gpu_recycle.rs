@@ -1,0 +1,182 @@
+//! VMM page recycling on a real GPU: a page moved with `Driver::remap` keeps its physical
+//! memory (its bytes move with it), and recycling a hole's pages behind a new block leaves the
+//! live neighbours' bytes intact, also while a kernel queued before the free still reads the
+//! freed block (the pool synchronizes before it unmaps).
+//! Run on a machine with CUDA: `cargo test -p cupool-pool --release --test gpu_recycle -- --ignored`.
+mod common;
+
+use cudarc::driver::{sys, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cupool_pool::driver::cuda::CudaDriver;
+use cupool_pool::driver::Driver;
+use cupool_pool::pools::VmmPool;
+use cupool_pool::upstream::vmm::VmmConfig;
+use cupool_pool::{synchronize, Pool, PoolBuffer, Purge};
+use std::sync::Arc;
+
+const SRC: &str = r#"
+extern "C" __global__ void fill(unsigned int *p, unsigned int v, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
+        p[i] = v ^ (unsigned int)i;
+}
+extern "C" __global__ void check(const unsigned int *p, unsigned int v, unsigned long long n, unsigned int *bad) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
+        if (p[i] != (v ^ (unsigned int)i)) atomicAdd(bad, 1u);
+}
+"#;
+
+const MIB: usize = 1 << 20;
+
+fn cfg(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(256).clamp(1, 4096), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+struct Kernels {
+    stream: Arc<CudaStream>,
+    fill: CudaFunction,
+    check: CudaFunction,
+}
+
+fn kernels(drv: &CudaDriver) -> Kernels {
+    let ptx = compile_ptx_with_opts(
+        SRC,
+        CompileOptions {
+            arch: Some("compute_90"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let module = drv.context().load_module(ptx).unwrap();
+    Kernels {
+        stream: drv.context().default_stream(),
+        fill: module.load_function("fill").unwrap(),
+        check: module.load_function("check").unwrap(),
+    }
+}
+
+impl Kernels {
+    fn fill(&self, buf: &PoolBuffer<u32>, tag: u32) {
+        let n = buf.len() as u64;
+        let mut b = self.stream.launch_builder(&self.fill);
+        b.arg(buf).arg(&tag).arg(&n);
+        // SAFETY: writes `n` u32 into a live buffer of exactly that length.
+        unsafe { b.launch(cfg(buf.len())) }.unwrap();
+    }
+
+    fn check(&self, buf: &PoolBuffer<u32>, tag: u32, bad: &cudarc::driver::CudaSlice<u32>) {
+        let n = buf.len() as u64;
+        let mut b = self.stream.launch_builder(&self.check);
+        b.arg(buf).arg(&tag).arg(&n).arg(bad);
+        // SAFETY: reads `n` u32 from a live buffer of that length, adds to a one-element counter.
+        unsafe { b.launch(cfg(buf.len())) }.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_remap_moves_a_page_with_its_bytes() {
+    if common::no_gpu() {
+        return;
+    }
+    let drv = CudaDriver::new(0).unwrap();
+    drv.context().bind_to_thread().unwrap();
+    let gran = drv.granularity().unwrap();
+    let base = drv.reserve(4 * gran, 0).unwrap();
+    let handle = drv.map(base, gran).unwrap();
+    // SAFETY: sets the bytes of the page just mapped, on the bound context.
+    unsafe { sys::cuMemsetD8_v2(base, 0x5A, gran) }
+        .result()
+        .unwrap();
+    drv.synchronize_device().unwrap();
+    let to = base + 2 * gran as u64;
+    drv.remap(base, to, gran, handle).unwrap();
+    let mut got = vec![0u8; gran];
+    // SAFETY: copies the moved page (mapped at `to`, `gran` bytes) into a buffer of that size.
+    unsafe { sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), to, gran) }
+        .result()
+        .unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0x5A),
+        "the bytes moved with the page"
+    );
+    // A move onto a mapped range is refused and leaves the page where it was.
+    let other = drv.map(base, gran).unwrap();
+    assert!(drv.remap(to, base, gran, handle).is_err());
+    // SAFETY: reads the page still mapped at `to`.
+    unsafe { sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), to, gran) }
+        .result()
+        .unwrap();
+    assert!(got.iter().all(|&b| b == 0x5A), "still mapped at its place");
+    drv.unmap(base, gran, other).unwrap();
+    drv.unmap(to, gran, handle).unwrap();
+    drv.release_reservation(base, 4 * gran).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_recycling_keeps_live_neighbours_and_queued_kernels_safe() {
+    if common::no_gpu() {
+        return;
+    }
+    let drv = CudaDriver::new(0).unwrap();
+    let k = kernels(&drv);
+    let drv: Arc<dyn Driver> = Arc::new(drv);
+    let config = VmmConfig {
+        min_grow: 0,
+        max_grow: 0,
+        large_rounding: 2 * MIB,
+        recycle: true,
+        ..VmmConfig::default()
+    };
+    let pool: Arc<dyn Pool> = Arc::new(VmmPool::with_config(drv.clone(), config).unwrap());
+    let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
+    let elems = |mib: usize| mib * MIB / 4;
+    // The KV-cache pattern, many times: each round a block is replaced by a larger one while
+    // its neighbours stay live, and the old one is freed with a check still queued on it.
+    let mut live: Vec<(PoolBuffer<u32>, u32)> = Vec::new();
+    for i in 0..8u32 {
+        let b = PoolBuffer::<u32>::alloc(&pool, elems(8)).unwrap();
+        k.fill(&b, i);
+        live.push((b, i));
+    }
+    for round in 0..24u32 {
+        let i = (round as usize * 3) % live.len();
+        let (old, tag) = live.swap_remove(i);
+        let grown = old.len() + elems(2) + 1;
+        let new = PoolBuffer::<u32>::alloc(&pool, grown).unwrap();
+        k.fill(&new, 100 + round);
+        // Read the old one after the new one is written, then free it: the read is queued
+        // when its pages become free to move.
+        k.check(&old, tag, &bad);
+        drop(old);
+        live.push((new, 100 + round));
+    }
+    for (b, tag) in &live {
+        k.check(b, *tag, &bad);
+    }
+    let mismatches = k.stream.clone_dtoh(&bad).unwrap()[0];
+    let s = pool.stats();
+    eprintln!(
+        "{}: recycling: mismatches {mismatches}, peak live {} MiB, peak reserved {} MiB, calls {:?}",
+        drv.name(),
+        s.live_peak_bytes / MIB,
+        s.reserved_peak_bytes / MIB,
+        s.calls
+    );
+    assert_eq!(mismatches, 0, "a live block lost its bytes");
+    assert!(s.calls.remaps > 0 && s.calls.syncs > 0, "{:?}", s.calls);
+    assert!(
+        s.reserved_peak_bytes as f64 <= 1.25 * s.live_peak_bytes as f64,
+        "{} reserved for {} live",
+        s.reserved_peak_bytes,
+        s.live_peak_bytes
+    );
+    drop(live);
+    let token = synchronize(drv.as_ref()).unwrap();
+    pool.purge(&token, Purge::All).unwrap();
+    assert_eq!(pool.stats().reserved_bytes, 0);
+}
