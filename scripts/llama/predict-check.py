@@ -56,6 +56,8 @@ def seed(a, case: dict, label: str, pool: str, purge: str, *, prompt: int = None
     cmd = [sys.executable, str(HERE / "seed.py"), "--bin", a.bin, "--model", case["gguf"],
            "--out", str(Path(a.out) / case["name"]), "--timeout", str(a.timeout)]
     cmd += ["--ctx", str(n)] if sweep else ["--bench", "llama-bench", "--prompt", str(n), "--reps", "1"]
+    for e in a.env:
+        cmd += ["--env", e]
     run_name = f"{case['name']}-{label}-{'c' if sweep else 'p'}{n}"
     subprocess.run(cmd + [f"{run_name}:{pool}:{purge}@{case['free']}"], check=False)
 
@@ -74,7 +76,7 @@ def run(a) -> None:
         if case["ctx"] is None:
             continue
         at = plan(a, case, case["ctx"])
-        at["check"] = {"pool": a.pool, "purge": a.purge, "ctx": case["ctx"], "engine": a.engine}
+        at["check"] = {"pool": a.pool, "purge": a.purge, "ctx": case["ctx"], "engine": a.engine, "env": a.env}
         if a.fix:
             pool, purge = a.fix.split(":")
             at["fix"] = {"pool": pool, "purge": purge, "fits": plan(a, case, case["ctx"], pool, purge)["fits"]}
@@ -183,7 +185,9 @@ def main() -> None:
     r.add_argument("--repro", required=True, help="the repro-prefill binary")
     r.add_argument("--out", required=True)
     r.add_argument("--timeout", type=int, default=240)
-    r.add_argument("--engine", default="llama", choices=["llama", "ik-llama"], help="the engine profile to plan with")
+    r.add_argument("--engine", default="llama", choices=["llama", "llama-b8833", "ik-llama"],
+                   help="the engine profile to plan with (llama-b8833 for mainline with CUPOOL_FA_KV=pool)")
+    r.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for every engine run (seed.py)")
     r.add_argument("--pool", default="vmm")
     r.add_argument("--purge", default="auto")
     r.add_argument("--fix", metavar="POOL:PURGE", help="with a CASE's CTX: also run that context under this")
