@@ -24,6 +24,10 @@
 //   CUPOOL_VMM_ROUND_LARGE (a power of two from 128 to 1073741824 (bytes)): the VMM pool rounds
 //       requests above 1 MiB up to this power of two. Unset: 2097152 (the 2 MiB granule, for a
 //       framework's traffic).
+//   CUPOOL_VMM_RECYCLE=1|0|true|false|yes|no|on|off: the VMM pool moves the free 2 MiB pages of its
+//       holes to where it must grow, after one synchronize of its stream, instead of mapping new
+//       memory: the least footprint for out-of-order frees, at the cost of driver calls and
+//       synchronizes when it grows. Unset: on (a framework frees out of order).
 //   CUPOOL_DEVICE=cuda|sim|auto: libcupool's devices: every CUDA device, simulated cards, or cuda
 //       if present (auto). Unset: auto.
 //   CUPOOL_SIM_GIB (a number of GiB above 0 and up to 262144): each simulated card's memory. Unset:

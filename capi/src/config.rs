@@ -99,7 +99,9 @@ impl Config {
             pool.vmm.large_rounding = ROUND_LARGE;
         }
         // A framework frees out of order: the VMM pool recycles the pages of its holes.
-        pool.vmm.recycle = true;
+        if !pairs.contains_key("CUPOOL_VMM_RECYCLE") {
+            pool.vmm.recycle = true;
+        }
         if !pairs.contains_key("CUPOOL_SIZE_CLASSES")
             && matches!(pool.kind, None | Some(PoolKind::Vmm))
         {

@@ -322,9 +322,10 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub size_classes: Option<String>,
     /// VMM page recycling: on (libcupool's default, for a framework's traffic) or off (the
-    /// library's default, ggml's mapping: what `repro-prefill run` simulates).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-    pub recycle: String,
+    /// library's default, ggml's mapping: what `repro-prefill run` simulates). Default
+    /// CUPOOL_VMM_RECYCLE, else on.
+    #[arg(long, value_parser = ["on", "off"])]
+    pub recycle: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: FormatArg,

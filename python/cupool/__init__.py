@@ -35,6 +35,7 @@ OPTIONS = {
     "sim_gib": "CUPOOL_SIM_GIB",
     "sim_devices": "CUPOOL_SIM_DEVICES",
     "vmm_round_large": "CUPOOL_VMM_ROUND_LARGE",
+    "vmm_recycle": "CUPOOL_VMM_RECYCLE",
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",

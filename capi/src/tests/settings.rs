@@ -205,7 +205,11 @@ fn libcupool_names_and_defaults_are_the_table_s() {
         c.pool.size_classes,
         [number("CUPOOL_SIZE_CLASSES", FrontEnd::Libcupool)]
     );
+    assert!(c.pool.vmm.recycle);
+    assert!(default("CUPOOL_VMM_RECYCLE", FrontEnd::Libcupool).starts_with("on "));
     let lib = PoolConfig::default();
+    assert!(!lib.vmm.recycle);
+    assert_eq!(default("CUPOOL_VMM_RECYCLE", FrontEnd::Library), "off");
     assert_eq!(
         lib.vmm.large_rounding,
         number("CUPOOL_VMM_ROUND_LARGE", FrontEnd::Library)
@@ -489,4 +493,19 @@ fn the_kind_list_scanner_reads_the_house_spellings() {
     }
     assert!(kind_lists("the vmm pool, then legacy").is_empty());
     assert!(kind_lists("vmm, legacy, legacy with 4 slots").is_empty());
+}
+
+#[test]
+fn vmm_recycling_follows_its_setting_and_refuses_a_bad_value() {
+    let off = Config::parse(Some("CUPOOL_VMM_RECYCLE=off")).unwrap();
+    assert!(!off.pool.vmm.recycle);
+    let on = Config::parse(Some("CUPOOL_VMM_RECYCLE=1")).unwrap();
+    assert!(on.pool.vmm.recycle);
+    let err = Config::parse(Some("CUPOOL_VMM_RECYCLE=sometimes"))
+        .unwrap_err()
+        .text;
+    assert!(
+        err.contains("CUPOOL_VMM_RECYCLE") && err.contains("off"),
+        "{err}"
+    );
 }

@@ -36,7 +36,11 @@ pub fn replay(a: ReplayArgs) -> ExitCode {
     let config = match PoolConfig::from_env() {
         Ok(mut c) => {
             c.kind = Some(a.pool);
-            c.vmm.recycle = a.recycle == "on";
+            match a.recycle.as_deref() {
+                Some(r) => c.vmm.recycle = r == "on",
+                None if std::env::var_os("CUPOOL_VMM_RECYCLE").is_none() => c.vmm.recycle = true,
+                None => {} // from_env read it
+            }
             if let Some(r) = a.round_large {
                 c.vmm.large_rounding = r;
             }

@@ -89,6 +89,18 @@ pub const SETTINGS: &[Setting] = &[
         doc: "the VMM pool rounds requests above 1 MiB up to this power of two",
     },
     Setting {
+        name: "CUPOOL_VMM_RECYCLE",
+        accepts: Bool,
+        read_by: &[
+            by(Library, "off"),
+            by(Cli, "on (replay --recycle overrides)"),
+            by(Libcupool, "on (a framework frees out of order)"),
+        ],
+        keyword: Some("vmm_recycle"),
+        env_only: false,
+        doc: "the VMM pool moves the free 2 MiB pages of its holes to where it must grow, after one synchronize of its stream, instead of mapping new memory: the least footprint for out-of-order frees, at the cost of driver calls and synchronizes when it grows",
+    },
+    Setting {
         name: "CUPOOL_DEVICE",
         accepts: OneOf(&["cuda", "sim", "auto"]),
         read_by: &[
