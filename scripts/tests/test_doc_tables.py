@@ -41,4 +41,8 @@ def test_the_sleep_and_wake_table_is_its_run():
 
 
 def test_the_threads_tables_are_their_runs():
-    check("--threads", "data/h100-2026-11-25-threads")
+    check("--threads", "data/h100-2026-11-25-threads-2")
+
+
+def test_the_page_recycling_tables_are_their_run():
+    check("data/h100-2026-11-25-recycle/prefill.jsonl")
