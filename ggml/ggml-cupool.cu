@@ -217,6 +217,10 @@ void ggml_cupool_startup() {
     resolve(lib, api.record_stop, "cupool_record_stop");
     resolve(lib, api.phase_begin, "cupool_phase_begin");
     resolve(lib, api.last_error, "cupool_last_error");
+    // ggml frees in stack order within a stream, so VMM page recycling would buy little here,
+    // and CUDA graphs capture pool allocations: the synchronize recycling needs may not run
+    // inside a capture. Off unless the user asks for it.
+    setenv("CUPOOL_VMM_RECYCLE", "off", 0);
     if (api.init(nullptr) != CUPOOL_STATUS_OK) {
         fail(std::string("libcupool refused the configuration: ") + api.last_error());
     }

@@ -27,7 +27,8 @@
 //   CUPOOL_VMM_RECYCLE=1|0|true|false|yes|no|on|off: the VMM pool moves the free 2 MiB pages of its
 //       holes to where it must grow, after one synchronize of its stream, instead of mapping new
 //       memory: the least footprint for out-of-order frees, at the cost of driver calls and
-//       synchronizes when it grows. Unset: on (a framework frees out of order).
+//       synchronizes when it grows. Unset: off (ggml frees in stack order, and a CUDA graph capture
+//       may not be synchronized).
 //   CUPOOL_DEVICE=cuda|sim|auto: libcupool's devices: every CUDA device, simulated cards, or cuda
 //       if present (auto). Unset: auto.
 //   CUPOOL_SIM_GIB (a number of GiB above 0 and up to 262144): each simulated card's memory. Unset:

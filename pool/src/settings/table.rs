@@ -95,6 +95,7 @@ pub const SETTINGS: &[Setting] = &[
             by(Library, "off"),
             by(Cli, "on (replay --recycle overrides)"),
             by(Libcupool, "on (a framework frees out of order)"),
+            by(Shim, "off (ggml frees in stack order, and a CUDA graph capture may not be synchronized)"),
         ],
         keyword: Some("vmm_recycle"),
         env_only: false,
