@@ -128,9 +128,6 @@ impl PoolConfig {
         if let Some(v) = get("CUPOOL_SIZE_CLASSES") {
             c.size_classes = parse_size_classes(&v)?;
         }
-        if let Some(v) = get("CUPOOL_VMM_RECYCLE") {
-            c.vmm.recycle = parse_bool("CUPOOL_VMM_RECYCLE", &v)?;
-        }
         if let Some(v) = get("CUPOOL_VMM_ROUND_LARGE") {
             c.vmm.large_rounding = v.trim().parse().map_err(|_| {
                 InvalidConfig::new(
@@ -140,6 +137,9 @@ impl PoolConfig {
                 )
             })?;
             c.vmm.validate()?;
+        }
+        if let Some(v) = get("CUPOOL_VMM_RECYCLE") {
+            c.vmm.recycle = parse_bool("CUPOOL_VMM_RECYCLE", &v)?;
         }
         Ok(c)
     }
