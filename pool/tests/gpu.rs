@@ -3,8 +3,7 @@
 //! Run on a machine with CUDA: `cargo test -p cupool-pool --test gpu -- --ignored`.
 mod common;
 
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::driver::PushKernelArg;
 use cupool_pool::adaptors::ManagedFallback;
 use cupool_pool::driver::cuda::CudaDriver;
 use cupool_pool::driver::limit::LimitedDriver;
@@ -14,49 +13,8 @@ use cupool_pool::pools::{LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, V
 use cupool_pool::{synchronize, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 
-const SRC: &str = r#"
-extern "C" __global__ void fill(unsigned int *p, unsigned int v, unsigned long long n) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
-        p[i] = v ^ (unsigned int)i;
-}
-extern "C" __global__ void check(const unsigned int *p, unsigned int v, unsigned long long n, unsigned int *bad) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
-        if (p[i] != (v ^ (unsigned int)i)) atomicAdd(bad, 1u);
-}
-"#;
-
-const MIB: usize = 1 << 20;
-
-fn cfg(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(256).clamp(1, 4096), 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-struct Kernels {
-    stream: Arc<CudaStream>,
-    fill: CudaFunction,
-    check: CudaFunction,
-}
-
-fn kernels(drv: &CudaDriver) -> Kernels {
-    let ptx = compile_ptx_with_opts(
-        SRC,
-        CompileOptions {
-            arch: Some("compute_90"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let module = drv.context().load_module(ptx).unwrap();
-    Kernels {
-        stream: drv.context().default_stream(),
-        fill: module.load_function("fill").unwrap(),
-        check: module.load_function("check").unwrap(),
-    }
-}
+use common::kernels::{cfg, kernels, Kernels};
+use common::MIB;
 
 fn exercise(name: &str, pool: Arc<dyn Pool>, k: &Kernels) {
     let bad = k.stream.alloc_zeros::<u32>(1).unwrap();

@@ -5,8 +5,7 @@
 //! Run on a machine with CUDA: `cargo test -p cupool-pool --release --test gpu_recycle -- --ignored`.
 mod common;
 
-use cudarc::driver::{sys, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::driver::{sys, PushKernelArg};
 use cupool_pool::driver::cuda::CudaDriver;
 use cupool_pool::driver::Driver;
 use cupool_pool::pools::VmmPool;
@@ -14,49 +13,8 @@ use cupool_pool::upstream::vmm::VmmConfig;
 use cupool_pool::{synchronize, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 
-const SRC: &str = r#"
-extern "C" __global__ void fill(unsigned int *p, unsigned int v, unsigned long long n) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
-        p[i] = v ^ (unsigned int)i;
-}
-extern "C" __global__ void check(const unsigned int *p, unsigned int v, unsigned long long n, unsigned int *bad) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x)
-        if (p[i] != (v ^ (unsigned int)i)) atomicAdd(bad, 1u);
-}
-"#;
-
-const MIB: usize = 1 << 20;
-
-fn cfg(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: ((n as u32).div_ceil(256).clamp(1, 4096), 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-struct Kernels {
-    stream: Arc<CudaStream>,
-    fill: CudaFunction,
-    check: CudaFunction,
-}
-
-fn kernels(drv: &CudaDriver) -> Kernels {
-    let ptx = compile_ptx_with_opts(
-        SRC,
-        CompileOptions {
-            arch: Some("compute_90"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let module = drv.context().load_module(ptx).unwrap();
-    Kernels {
-        stream: drv.context().default_stream(),
-        fill: module.load_function("fill").unwrap(),
-        check: module.load_function("check").unwrap(),
-    }
-}
+use common::kernels::{cfg, kernels, Kernels};
+use common::MIB;
 
 impl Kernels {
     fn fill(&self, buf: &PoolBuffer<u32>, tag: u32) {

@@ -1,4 +1,6 @@
 #![allow(dead_code)]
+#[cfg(test)]
+pub mod kernels;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
 use std::sync::Arc;
