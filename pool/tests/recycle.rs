@@ -25,22 +25,6 @@ fn vmm(dev: Arc<dyn Driver>) -> VmmPool {
     .unwrap()
 }
 
-fn fill(b: &Block, seed: u8) {
-    // SAFETY: a live block of a backed simulated device: `size` writable host bytes.
-    let s = unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut u8, b.size()) };
-    for (i, x) in s.iter_mut().enumerate() {
-        *x = seed.wrapping_add((i % 251) as u8);
-    }
-}
-
-fn holds(b: &Block, seed: u8) -> bool {
-    // SAFETY: as in `fill`, read only.
-    let s = unsafe { std::slice::from_raw_parts(b.ptr() as *const u8, b.size()) };
-    s.iter()
-        .enumerate()
-        .all(|(i, &x)| x == seed.wrapping_add((i % 251) as u8))
-}
-
 /// The KV-cache pattern: a block freed between two live ones leaves a hole just too small for
 /// its successor. The successor grows the range, and the hole's four pages move behind it
 /// after one synchronize, so the pool holds one page more, not five; the neighbours keep

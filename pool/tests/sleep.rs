@@ -22,24 +22,6 @@ fn vmm(dev: Arc<dyn Driver>) -> VmmPool {
     .unwrap()
 }
 
-/// Fills `b` with bytes that depend on `seed` and the offset (the sim device's addresses are
-/// host addresses).
-fn fill(b: &Block, seed: u8) {
-    // SAFETY: a live block of a backed simulated device: `capacity` writable host bytes.
-    let s = unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut u8, b.size()) };
-    for (i, x) in s.iter_mut().enumerate() {
-        *x = seed.wrapping_add((i % 251) as u8);
-    }
-}
-
-fn holds(b: &Block, seed: u8) -> bool {
-    // SAFETY: as in `fill`, read only.
-    let s = unsafe { std::slice::from_raw_parts(b.ptr() as *const u8, b.size()) };
-    s.iter()
-        .enumerate()
-        .all(|(i, &x)| x == seed.wrapping_add((i % 251) as u8))
-}
-
 #[test]
 fn sleep_releases_everything_keeps_addresses_and_wake_restores_offloaded_bytes() {
     let dev = sim(1.0);

@@ -33,3 +33,22 @@ pub fn no_gpu() -> bool {
     eprintln!("skipped: {why}");
     true
 }
+
+/// Fills `b` with bytes that depend on `seed` and the offset (the simulated device's addresses
+/// are host addresses).
+pub fn fill(b: &cupool_pool::Block, seed: u8) {
+    // SAFETY: a live block of a backed simulated device: `size` writable host bytes.
+    let s = unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut u8, b.size()) };
+    for (i, x) in s.iter_mut().enumerate() {
+        *x = seed.wrapping_add((i % 251) as u8);
+    }
+}
+
+/// Whether `b` still holds what `fill(b, seed)` wrote.
+pub fn holds(b: &cupool_pool::Block, seed: u8) -> bool {
+    // SAFETY: as in `fill`, read only.
+    let s = unsafe { std::slice::from_raw_parts(b.ptr() as *const u8, b.size()) };
+    s.iter()
+        .enumerate()
+        .all(|(i, &x)| x == seed.wrapping_add((i % 251) as u8))
+}
