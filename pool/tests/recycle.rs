@@ -11,10 +11,17 @@ use cupool_pool::{synchronize, Block, Pool, PoolError, Purge};
 use proptest::prelude::*;
 use std::sync::Arc;
 
+/// A recycling pool whose pages are one granule (2 MiB on the simulated card), unless a test
+/// asks for longer ones with [`vmm_pages`].
 fn vmm(dev: Arc<dyn Driver>) -> VmmPool {
+    vmm_pages(dev, 2 * MIB)
+}
+
+fn vmm_pages(dev: Arc<dyn Driver>, page: usize) -> VmmPool {
     VmmPool::with_config(
         dev,
         VmmConfig {
+            recycle_page: page,
             min_grow: 0,
             max_grow: 0,
             large_rounding: 2 * MIB,
@@ -87,6 +94,47 @@ fn a_hole_s_pages_move_behind_a_larger_successor_after_one_synchronize() {
 
 /// A pool whose free memory is small next to what it holds creates memory instead of paying a
 /// synchronize; a block that fits a hole never synchronizes either.
+/// Pages longer than a granule (libcupool's 8 MiB) move whole: the hole's one page goes behind
+/// its larger successor in one move, the successor's tail gets a page of its own; a block that
+/// lands among long free pages afterwards holds no more memory than before.
+#[test]
+fn long_pages_move_whole_and_one_too_long_for_a_gap_is_traded() {
+    let dev = sim(1.0);
+    let p = vmm_pages(as_driver(&dev), 8 * MIB);
+    let y = p.alloc(2 * MIB).unwrap();
+    let a = p.alloc(8 * MIB).unwrap();
+    let b = p.alloc(8 * MIB).unwrap();
+    let c = p.alloc(8 * MIB).unwrap();
+    fill(&a, 1);
+    fill(&c, 3);
+    p.free(b).unwrap();
+    let before = p.stats();
+    let d = p.alloc(10 * MIB).unwrap();
+    fill(&d, 4);
+    let s = p.stats();
+    assert_eq!(
+        s.calls.remaps - before.calls.remaps,
+        1,
+        "b's one page moved"
+    );
+    assert_eq!(s.calls.maps - before.calls.maps, 1, "one page for the tail");
+    assert_eq!(s.reserved_bytes, before.reserved_bytes + 2 * MIB);
+    assert_eq!(dev.ledger().device_bytes, s.reserved_bytes);
+    // Free a's page and d's two: a 6 MiB block lands among them.
+    p.free(a).unwrap();
+    p.free(d).unwrap();
+    let before = p.stats();
+    let e = p.alloc(6 * MIB).unwrap();
+    fill(&e, 5);
+    let s = p.stats();
+    assert!(s.reserved_bytes <= before.reserved_bytes, "{s:?}");
+    assert_eq!(dev.ledger().device_bytes, s.reserved_bytes);
+    assert!(holds(&c, 3) && holds(&e, 5));
+    for x in [c, e, y] {
+        p.free(x).unwrap();
+    }
+}
+
 #[test]
 fn little_free_memory_or_a_fitting_hole_costs_no_synchronize() {
     let dev = sim(1.0);

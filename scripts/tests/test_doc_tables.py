@@ -46,3 +46,7 @@ def test_the_threads_tables_are_their_runs():
 
 def test_the_page_recycling_tables_are_their_run():
     check("data/h100-2026-11-25-recycle/prefill.jsonl")
+
+
+def test_the_recycling_pages_tables_are_their_runs():
+    check("data/h100-2026-11-25-recycle-pages/prefill.jsonl")

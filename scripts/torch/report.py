@@ -12,7 +12,7 @@ from collections import defaultdict
 MICRO = len(sys.argv) == 3 and sys.argv[1] == "--micro"
 SLEEP = len(sys.argv) == 3 and sys.argv[1] == "--sleep"
 THREADS = len(sys.argv) == 3 and sys.argv[1] == "--threads"
-ORDER = ["native", "expandable", "async", "cupool", "cupool-mempool"]
+ORDER = ["native", "expandable", "async", "cupool", "cupool-before", "cupool-mempool"]
 runs = defaultdict(list)
 for path in ([] if MICRO or SLEEP or THREADS else sys.argv[1:]):
     for line in open(path):
@@ -44,7 +44,7 @@ for model in sorted({m for m, _ in runs}):
             print(f"| {a} | {len(rs)} | out of memory | | | | |")
             continue
         for r in ok:
-            r["reserved"] = r.get("cupool_peak_reserved_mib") if a == "cupool" else r.get("peak_reserved_mib")
+            r["reserved"] = r.get("cupool_peak_reserved_mib") if a.startswith("cupool") else r.get("peak_reserved_mib")
             r["ratio"] = r["driver_peak_mib"] / alloc
         print(f"| {a} | {len(ok)} | {cell(ok, 'reserved')} | {cell(ok, 'driver_peak_mib')} | {cell(ok, 'ratio', '{:.3f}')} "
               f"| {cell(ok, 'prefill_tok_s')} | {cell(ok, 'decode_tok_s', '{:.1f}')} |")

@@ -95,6 +95,8 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                     max_grow: 0,
                     large_rounding: 2 << 20,
                     recycle: true,
+                    // Three granules: pages of several sizes move, tails take smaller ones.
+                    recycle_page: 6 << 20,
                 },
             )
             .expect("valid settings"),

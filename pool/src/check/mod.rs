@@ -260,10 +260,23 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
                 let all = pool.alloc(s.reserved_bytes).map_err(|e| {
                     format!("{flavor:?}: the free mapped range is not reusable: {e}")
                 })?;
-                ensure!(
-                    pool.stats().calls.maps == s.calls.maps,
-                    "{flavor:?}: space was lost below the top"
-                );
+                if flavor == Flavor::VmmExactGrowth {
+                    // Pages move, and one too long for a gap is traded for a new one: the
+                    // memory held grows by less than a page at each end of the block, the part
+                    // of a page that straddles it (pages of one granule never straddle).
+                    let slack = 2 * ((6 << 20) - (2 << 20));
+                    ensure!(
+                        pool.stats().reserved_bytes <= s.reserved_bytes + slack,
+                        "{flavor:?}: space was lost below the top: {} bytes reserved after one block of all {} free",
+                        pool.stats().reserved_bytes,
+                        s.reserved_bytes
+                    );
+                } else {
+                    ensure!(
+                        pool.stats().calls.maps == s.calls.maps,
+                        "{flavor:?}: space was lost below the top"
+                    );
+                }
                 pool.free(all).map_err(|e| e.to_string())?;
             }
         }

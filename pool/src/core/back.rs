@@ -65,11 +65,44 @@ impl Ctx {
                 }
             }
         }
-        let r = g
+        let mut r = g
             .upstream
             .back(fit.addr, fit.capacity, &donors, &mut g.tracker.s.calls);
+        if matches!(&r, Err(e) if e.is_oom()) && g.upstream.recycles() {
+            r = self.shed_and_retry(g, fit).unwrap_or(r);
+        }
         self.settle(g);
         r
+    }
+
+    /// Out of memory while backing `fit` in a recycling pool: pages too long to move into its
+    /// gaps, or straddling its edge into free space, may hold what it needs. (Without
+    /// recycling the pool keeps ggml's behaviour, which the engine profiles predict.) After a synchronize, every page wholly
+    /// inside the free ranges and the block's own range goes back to the device, and the block
+    /// is backed once more; `None` if nothing could be released.
+    #[cold]
+    fn shed_and_retry<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        fit: Fit,
+    ) -> Option<Result<(), DriverError>> {
+        let (mut spans, freed_at) = g.placement.free_spans();
+        if !self.driver.epoch().idle_since(freed_at) {
+            if let Err(e) = self.sync(g) {
+                tracing::warn!(pool = %self.kind, error = %e, "synchronize failed; cannot release free pages for a block that does not fit");
+                return None;
+            }
+        }
+        spans.push((fit.addr, fit.capacity));
+        let gone = g.upstream.shed(&spans, &mut g.tracker.s.calls);
+        if gone == 0 {
+            return None;
+        }
+        tracing::debug!(pool = %self.kind, released = gone, "out of memory backing a block; released free pages and retrying");
+        Some(
+            g.upstream
+                .back(fit.addr, fit.capacity, &[], &mut g.tracker.s.calls),
+        )
     }
 
     /// Brings the reserved count to what an upstream that reports it holds.

@@ -71,6 +71,15 @@ pub trait Upstream: Send + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Releases every page lying wholly inside `unused` (address, length: free ranges and the
+    /// range of a block not yet handed out, none of it in use after a synchronize); the bytes
+    /// given back. The core's last resort when backing a block ran out of memory while pages
+    /// too long to move, or straddling the block's edge, held what it needed.
+    fn shed(&mut self, unused: &[(u64, usize)], calls: &mut DriverCalls) -> usize {
+        let _ = (unused, calls);
+        0
+    }
+
     /// Whether `seg` has no memory behind it at all (a growth whose backing failed).
     fn wholly_vacant(&self, seg: &Segment) -> bool {
         let _ = seg;

@@ -51,8 +51,11 @@ pub struct VmmReserve {
     space: AddressSpace,
     /// Growths since the last free: the amortised step is `min_grow << streak`.
     streak: u32,
-    /// Pages are created one granule each, so they can move: with [`VmmConfig::recycle`].
+    /// Pages are created in pieces of [`VmmReserve::page`] bytes, so they can move: with
+    /// [`VmmConfig::recycle`].
     granular: bool,
+    /// [`VmmConfig::recycle_page`] rounded to the granularity; set with it.
+    page: usize,
 }
 
 impl VmmReserve {
@@ -67,6 +70,7 @@ impl VmmReserve {
             reserve_len: 0,
             space: AddressSpace::default(),
             streak: 0,
+            page: 0,
         }
     }
 
@@ -124,9 +128,13 @@ impl VmmReserve {
             None => self.driver.mem_info()?.total,
         };
         self.granularity = gran;
-        match self.round(want) {
-            Ok(len) => {
+        match self
+            .round(want)
+            .and_then(|len| Ok((len, self.round(self.config.recycle_page)?)))
+        {
+            Ok((len, page)) => {
                 self.reserve_len = len;
+                self.page = page;
                 Ok(())
             }
             Err(e) => {
@@ -223,7 +231,7 @@ impl VmmReserve {
         donors: &mut Vec<DevicePtr>,
         calls: &mut DriverCalls,
     ) -> Result<recycle::Backed, DriverError> {
-        let page = if self.granular { self.granularity } else { 0 };
+        let page = if self.granular { self.page } else { 0 };
         let driver = self.driver.clone();
         self.space.back(driver.as_ref(), range, donors, page, calls)
     }
@@ -282,7 +290,7 @@ impl Upstream for VmmReserve {
         if !self.config.recycle || self.granularity == 0 {
             return false;
         }
-        !self.space.donor_pages(donors, self.granularity).is_empty()
+        !self.space.donor_pages(donors).is_empty()
     }
 
     fn back(
@@ -300,7 +308,7 @@ impl Upstream for VmmReserve {
         let mut pages = if donors.is_empty() {
             Vec::new()
         } else {
-            self.space.donor_pages(donors, self.granularity)
+            self.space.donor_pages(donors)
         };
         // A growth's new segment: memory created for it covers all of it (the amortised
         // step), as one growth used to map it all. Without recycling that is one page, tried
@@ -334,6 +342,11 @@ impl Upstream for VmmReserve {
             }
         }
         Ok(())
+    }
+
+    fn shed(&mut self, unused: &[(u64, usize)], calls: &mut DriverCalls) -> usize {
+        let driver = self.driver.clone();
+        self.space.shed(driver.as_ref(), unused, calls)
     }
 
     fn held(&self) -> Option<usize> {

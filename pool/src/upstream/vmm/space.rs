@@ -232,8 +232,10 @@ impl AddressSpace {
         }
     }
 
-    /// The vacant ranges inside `[from, to)`, each cut at reservation ends (a page lies in
-    /// one reservation).
+    /// The vacant ranges inside `[from, to)`, each cut at reservation ends and segment starts:
+    /// a page lies in one reservation, and in one segment, so releasing the last segment
+    /// unmaps every page behind it (a page reaching back into the segment before would stay
+    /// mapped under address space handed out again).
     pub(super) fn vacant_in(&self, from: DevicePtr, to: DevicePtr) -> Vec<(DevicePtr, DevicePtr)> {
         let mut runs: Vec<(DevicePtr, DevicePtr)> = Vec::new();
         if let Some((_, &e)) = self.vacant.range(..from).next_back() {
@@ -244,11 +246,18 @@ impl AddressSpace {
         runs.extend(self.vacant.range(from..to).map(|(&s, &e)| (s, e.min(to))));
         let mut out = Vec::with_capacity(runs.len());
         for (mut s, e) in runs {
-            for r in &self.reservations {
-                if r.base > s && r.base < e {
-                    out.push((s, r.base));
-                    s = r.base;
-                }
+            let mut cuts: Vec<DevicePtr> = self
+                .reservations
+                .iter()
+                .map(|r| r.base)
+                .chain(self.segs.iter().map(|&(p, _)| p))
+                .filter(|&c| c > s && c < e)
+                .collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            for c in cuts {
+                out.push((s, c));
+                s = c;
             }
             out.push((s, e));
         }
