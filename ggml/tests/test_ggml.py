@@ -124,6 +124,35 @@ def test_seed_reads_llama_bench_s_json_and_environment_pairs():
     assert seed.env_pair("GGML_CUDA_DISABLE_GRAPHS=1") == ("GGML_CUDA_DISABLE_GRAPHS", "1")
     with pytest.raises(Exception, match="NAME=VALUE"):
         seed.env_pair("GGML_CUDA_DISABLE_GRAPHS")
+    # -pg P,G: the prompt-and-generation test, whose tokens/s are over both
+    assert seed.prompt_gen("4064,64") == (4064, 64)
+    for bad in ("4064", "0,64", "4064,0", "a,b"):
+        with pytest.raises(Exception, match="P,G"):
+            seed.prompt_gen(bad)
+    pg = "[\n  {\n    \"n_prompt\": 4064,\n    \"n_gen\": 64,\n    \"avg_ts\": 5711.0,\n    \"samples_ts\": [ 5711.0 ]\n  }\n]\n"
+    assert seed.bench_result(pg, 4064, 64) == {"prompt": 4064, "gen": 64, "samples_tok_s": [5711.0], "tok_s": 5711.0}
+    assert seed.bench_result(pg, 4064)["prefill_tok_s"] is None
+
+
+def test_seed_counts_the_ubatches_before_the_first_failure():
+    """Mainline marks the end of the ubatch that failed too: the ubatches done are those whose
+    end cupool logged before the first out-of-memory report, and the kept runs say so."""
+    seed = module("scripts/llama/seed.py")
+    line = "cupool  INFO ubatch end ubatch={} device=0 peak_reserved=1 peak_live=1 released=0 synchronized=false\n"
+    out = line.format(1) + line.format(2) + "cupool: device 0, stream 0: allocating 81788928 bytes failed:\n" + line.format(3)
+    assert seed.ubatches_before_oom(out, 1) == 2
+    assert seed.ubatches_before_oom(out, 0) is None
+    assert seed.ubatches_before_oom(line.format(1), 1) is None
+    folder = os.path.join(ROOT, "data", "h100-2026-11-25-mainline-oom")
+    checked = 0
+    with tarfile.open(os.path.join(folder, "logs.tar.gz")) as logs:
+        for path in sorted(glob.glob(os.path.join(folder, "*", "runs.jsonl"))):
+            case = os.path.basename(os.path.dirname(path))
+            for r in map(json.loads, open(path)):
+                log = logs.extractfile(f"{case}/{r['name']}.log").read().decode(errors="replace")
+                assert seed.ubatches_before_oom(log, r["rc"]) == r["ubatches_before_oom"], r["name"]
+                checked += r["rc"] != 0
+    assert checked == 8
 
 
 def test_compare_traces_reports_what_only_one_side_takes(tmp_path):
@@ -388,15 +417,48 @@ def test_the_plan_still_gives_the_recorded_predictions():
     assert checked == 4
 
 
+def test_the_plan_still_gives_the_recorded_oom_tokens():
+    """As above for the out-of-memory check of data/h100-2026-11-25-mainline-oom: today's plan of
+    each case (legacy pool never purged, `--engine llama-b8833`) gives the token, pool reserve
+    and largest context recorded beside the engine's runs, or the check must be run again (a plan
+    that counts the driver's 2 MiB pages, say, changes them)."""
+    lib = os.environ.get("CUPOOL_LIB") or os.path.join(ROOT, "target", "release")
+    repro = os.path.join(lib if os.path.isdir(lib) else os.path.dirname(lib), "repro-prefill")
+    if not os.path.exists(repro):
+        pytest.skip(f"no {repro}: cargo build --release -p cupool-cli")
+    presets = {"phi3-f16": ("phi3-mini", "f16"), "llama3-q8": ("llama3-8b", "q8_0")}
+    checked = 0
+    for path in sorted(glob.glob(os.path.join(ROOT, "data", "h100-2026-11-25-mainline-oom", "*.plan.json"))):
+        want = json.load(open(path))
+        shape, free = os.path.basename(path).split(".")[0].rsplit("-", 1)
+        model, wtype = presets[shape]
+        out = subprocess.run(
+            [repro, "plan", "--device", "sim", "--model", model, "--weight-type", wtype, "--free", free, "--engine",
+             "llama-b8833", "-b", "2048", "-ub", "512", "-c", str(want["scenario"]["ctx"]), "--kv-type", "q8_0",
+             "--pool", want["pool"], "--purge", want["purge"], "--format", "json", "--quiet"],
+            capture_output=True, text=True)
+        assert out.returncode == (0 if want["fits"] else 3), out.stderr
+        got = json.loads(out.stdout)
+        for key in ("fits", "oom_at_token", "max_ctx_that_fits", "weights_bytes", "kv_bytes", "compute_bytes",
+                    "pool_peak_reserved_bytes", "pool_driver_mallocs", "peak_device_bytes"):
+            assert got[key] == want[key], f"{os.path.basename(path)}: {key} {got[key]} != recorded {want[key]}"
+        checked += 1
+    assert checked == 6
+
 def test_the_oom_token_report_reads_sweeps_and_prompts(tmp_path):
     """predict-check.py's report-oom: a sweep's last KV length plus a ubatch, or a prompt's ubatch
     lines counted within its pass, is where the run died; the plan's token and the fix beside it."""
     pc = module("scripts/llama/predict-check.py")
     sweep = {"rc": 1, "rows": [{"n_kv": 512}], "last_n_kv": 8704, "ubatches": []}
     assert pc.real_oom_token(sweep) == 9216
-    # a 4,096-token prompt (8 ubatches): the warm-up's 8 done, then 3 of the measured pass
-    prompt = {"rc": 1, "rows": [], "prompt": 4096, "ubatches": [{}] * 11}
-    assert pc.real_oom_token(prompt) == 4 * 512
+    # a 4,096-token prompt (8 ubatches): the warm-up's 8 done, then 3 of the measured pass before
+    # the failure (the plan's token: what was processed before the failing ubatch)
+    prompt = {"rc": 1, "rows": [], "prompt": 4096, "ubatches": [{}] * 12, "ubatches_before_oom": 11,
+              "failed_at": "compute"}
+    assert pc.real_oom_token(prompt) == 3 * 512
+    assert pc.outcome(prompt) == "dies at token 1,536"
+    # the first ubatch of the warm-up: the first compute
+    assert pc.outcome(dict(prompt, ubatches_before_oom=0)) == "dies at the first compute"
     assert pc.real_oom_token({"rc": 0}) is None
     case = tmp_path / "phi3-12"
     case.mkdir()
@@ -411,3 +473,71 @@ def test_the_oom_token_report_reads_sweeps_and_prompts(tmp_path):
                           str(tmp_path)], capture_output=True, text=True, check=True).stdout
     assert ("| phi3-12 | ik-llama, `legacy`, `never` | 12 GiB | 20,480 | dies at token 9,216 | dies at token 9,216 "
             "| `legacy`, `auto` | completes | completes |") in out, out
+
+
+def test_the_mainline_oom_tables_in_the_docs_are_their_data_s():
+    """docs/repro-prefill.md's tables of where mainline runs die (plan against engine, the room
+    behind it, the largest context) are what predict-check.py makes of the kept run, and the
+    prose around them says what the data says: each real token within one ubatch of the plan's,
+    every fix completing, the plan's pool reserve equal to the engine's where both reach the same
+    allocation, the room within 8 MiB, each later drop of the free memory whole 2 MiB pages, and
+    a largest context dying exactly where the plan's margin was below that rounding."""
+    folder = "data/h100-2026-11-25-mainline-oom"
+    pc = module("scripts/llama/predict-check.py")
+    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
+    for cmd, markers in (("report-oom", ["predict-oom", "predict-oom-room"]), ("report", ["predict-check"])):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "predict-check.py"), cmd, folder],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        for marker in markers:
+            block = re.search(rf"<!-- {marker}: begin.*?<!-- {marker}: end -->", out, re.S).group(0)
+            assert block in docs, f"docs/repro-prefill.md's {marker} table differs from {folder}: " \
+                                  f"python3 scripts/llama/predict-check.py {cmd} {folder}"
+            assert block.count("\n| ") == {"predict-oom-room": 7}.get(marker, 4), f"{marker}: a header and the runs"
+    data = os.path.join(ROOT, folder)
+    exact, same_reserve, rounding, rooms = 0, 0, [], []
+    for path in sorted(glob.glob(os.path.join(data, "*.plan.json"))):
+        ctx = path.endswith(".ctx.plan.json")
+        case = os.path.basename(path).split(".")[0]
+        plan = json.load(open(path))
+        runs = [json.loads(x) for x in open(os.path.join(data, case, "runs.jsonl"))]
+        run = next(r for r in runs if ("-ctx-" if ctx else "-fits-") in r["name"])
+        n_ub = -(-run["prompt"] // pc.UBATCH)
+        if run["rc"] != 0:
+            assert run["ubatches_before_oom"] < n_ub, f"{run['name']}: died in the warm-up"
+        if ctx:
+            real = pc.real_oom_token(run)
+            assert abs(real - plan["oom_at_token"]) <= pc.UBATCH, run["name"]
+            exact += real == plan["oom_at_token"]
+            assert next(r for r in runs if "-fix-" in r["name"])["rc"] == 0 and plan["fix"]["fits"]
+        row = [c.strip() for c in pc.room_row(plan, run).split("|")]
+        room, real_room, reserve, real_reserve, extra = (float(c.replace(",", "")) for c in row[2:7])
+        pages, _, drops = row[7].split()
+        assert pages == drops and int(drops) > 0, run["name"]
+        rooms.append(abs(room - real_room))
+        rounding.append(extra)
+        stats = run["stats"]["0"]
+        if plan["pool_driver_mallocs"] == stats["cupool.driver_allocations"]:
+            assert plan["pool_peak_reserved_bytes"] == stats["reserved_bytes.all.peak"], run["name"]
+            same_reserve += 1
+        if not ctx:
+            assert (run["rc"] == 0) == (room - reserve > extra), f"{run['name']}: margin against rounding"
+    assert exact == 2 and same_reserve == 2 and max(rooms) < 8 and 13.5 <= min(rounding) and max(rounding) < 47
+
+
+def test_the_mainline_decode_table_in_the_docs_is_its_data_s():
+    """docs/llama-cpp.md's table of the generated tokens' pool traffic is what decode-report.py
+    makes of the kept runs (the traces profiles/tests/mainline.rs checks the profiles against)."""
+    folder = "data/h100-2026-11-25-mainline-decode"
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "decode-report.py"), folder],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    block = re.search(r"<!-- mainline-decode: begin.*?<!-- mainline-decode: end -->", out, re.S).group(0)
+    assert block in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read(), \
+        f"docs/llama-cpp.md's mainline-decode table differs from {folder}: python3 scripts/llama/decode-report.py {folder}"
+    assert block.count("\n| ") == 7, "a header and six runs"
+    # the fixtures the profiles' test reads are these traces
+    fixtures = os.path.join(ROOT, "profiles", "tests", "data", "h100-2026-11-25-mainline-decode")
+    traces = glob.glob(os.path.join(ROOT, folder, "*-trace.trace.jsonl.gz"))
+    assert len(traces) == 6
+    for trace in traces:
+        kept = os.path.join(fixtures, os.path.basename(trace).replace("-trace.trace", ".trace"))
+        assert open(trace, "rb").read() == open(kept, "rb").read(), kept

@@ -16,11 +16,13 @@
 //! weights) and maps it to the [`EngineModel`] and [`Weights`] a profile is asked about.
 //!
 //! [`predict`] turns a profile's requests for a whole prefill into a trace and replays it
-//! through a pool on the simulated device. The crate stands on `cupool-pool` (the trace format,
+//! through a pool on the simulated device; [`bench`] does the same for a mainline `llama-bench`
+//! test (a prompt, tokens generated after it, the warm-up), laid out as libcupool records it. The crate stands on `cupool-pool` (the trace format,
 //! the replay, the pool's settings) and takes two facts from `cupool-kernels`: the cache's
 //! [`KvType`](cupool_kernels::KvType) and flash attention's KV padding.
 #![warn(missing_docs)]
 
+pub mod bench;
 mod error;
 mod events;
 pub mod gguf;

@@ -12,24 +12,38 @@
 //! and the matrix multiplies' buffers are all per call). The phase after the last ubatch is
 //! empty (`-n 0`: no decode).
 //!
+//! Each phase is compared step by step: the profile's requests for each ubatch or generated
+//! token of the phase, in order, against the recorded events in the same place.
+//!
 //! `logs.json` is what `scripts/llama/mainline_logs.py` extracts from the runs' `-v` logs.
 //!
 //! Two more runs (tests/data/h100-2026-11-25-mainline-fa-pool, the same build and flags, phi3-mini
 //! f16 and llama3-8b q8_0 at `-p 5000 -ub 512`) set `CUPOOL_FA_KV=pool`: flash attention takes a
 //! quantized cache's f16 copies from the pool, as llama.cpp did before PR #23907, so the
 //! `llama-b8833` profile (the same kernels, the copies from the pool) predicts them.
+//!
+//! Six runs generate after their prompt (tests/data/h100-2026-11-25-mainline-decode, the same
+//! build): `llama-bench -p 0 -n 0 -pg 4064,64 -r 1 -ub 512` with `GGML_CUDA_DISABLE_GRAPHS=1`, so
+//! that every one-token step reaches the pool rather than a CUDA graph's replay, over the three
+//! models, with the K/V copies in the compute buffer (`llama`) and with `CUPOOL_FA_KV=pool`
+//! (`llama-b8833`). The warm-up generates one token at position 4,064; the measured run 64 from
+//! there, over 4,096 cache positions up to position 4,095 and 4,352 from 4,096 on. One-token
+//! steps mark no ubatch end, so they share the phase of the prompt ubatch before them
+//! (`cupool_profiles::bench`): the warm-up's token the measured prompt's first phase, the 64
+//! tokens the last phase.
 mod common;
 
-use common::{phases, prompt_ubatch, read_trace, same, setup};
+use common::{phases, read_trace, same, setup, Event};
 use cupool_kernels::KvType;
 use cupool_pool::trace::{replay, Op};
 use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
+use cupool_profiles::bench::{bench_trace, LlamaBench, Step};
 use cupool_profiles::llama::{compute_buffer_bytes, Version};
-use cupool_profiles::predict::{engine_trace, EngineRun, Schedule};
 use cupool_profiles::{trace_events, Device, EngineModel, Profile, Setup, Weights};
 
 const DATA: &str = "tests/data/h100-2026-11-25-mainline";
 const FA_POOL: &str = "tests/data/h100-2026-11-25-mainline-fa-pool";
+const DECODE: &str = "tests/data/h100-2026-11-25-mainline-decode";
 
 /// One recorded llama-bench run.
 struct Run {
@@ -44,7 +58,7 @@ struct Run {
     weights: Weights,
 }
 
-const RUNS: [Run; 8] = [
+const RUNS: [Run; 14] = [
     run("phi3-f16-p5000-ub512", "phi3-mini", None, Weights::F16),
     run("phi3-f16-p8192-ub2048", "phi3-mini", None, Weights::F16),
     run("phi3-f16-p20480-ub512", "phi3-mini", None, Weights::F16),
@@ -68,6 +82,42 @@ const RUNS: [Run; 8] = [
         None,
         Weights::Q8_0,
     )),
+    decode(run(
+        "phi3-f16-pg4064-64-ub512",
+        "phi3-mini",
+        None,
+        Weights::F16,
+    )),
+    decode(run(
+        "llama3-q8-pg4064-64-ub512",
+        "llama3-8b",
+        None,
+        Weights::Q8_0,
+    )),
+    decode(run(
+        "qwen3-q8-pg4064-64-ub512",
+        "qwen3-30b-a3b",
+        Some(4),
+        Weights::Q8_0,
+    )),
+    decode(fa_pool(run(
+        "phi3-f16-fapool-pg4064-64-ub512",
+        "phi3-mini",
+        None,
+        Weights::F16,
+    ))),
+    decode(fa_pool(run(
+        "llama3-q8-fapool-pg4064-64-ub512",
+        "llama3-8b",
+        None,
+        Weights::Q8_0,
+    ))),
+    decode(fa_pool(run(
+        "qwen3-q8-fapool-pg4064-64-ub512",
+        "qwen3-30b-a3b",
+        Some(4),
+        Weights::Q8_0,
+    ))),
 ];
 
 const fn run(
@@ -95,9 +145,16 @@ const fn fa_pool(r: Run) -> Run {
     }
 }
 
+/// A run that generates after its prompt (`-pg`), with the same profile.
+const fn decode(r: Run) -> Run {
+    Run { dir: DECODE, ..r }
+}
+
 /// What the run's log says (see `scripts/llama/mainline_logs.py`).
 struct Logged {
     tokens: usize,
+    gen: usize,
+    reps: usize,
     batch: usize,
     ubatch: usize,
     pool_peak_reserved_bytes: usize,
@@ -130,6 +187,8 @@ impl Run {
         };
         Logged {
             tokens: n("n_prompt"),
+            gen: n("n_gen"),
+            reps: n("reps"),
             batch: n("n_batch"),
             ubatch: n("n_ubatch"),
             pool_peak_reserved_bytes: n("pool_peak_reserved_bytes"),
@@ -139,65 +198,97 @@ impl Run {
     }
 }
 
-/// Every ubatch of the warm-up and of the measured run: the profile's requests equal the
-/// recorded ones request for request (size, the op that asked, order, which free returns which).
-#[test]
-fn every_ubatch_s_requests_equal_the_recorded_ones() {
-    for r in &RUNS {
-        let log = r.logged();
-        let s = r.setup();
-        let recorded = phases(&r.recorded());
-        let n_ub = log.tokens.div_ceil(log.ubatch);
-        assert_eq!(recorded.len(), 2 * n_ub + 1, "{}: phases", r.name);
-        assert!(recorded[2 * n_ub].is_empty(), "{}: the last phase", r.name);
-        for (k, want) in recorded.iter().enumerate().take(2 * n_ub) {
-            let u = prompt_ubatch(k % n_ub, log.tokens, log.batch, log.ubatch);
-            let calls = r.profile.ubatch(&s, u).unwrap();
-            let mut ops = vec![Op::PhaseBegin {
-                name: String::new(),
-            }];
-            trace_events(&calls, 0, &mut ops);
-            same(r.name, k, &phases(&ops)[0], want);
+impl Logged {
+    /// The llama-bench test the run was.
+    fn bench(&self) -> LlamaBench {
+        LlamaBench {
+            prompt: self.tokens,
+            gen: self.gen,
+            batch: self.batch,
+            ubatch: self.ubatch,
+            reps: self.reps,
+            warmup: true,
         }
     }
 }
 
-/// The profile's prompt (`predict`'s schedule), twice as llama-bench runs it, replayed through
-/// the legacy pool without purges: its peak reserve equals the replay of the recorded trace and
-/// what the run's pool itself reported, to the byte.
+/// The profile's events for one step, their frees numbered from `offset` (the step's place in
+/// its phase).
+fn step_events(r: &Run, s: &Setup, step: &Step, offset: usize) -> Vec<Event> {
+    let calls = r.profile.ubatch(s, step.shape).unwrap();
+    let mut ops = vec![Op::PhaseBegin {
+        name: String::new(),
+    }];
+    trace_events(&calls, 0, &mut ops);
+    let mut one = phases(&ops);
+    one.pop()
+        .unwrap()
+        .into_iter()
+        .map(|e| match e {
+            Event::Free(at) => Event::Free(at + offset),
+            alloc => alloc,
+        })
+        .collect()
+}
+
+/// Every step of the warm-up and of the measured run, prompt ubatches and generated tokens: the
+/// profile's requests equal the recorded ones request for request (size, the op that asked,
+/// order, which free returns which), in the phase and the place the engine made them.
+#[test]
+fn every_step_s_requests_equal_the_recorded_ones() {
+    let mut decode_steps = 0;
+    for r in &RUNS {
+        let log = r.logged();
+        let s = r.setup();
+        let recorded = phases(&r.recorded());
+        let steps = log.bench().steps().unwrap();
+        // A phase ends where the engine marks a ubatch's end: a phase per marked step, and one
+        // after the last (empty unless tokens were generated after it).
+        let marked = steps.iter().filter(|t| t.boundary).count();
+        assert_eq!(recorded.len(), marked + 1, "{}: phases", r.name);
+        let (mut k, mut at) = (0, 0);
+        for step in &steps {
+            let want = step_events(r, &s, step, at);
+            let end = at + want.len();
+            let got = recorded[k].get(at..end).unwrap_or_else(|| {
+                panic!(
+                    "{}: phase {k}: {} events recorded, the step from token {} ({:?}) needs {end}",
+                    r.name,
+                    recorded[k].len(),
+                    step.first_token,
+                    step.shape
+                )
+            });
+            let what = format!("{} ({:?})", r.name, step.shape);
+            same(&what, step.first_token, &want, got);
+            decode_steps += usize::from(step.shape.n_tokens == 1);
+            at = end;
+            if step.boundary {
+                assert_eq!(at, recorded[k].len(), "{}: phase {k}: events left", r.name);
+                (k, at) = (k + 1, 0);
+            }
+        }
+        assert_eq!(
+            at,
+            recorded[k].len(),
+            "{}: the last phase: events left",
+            r.name
+        );
+    }
+    // The warm-up's token and the 64 measured ones of each of the six runs that generate.
+    assert_eq!(decode_steps, 6 * 65);
+}
+
+/// The profile's test (`bench_trace`: the warm-up and the measured run) replayed through the
+/// legacy pool without purges: its peak reserve equals the replay of the recorded trace and what
+/// the run's pool itself reported, to the byte.
 #[test]
 fn the_replayed_peak_reserve_equals_the_run_s() {
     let legacy = PoolConfig::default().kind(PoolKind::Legacy);
     for r in &RUNS {
         let log = r.logged();
-        let trace = engine_trace(&EngineRun {
-            profile: r.profile,
-            setup: r.setup(),
-            schedule: Schedule::Prompt {
-                tokens: log.tokens,
-                batch: log.batch,
-                ubatch: log.ubatch,
-            },
-        })
-        .unwrap();
-        let mut ops = trace.ops.clone();
-        let ids = ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count() as u64;
-        ops.extend(trace.ops.iter().map(|o| match o.clone() {
-            Op::Alloc {
-                id,
-                size,
-                stream,
-                name,
-            } => Op::Alloc {
-                id: id + ids,
-                size,
-                stream,
-                name,
-            },
-            Op::Free { id } => Op::Free { id: id + ids },
-            other => other,
-        }));
-        let predicted = replay(&ops, &legacy, PurgePolicy::Never, None).unwrap();
+        let trace = bench_trace(r.profile, &r.setup(), &log.bench()).unwrap();
+        let predicted = replay(&trace.ops, &legacy, PurgePolicy::Never, None).unwrap();
         let recorded = replay(&r.recorded(), &legacy, PurgePolicy::Never, None).unwrap();
         assert_eq!(
             recorded.peak_reserved_bytes, log.pool_peak_reserved_bytes,
@@ -224,15 +315,20 @@ fn the_replayed_peak_reserve_equals_the_run_s() {
 /// graph's nodes): phi3-mini at 5,120 positions logged 85.6367 MiB for an attention stage of
 /// 83.0117 (2.625 MiB over it), at `-ub 2048` 298.5000 for an output stage of 274.5000 (24 MiB,
 /// one f32 row of `n_embd` per token, over it), and Qwen3-30B-A3B's shape 341.5352 for an
-/// output stage of 300.7500 (40.79 MiB over it).
+/// output stage of 300.7500 (40.79 MiB over it, at 5,120 and at 4,352 positions). The `-pg`
+/// runs (4,352 positions): llama3-8b's 258.5000 exactly with the copies in the buffer and in the
+/// pool; phi3-mini logged 84.8867 MiB both ways, above its attention stage with the copies
+/// (73.2617) and its output stage (68.6250).
 #[test]
 fn the_compute_buffer_equals_the_logged_one_where_no_hole_lies_under_its_peak() {
     const MIB: f64 = 1048576.0;
-    const EXACT: [&str; 4] = [
+    const EXACT: [&str; 6] = [
         "llama3-q8-p5000-ub512",
         "llama3-q8-p20480-ub512",
         "phi3-f16-p20480-ub512",
         "llama3-q8-fapool-p5000-ub512",
+        "llama3-q8-pg4064-64-ub512",
+        "llama3-q8-fapool-pg4064-64-ub512",
     ];
     for r in &RUNS {
         let log = r.logged();

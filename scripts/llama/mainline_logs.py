@@ -7,7 +7,7 @@ per run, in a file small enough to keep beside the traces:
         profiles/tests/data/h100-2026-11-25-mainline/logs.json
 
 Per run (keyed by the log's name without `-trace.log`): llama-bench's parameters (`n_prompt`,
-`n_batch`, `n_ubatch`), the context llama.cpp built (`n_ctx`), its CUDA0 compute buffer as
+`n_gen`, `n_batch`, `n_ubatch`) and repetitions (`reps`), the context llama.cpp built (`n_ctx`), its CUDA0 compute buffer as
 printed at reservation (`sched_reserve`, 2 decimals of MiB) and at teardown (`~llama_context`,
 4 decimals), the reserved graph's node count, and the peak reserve of cupool's pool from the
 shim's closing stats line.
@@ -25,8 +25,8 @@ PATTERNS = {
     "pool_peak_reserved_bytes": (r'"reserved_bytes\.all\.peak":(\d+)', int),
 }
 # llama-bench's own parameters, from the JSON it prints at the top of a -v run.
-PARAMS = {"n_prompt": r'^\s*"n_prompt": (\d+),', "n_batch": r'^\s*"n_batch": (\d+),',
-          "n_ubatch": r'^\s*"n_ubatch": (\d+),'}
+PARAMS = {"n_prompt": r'^\s*"n_prompt": (\d+),', "n_gen": r'^\s*"n_gen": (\d+),',
+          "n_batch": r'^\s*"n_batch": (\d+),', "n_ubatch": r'^\s*"n_ubatch": (\d+),'}
 
 
 def first(pattern, text, conv, what, name):
@@ -47,6 +47,8 @@ def main():
             name = member.name.rsplit("/", 1)[-1][: -len("-trace.log")]
             text = tar.extractfile(member).read().decode()
             run = {k: first(p, text, int, k, name) for k, p in PARAMS.items()}
+            # the repetitions llama-bench measured: one sample each
+            run["reps"] = len(first(r'^\s*"samples_ns": \[([^\]]*)\]', text, str, "samples_ns", name).split(","))
             for key, (pattern, conv) in PATTERNS.items():
                 run[key] = first(pattern, text, conv, key, name)
             runs[name] = run

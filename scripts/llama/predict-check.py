@@ -15,7 +15,11 @@ that context (DIR/NAME.ctx.plan.json: whether it fits, the token where the run d
 (ik_llama.cpp: llama-sweep-bench -c CTX, whose rows say how far it got; mainline: llama-bench
 -p CTX, whose ubatch lines do), and with --fix POOL:PURGE the same context under that fix (it must
 complete where the plan says it fits). `report` prints the largest-context table docs/llama-cpp.md
-keeps, `report-oom` the table of predicted against real tokens where a run dies.
+keeps, `report-oom` the table of predicted against real tokens where a run dies (both as the plan
+counts them: the tokens processed before the ubatch whose allocation failed) and, from cupool's
+memory lines, the pool's room and reserve in the plan and in each run, and what the pool's driver
+allocations took from the device beyond the bytes it reserved (docs/repro-prefill.md keeps both).
+`plan`'s exit 3 ("it does not fit") is an answer, not a failure.
 """
 import argparse
 import json
@@ -42,9 +46,13 @@ def plan(a, case: dict, ctx: int, pool: str = None, purge: str = None) -> dict:
            "-ub", str(UBATCH), "-c", str(ctx), "--kv-type", "q8_0", "--pool", pool or a.pool,
            "--purge", purge or a.purge, "--format", "json", "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"predict-check: {' '.join(cmd)} failed:\n{out.stderr}")
-    return json.loads(out.stdout)
+    # exit 3 is the plan's answer "it does not fit" (its JSON says where it stops), not a failure
+    if out.returncode not in (0, 3):
+        sys.exit(f"predict-check: {' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr}")
+    p = json.loads(out.stdout)
+    if (out.returncode == 3) == bool(p["fits"]):
+        sys.exit(f"predict-check: {' '.join(cmd)}: exit {out.returncode} with fits={p['fits']}")
+    return p
 
 
 def seed(a, case: dict, label: str, pool: str, purge: str, *, prompt: int = None, ctx: int = None) -> None:
@@ -89,21 +97,27 @@ def run(a) -> None:
 
 
 def real_oom_token(r: dict):
-    """Where a run that ran out of memory died: the end of the ubatch it was in. A sweep's rows
-    (ik_llama.cpp) say the KV length reached; else cupool's ubatch lines count the ubatches done
-    (llama-bench's warm-up runs the whole prompt first: counted within it)."""
+    """Where a run that ran out of memory died, as the plan's `oom_at_token` counts it: the tokens
+    processed before the ubatch whose allocation failed. A sweep's rows (ik_llama.cpp) say the KV
+    length the last completed step started from; a prompt's (mainline's llama-bench) are the
+    ubatches whose end cupool logged before the first failure report (seed.py's
+    `ubatches_before_oom`: the failing ubatch's own boundary is logged after its report), counted
+    within the pass that died (llama-bench's warm-up runs the whole prompt first)."""
     if r["rc"] == 0:
         return None
     if r.get("rows"):
         return r["last_n_kv"] + UBATCH
     n_ub = -(-r["prompt"] // UBATCH) if r.get("prompt") else None
-    done = len(r.get("ubatches", []))
-    return (done % n_ub + 1) * UBATCH if n_ub else None
+    done = r.get("ubatches_before_oom")
+    return (done % n_ub) * UBATCH if n_ub and done is not None else None
 
 
 def outcome(r: dict) -> str:
     if r["rc"] == 0:
         return "completes"
+    tok = real_oom_token(r)
+    if r["failed_at"] == "compute" and tok is not None and r.get("ubatches_before_oom") != 0:
+        return f"dies at token {tok:,}"
     return {"start-up": "fails at start-up", "compute": "dies at the first compute"}.get(r["failed_at"],
                                                                                      f"exit {r['rc']}")
 
@@ -139,6 +153,8 @@ def report(a) -> None:
              "cupool's start-up report: `-c` that fits | plan: KV + compute buffer (MiB) | real (MiB) |",
              "|---|---:|---:|---|---|---:|---:|---:|"]
     for pj in sorted(folder.glob("*.plan.json")):
+        if pj.name.endswith(".ctx.plan.json"):
+            continue  # a CASE's CTX plan: report-oom's
         name = pj.name[: -len(".plan.json")]
         p = json.loads(pj.read_text())
         runs = [json.loads(x) for x in (folder / name / "runs.jsonl").read_text().splitlines() if x.strip()]
@@ -157,8 +173,9 @@ def report_oom(a) -> None:
     """Predicted against real: where each case's run at its CTX died (or that it completed), and
     the fix."""
     folder = Path(a.folder)
-    print("| case | engine, pool, purge | free before start | `-c` | plan | real | the fix | plan | real |")
-    print("|---|---|---:|---:|---|---|---|---|---|")
+    lines = ["<!-- predict-oom: begin (python3 scripts/llama/predict-check.py report-oom DATA) -->",
+             "| case | engine, pool, purge | free before start | `-c` | plan | real | the fix | plan | real |",
+             "|---|---|---:|---:|---|---|---|---|---|"]
     for pj in sorted(folder.glob("*.ctx.plan.json")):
         name = pj.name[: -len(".ctx.plan.json")]
         p = json.loads(pj.read_text())
@@ -166,15 +183,61 @@ def report_oom(a) -> None:
         at = next(r for r in runs if "-ctx-" in r["name"])
         fix = next((r for r in runs if "-fix-" in r["name"]), None)
         said = "completes" if p["fits"] else f"dies at token {p['oom_at_token']:,}"
-        tok = real_oom_token(at)
-        real = "completes" if at["rc"] == 0 else (f"dies at token {tok:,}" if tok else outcome(at))
+        real = outcome(at)
         c = p["check"]
         f = p.get("fix")
         fix_said = ("completes" if f and f["fits"] else "does not fit") if f else "–"
         fix_real = ("completes" if fix["rc"] == 0 else outcome(fix)) if fix else "–"
         fix_name = f"`{f['pool']}`, `{f['purge']}`" if f else "–"
-        print(f"| {name} | {c['engine']}, `{c['pool']}`, `{c['purge']}` | {at['card_gib']:g} GiB | {c['ctx']:,} | "
-              f"{said} | {real} | {fix_name} | {fix_said} | {fix_real} |")
+        lines.append(f"| {name} | {c['engine']}, `{c['pool']}`, `{c['purge']}` | {at['card_gib']:g} GiB | {c['ctx']:,} | "
+                     f"{said} | {real} | {fix_name} | {fix_said} | {fix_real} |")
+    lines.append("<!-- predict-oom: end -->")
+    lines += ["", "<!-- predict-oom-room: begin (python3 scripts/llama/predict-check.py report-oom DATA) -->",
+              "| run | plan | real | the pool's room (MiB): plan | real | pool reserve at the end (MiB): plan | real | "
+              "what the pool's later driver allocations took beyond their sizes (MiB) | later free-memory drops in whole "
+              "2 MiB pages |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for pj in sorted(folder.glob("*.plan.json")):
+        ctx = pj.name.endswith(".ctx.plan.json")
+        name = pj.name[: -len(".ctx.plan.json" if ctx else ".plan.json")]
+        p = json.loads(pj.read_text())
+        runs = [json.loads(x) for x in (folder / name / "runs.jsonl").read_text().splitlines() if x.strip()]
+        r = next(r for r in runs if ("-ctx-" if ctx else "-fits-") in r["name"])
+        row = room_row(p, r)
+        if row:
+            lines.append(f"| {r['name']} | {row}")
+    lines.append("<!-- predict-oom-room: end -->")
+    print("\n".join(lines))
+
+
+def room_row(p: dict, r: dict):
+    """The plan's room for the pool and its reserve against the run's (cupool's memory lines and
+    statistics), and what the pool's driver allocations after the first ubatch took from the
+    device beyond the bytes the pool reserved; None for a run without memory lines."""
+    mem = [m for m in r.get("memory", []) if m.get("device") == 0]
+    created = next((m for m in mem if m["stage"] == "context-created"), None)
+    ubatches = [m for m in mem if m["stage"] == "ubatch"]
+    if created is None or not ubatches or not r.get("stats"):
+        return None
+    o = p["outside"]
+    # the start-up hold goes back at the first compute: it is no part of the pool's room
+    room = p["device_bytes"] - p["weights_bytes"] - p["kv_bytes"] - p["compute_bytes"] - sum(o.values()) + o["shim_hold_bytes"]
+    first = ubatches[0]
+    # the room the first ubatch left: what it took outside the pool is the kernel modules' (and
+    # cuBLAS's workspace)
+    real_room = first["free_mib"] + first["pool_reserved_mib"] - created["pool_reserved_mib"]
+    extra, drops, pages = 0.0, 0, 0
+    for prev, cur in zip(ubatches, ubatches[1:]):
+        drop = prev["free_mib"] - cur["free_mib"]
+        extra += drop - (cur["pool_reserved_mib"] - prev["pool_reserved_mib"])
+        if drop > 0.05:
+            drops += 1
+            pages += abs(drop / 2 - round(drop / 2)) < 0.05
+    stats = r["stats"].get("0") or r["stats"].get(0)
+    said = "completes" if p["fits"] else f"dies at token {p['oom_at_token']:,}"
+    real = outcome(r)
+    return (f"{said} | {real} | {room / 2**20:,.1f} | {real_room:,.1f} | {p['pool_peak_reserved_bytes'] / 2**20:,.1f} | "
+            f"{stats['reserved_bytes.all.peak'] / 2**20:,.1f} | {extra:,.1f} | {pages} of {drops} |")
 
 
 def main() -> None:

@@ -16,6 +16,9 @@ tokens/s over the whole sweep, cupool's per-ubatch peaks and its final statistic
 With --bench llama-bench each run is instead `llama-bench -p PROMPT -n 0 -r REPS` (whole prompts
 of PROMPT tokens in ubatches of --ubatch (512), the KV cache emptied between repetitions, so each repetition
 grows the flash-attention buffers from scratch): the JSON gets each repetition's prefill tokens/s.
+With --pg P,G it is `llama-bench -p 0 -n 0 -pg P,G -r REPS` instead: a prompt of P tokens, then G
+tokens generated one at a time (after the warm-up's whole prompt and one generated token); with
+GGML_CUDA_DISABLE_GRAPHS=1 every one-token step reaches the pool, so its trace holds them all.
 --env NAME=VALUE (repeatable) sets a variable for every run (e.g. GGML_CUDA_DISABLE_GRAPHS=1).
 """
 import argparse
@@ -52,6 +55,14 @@ def failure_phase(out: str, rc) -> str | None:
     if OOM.search(out) or ("CUDA error" in out and "graph_compute" in out):
         return "compute"
     return "other"
+
+
+def ubatches_before_oom(out: str, rc) -> int | None:
+    """The ubatches whose end cupool logged before the first out-of-memory report of a run that
+    failed: the failing ubatch's own end is logged after its report (mainline's llama_decode marks
+    the end of a ubatch that failed too)."""
+    oom = OOM.search(out) if rc != 0 else None
+    return len(UBATCH.findall(out[:oom.start()])) if oom else None
 
 
 def parse_run(spec: str) -> dict:
@@ -94,7 +105,10 @@ def run_one(a, r: dict) -> dict:
         if r["name"].endswith("-trace"):
             env["CUPOOL_TRACE"] = str(Path(a.out) / f"{r['name']}.trace.jsonl")
     common = ["-m", a.model, "-b", "2048", "-ub", str(a.ubatch), "-fa", "1", "-ctk", a.kv, "-ctv", a.kv, "-ngl", "99"]
-    if a.bench == "llama-bench":
+    if a.bench == "llama-bench" and a.pg:
+        cmd = [str(Path(a.bin) / "llama-bench"), *common, "-p", "0", "-n", "0", "-pg", f"{a.pg[0]},{a.pg[1]}",
+               "-r", str(a.reps), "-o", "json"]
+    elif a.bench == "llama-bench":
         cmd = [str(Path(a.bin) / "llama-bench"), *common, "-p", str(a.prompt), "-n", str(a.gen), "-r", str(a.reps),
                "-o", "json"]
     else:
@@ -148,11 +162,12 @@ def run_one(a, r: dict) -> dict:
                fits_ctx=int(fits.group(1)) if fits else None,
                memory=memory,
                last_n_kv=rows[-1]["n_kv"] if rows else None,
+               ubatches_before_oom=ubatches_before_oom(out, rc),
                prefill_tok_s=round(pp_tokens / pp_seconds, 1) if pp_seconds else None,
                rows=[{k: x.get(k) for k in ("n_kv", "t_pp", "speed_pp", "vram_delta_mib")} for x in rows],
                ubatches=ubatches, stats=stats)
     if a.bench == "llama-bench":
-        res.update(bench_result(stdout, a.prompt))
+        res.update(bench_result(stdout, *(a.pg or (a.prompt, 0))))
     tail = "OOM after n_kv=%s" % res["last_n_kv"] if oom else "rc=%s" % rc
     if res["failed_at"]:
         tail += f", failed at {res['failed_at']}" + (f" (fits: -c {res['fits_ctx']})" if res["fits_ctx"] else "")
@@ -162,18 +177,29 @@ def run_one(a, r: dict) -> dict:
     return res
 
 
-def bench_result(stdout: str, prompt: int) -> dict:
-    """llama-bench's JSON (an array of tests): the prompt test's per-repetition tokens/s."""
+def bench_result(stdout: str, prompt: int, gen: int = 0) -> dict:
+    """llama-bench's JSON (an array of tests): the prompt test's (with `gen`, the prompt and
+    generation test's) per-repetition tokens/s."""
     m = re.search(r"^\[$", stdout, re.M)  # the array starts on a line of its own
     try:
         tests = json.loads(stdout[m.start():]) if m else []
     except json.JSONDecodeError:
         tests = []
-    pp = [x for x in tests if x.get("n_prompt") == prompt and x.get("n_gen") == 0]
+    pp = [x for x in tests if x.get("n_prompt") == prompt and x.get("n_gen") == gen]
+    out = {"prompt": prompt, **({"gen": gen} if gen else {})}
     if not pp:
-        return {"prompt": prompt, "samples_tok_s": [], "prefill_tok_s": None}
-    return {"prompt": prompt, "samples_tok_s": [round(v, 1) for v in pp[0].get("samples_ts", [])],
-            "prefill_tok_s": round(pp[0]["avg_ts"], 1)}
+        return {**out, "samples_tok_s": [], "prefill_tok_s": None}
+    # with generated tokens llama-bench's tokens/s are over the prompt and the generation together
+    key = "tok_s" if gen else "prefill_tok_s"
+    return {**out, "samples_tok_s": [round(v, 1) for v in pp[0].get("samples_ts", [])], key: round(pp[0]["avg_ts"], 1)}
+
+
+def prompt_gen(s: str) -> tuple:
+    """`P,G` (llama-bench's -pg): P prompt tokens, then G generated."""
+    m = re.fullmatch(r"(\d+),(\d+)", s)
+    if not m or int(m.group(1)) == 0 or int(m.group(2)) == 0:
+        raise argparse.ArgumentTypeError(f"{s!r} is not P,G (two positive token counts)")
+    return int(m.group(1)), int(m.group(2))
 
 
 def env_pair(s: str) -> tuple:
@@ -196,11 +222,15 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=16384, help="llama-bench: prompt tokens")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench: repetitions")
     ap.add_argument("--gen", type=int, default=0, help="llama-bench: tokens generated after the prompt test")
+    ap.add_argument("--pg", type=prompt_gen, metavar="P,G",
+                    help="llama-bench: one test of a P-token prompt then G generated tokens (-p 0 -n 0 -pg P,G)")
     ap.add_argument("--verbose", action="store_true", help="run the engine with -v (its buffer sizes in the log)")
     ap.add_argument("--env", type=env_pair, action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("runs", nargs="+")
     a = ap.parse_args()
     a.env = dict(a.env)
+    if a.pg and a.bench != "llama-bench":
+        ap.error("--pg is a llama-bench test: add --bench llama-bench")
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with open(Path(a.out) / "runs.jsonl", "a") as f:
         for spec in a.runs:

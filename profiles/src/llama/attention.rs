@@ -15,14 +15,18 @@ const CC_ADA: u32 = 890;
 impl Llama {
     /// Flash attention of `n` tokens over a padded KV length of `n_kv`
     /// (`ggml_cuda_flash_attn_ext`): a quantized cache's f16 copies where the version takes
-    /// them from the pool, then the kernel's own buffers; `None` where it takes nothing.
+    /// them from the pool and the kernel reads f16, then the kernel's own buffers; `None` where
+    /// it takes nothing. The vector kernel reads the cache as it is (`fattn-vec.cuh` asks for f16
+    /// only of an f16 cache, and the default build compiles its q8_0 and f16 instances,
+    /// `GGML_CUDA_FA_QUANTS`), the MMA kernel reads f16 only.
     pub(super) fn flash_attn_ext(&self, m: &EngineModel, n: usize, n_kv: usize) -> Option<OpCall> {
         let mut held = Vec::with_capacity(4);
-        if self.v.kv_f16_from_pool() && self.kv != KvType::F16 {
+        let vector = self.vector_kernel(m, n, n_kv);
+        if self.v.kv_f16_from_pool() && self.kv != KvType::F16 && !vector {
             held.push(req("K_f16", n_kv * m.kv_dim() * 2));
             held.push(req("V_f16", n_kv * m.kv_dim() * 2));
         }
-        if self.vector_kernel(m, n, n_kv) {
+        if vector {
             held.extend(self.vector_split(m, n, n_kv));
         } else {
             held.extend(self.mma_stream_k(m, n, n_kv));
@@ -165,7 +169,7 @@ mod tests {
     #[test]
     fn the_two_versions_differ_only_in_the_kv_copies() {
         let m = EngineModel::preset("llama3-8b").unwrap();
-        for (n, n_kv) in [(512usize, 8192usize), (4096, 16384), (1, 4096), (3, 768)] {
+        for (n, n_kv) in [(512usize, 8192usize), (4096, 16384), (3, 768)] {
             let old = k(Version::B8833, Weights::F16, KvType::Q8_0)
                 .attention(&m, n, n_kv)
                 .unwrap();
@@ -179,6 +183,20 @@ mod tests {
                 "n {n}"
             );
         }
+        // The vector kernel (one or two tokens, head 128) reads the q8_0 cache itself: no
+        // copies in either; Phi-3's head of 96 has no vector instance, and its one token goes
+        // to the MMA kernel with copies.
+        for n in [1, 2] {
+            let old = k(Version::B8833, Weights::Q8_0, KvType::Q8_0).attention(&m, n, 4096);
+            let new = k(Version::D99724f2, Weights::Q8_0, KvType::Q8_0).attention(&m, n, 4096);
+            assert_eq!(old, new, "n {n}");
+            assert!(old.unwrap().held.iter().all(|r| !r.name.ends_with("_f16")));
+        }
+        let phi = EngineModel::preset("phi3-mini").unwrap();
+        let old = k(Version::B8833, Weights::F16, KvType::Q8_0)
+            .attention(&phi, 1, 4096)
+            .unwrap();
+        assert_eq!(old.held[0], req("K_f16", 4096 * 3072 * 2));
         // An f16 cache needs no copies in either.
         let old = k(Version::B8833, Weights::F16, KvType::F16).attention(&m, 512, 8192);
         let new = k(Version::D99724f2, Weights::F16, KvType::F16).attention(&m, 512, 8192);

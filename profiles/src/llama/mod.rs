@@ -26,7 +26,8 @@
 //!   not divide the output tiles; `blocks` is the occupancy (blocks per SM) times the SM count,
 //!   rounded down to a multiple of the tiles when that loses at most 5%. One or two tokens with
 //!   a head dimension that is a multiple of 64 go to the vector kernel (parallel blocks: a
-//!   `dst_tmp` and a `dst_tmp_meta` when it splits the KV length).
+//!   `dst_tmp` and a `dst_tmp_meta` when it splits the KV length), which reads a q8_0 or f16
+//!   cache as it is: no f16 copies in either version.
 //!
 //! Occupancy: ggml reads it from the compiled kernel (`cudaOccupancyMaxActiveBlocksPerMultiprocessor`).
 //! [`Device::occupancy`] gives it; by default the profile takes what that call returned for
@@ -48,7 +49,7 @@
 //! run from `ggml_cuda_graph_evaluate_and_capture`, outside the op dispatch that names pool
 //! requests: their requests have no name. [`compute_buffer_bytes`] gives the CUDA compute
 //! buffer's two largest stages. Checked against mainline 0c1e5709 on an H100 (its ggml matches
-//! d99724f2's in what this models): `profiles/tests/mainline.rs`.
+//! d99724f2's in what this models), prompts and generated tokens: `profiles/tests/mainline.rs`.
 //!
 //! Not modelled, refused with a message: f16 experts (MMF's expert path, or cuBLAS per expert
 //! sized by the routing), head dimensions other than 64, 80, 96, 112, 128 and 256, and devices
