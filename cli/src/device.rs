@@ -165,7 +165,11 @@ impl Device {
     }
 
     fn sim(vram: usize, backed: bool) -> Result<Arc<SimDevice>, RuntimeError> {
-        let mut c = SimConfig::gib(0.0).backed(backed).record_calls(false);
+        // A GPU's: device allocations take whole 2 MiB pages, as the plan counts them.
+        let mut c = SimConfig::gib(0.0)
+            .backed(backed)
+            .record_calls(false)
+            .malloc_page(cupool::runtime::planner::GPU_MALLOC_PAGE);
         c.capacity = vram;
         Ok(Arc::new(SimDevice::new(c).map_err(PoolError::from)?))
     }

@@ -218,13 +218,13 @@ fn the_documented_timeline_is_what_its_command_draws() {
 fn the_simulation_equals_the_documented_gpu_run() {
     let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
     let gpu = std::fs::read_to_string(format!(
-        "{root}/data/h100-2026-11-25-bench/readme-command.txt"
+        "{root}/data/h100-2026-11-25-readme-command/readme-command.txt"
     ))
     .unwrap();
     let doc = std::fs::read_to_string(format!("{root}/docs/runtime.md")).unwrap();
     assert!(
         doc.contains(&format!("```text\n{}\n```", gpu.trim_end())),
-        "docs/runtime.md shows the GPU run as data/h100-2026-11-25-bench/readme-command.txt has it"
+        "docs/runtime.md shows the GPU run as data/h100-2026-11-25-readme-command/readme-command.txt has it"
     );
     let out = bin()
         .args(["--device", "sim", "--vram", "12"])

@@ -124,6 +124,7 @@ fn device_target(a: &RunArgs, cfg: &mut RunConfig) -> Result<PlanTarget, String>
         free_bytes: 0,
         vmm: !cfg.pool.no_vmm,
         granularity: 2 << 20,
+        malloc_page: planner::GPU_MALLOC_PAGE,
         outside: Outside::NONE,
     };
     if a.device == DeviceArg::Sim {

@@ -99,6 +99,7 @@ pub fn device(
         free_bytes: free,
         vmm: true,
         granularity: 2 << 20,
+        malloc_page: planner::GPU_MALLOC_PAGE,
         outside,
     };
     let (room, stop) = match planner::pool_room(&cfg, &target) {

@@ -156,6 +156,10 @@ impl Driver for FaultInjector {
         self.inner.free_managed(ptr)
     }
 
+    fn malloc_page(&self) -> usize {
+        self.inner.malloc_page()
+    }
+
     fn vmm_supported(&self) -> bool {
         self.inner.vmm_supported()
     }

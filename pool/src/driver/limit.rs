@@ -111,14 +111,20 @@ impl Driver for LimitedDriver {
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.admit(CallKind::Malloc, bytes)?;
+        // What the card gives up: whole pages where the driver hands out pages, as a card of
+        // the limit's size would.
+        let taken = match self.inner.malloc_page() {
+            0 | 1 => bytes,
+            page => bytes.div_ceil(page).saturating_mul(page),
+        };
+        self.admit(CallKind::Malloc, taken)?;
         match self.inner.malloc(bytes) {
             Ok(p) => {
-                self.state.lock().mallocs.insert(p, bytes);
+                self.state.lock().mallocs.insert(p, taken);
                 Ok(p)
             }
             Err(e) => {
-                self.give_back(bytes);
+                self.give_back(taken);
                 Err(e)
             }
         }
@@ -146,6 +152,10 @@ impl Driver for LimitedDriver {
 
     fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         self.inner.free_managed(ptr)
+    }
+
+    fn malloc_page(&self) -> usize {
+        self.inner.malloc_page()
     }
 
     fn vmm_supported(&self) -> bool {

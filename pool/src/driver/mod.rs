@@ -97,6 +97,12 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// Whether the device supports virtual memory management (reserve and map).
     fn vmm_supported(&self) -> bool;
 
+    /// The pages a device allocation ([`Driver::malloc`]) takes from the card: each costs its
+    /// size rounded up to a multiple of this; 0: exactly its size. The planner counts them.
+    fn malloc_page(&self) -> usize {
+        0
+    }
+
     /// The allocation granularity for physical VMM memory (recommended granularity).
     fn granularity(&self) -> Result<usize, DriverError>;
 

@@ -25,6 +25,7 @@ fn same_fast_and_full(
         free_bytes: 0,
         vmm: true,
         granularity: 2 << 20,
+        malloc_page: GPU_MALLOC_PAGE,
         outside: Outside::NONE,
     };
     let bytes = pool_mib.map_or(MAX_CAPACITY, |m| m << 20);

@@ -43,9 +43,19 @@ pub struct PlanTarget {
     pub vmm: bool,
     /// Its VMM granularity (2 MiB when unknown).
     pub granularity: usize,
+    /// The pages its device allocations take ([`Driver::malloc_page`]; [`GPU_MALLOC_PAGE`] for
+    /// a GPU, 0: exactly their size).
+    pub malloc_page: usize,
     /// What the engine takes outside its buffers and pool.
     pub outside: Outside,
 }
+
+/// The pages a `cudaMalloc` takes from an H100 or H200: each of the pool's device allocations
+/// costs its size rounded up to 2 MiB (measured under mainline llama.cpp's legacy pool,
+/// `data/h100-2026-11-25-mainline-oom`: 14–47 MiB per run beyond the bytes asked for, every drop
+/// in free memory a whole number of pages; counting them put the plan's out-of-memory token on
+/// the engine's in every recorded case).
+pub const GPU_MALLOC_PAGE: usize = 2 << 20;
 
 impl PlanTarget {
     /// Reads `driver`'s free memory, VMM support and granularity; nothing outside (the process
@@ -57,6 +67,7 @@ impl PlanTarget {
             free_bytes: driver.mem_info()?.free,
             vmm,
             granularity,
+            malloc_page: driver.malloc_page(),
             outside: Outside::NONE,
         })
     }
@@ -127,9 +138,11 @@ fn dry_run(
     c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;
     c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
+    // The pool's device allocations take whole pages, as on the target.
     let mut sim = SimConfig::gib(0.0)
         .vmm(target.vmm)
         .granularity(target.granularity)
+        .malloc_page(target.malloc_page)
         .backed(false)
         .record_calls(false);
     sim.capacity = pool_bytes.min(MAX_CAPACITY);
@@ -191,7 +204,12 @@ pub fn project_oom(
 /// for anything.
 pub fn pool_room(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, Stop> {
     let (w, kv, compute) = cfg.startup_bytes(cfg.n_ctx);
-    let buffers = w + kv + compute;
+    // Each start-up buffer is a device allocation of its own: whole pages.
+    let page = |b: usize| match target.malloc_page {
+        0 | 1 => b,
+        p => b.div_ceil(p).saturating_mul(p),
+    };
+    let buffers = page(w) + page(kv) + page(compute);
     let o = &target.outside;
     if buffers + o.at_startup() > target.free_bytes {
         return Err(Stop::StartUp);

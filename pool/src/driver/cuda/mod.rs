@@ -203,6 +203,12 @@ impl Driver for CudaDriver {
             .map_err(|e| cuda_err(CallKind::FreeManaged, e, format!("{ptr:#x}")))
     }
 
+    fn malloc_page(&self) -> usize {
+        // Measured on the H100 and H200 (driver 580): every drop in free memory under a pool of
+        // cudaMalloc buffers was a whole number of 2 MiB pages (data/h100-2026-11-25-mainline-oom).
+        2 << 20
+    }
+
     fn vmm_supported(&self) -> bool {
         self.vmm
     }

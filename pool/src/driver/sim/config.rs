@@ -36,6 +36,12 @@ pub struct SimConfig {
     /// Whether a reservation is placed at its address hint when the range there is free, as
     /// `cuMemAddressReserve` does. Off: never there, as a driver free to ignore hints may.
     pub address_hints: bool,
+    /// A device allocation (`cudaMalloc`) takes whole pages of this many bytes from the card,
+    /// as the CUDA driver does on the H100 and H200 (2 MiB: every drop in free memory measured
+    /// under llama.cpp's legacy pool was a whole number of 2 MiB pages,
+    /// `data/h100-2026-11-25-mainline-oom`); 0: exactly the bytes asked for, the default. A
+    /// power of two up to 1 GiB, or 0.
+    pub malloc_page: usize,
 }
 
 impl SimConfig {
@@ -59,7 +65,14 @@ impl SimConfig {
             backed: true,
             address_space: None,
             address_hints: true,
+            malloc_page: 0,
         }
+    }
+
+    /// Sets the pages device allocations take (see [`SimConfig::malloc_page`]).
+    pub fn malloc_page(mut self, bytes: usize) -> Self {
+        self.malloc_page = bytes;
+        self
     }
 
     /// Sets whether addresses are backed by host memory.
@@ -119,6 +132,14 @@ impl SimConfig {
                 "SimConfig::granularity",
                 g,
                 "a power of two from 4096 to 1073741824 bytes",
+            ));
+        }
+        let m = self.malloc_page;
+        if m != 0 && !(m.is_power_of_two() && m <= 1 << 30) {
+            return Err(InvalidConfig::new(
+                "SimConfig::malloc_page",
+                m,
+                "0 or a power of two up to 1073741824 bytes",
             ));
         }
         if let Some(b) = self.address_space {

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Alloc {
     pub bytes: usize,
+    /// What the card gave up for it: `bytes`, or whole pages ([`super::SimConfig::malloc_page`]).
+    pub taken: usize,
     pub managed: bool,
     pub range: Range,
 }
@@ -77,9 +79,9 @@ impl Memory {
 
     pub fn add_alloc(&mut self, a: Alloc) {
         if a.managed {
-            self.managed_used += a.bytes;
+            self.managed_used += a.taken;
         } else {
-            self.device_used += a.bytes;
+            self.device_used += a.taken;
         }
         self.allocs.insert(a.range.base, a);
     }
@@ -90,9 +92,9 @@ impl Memory {
             Some(a) if a.managed == managed => {
                 self.allocs.remove(&ptr);
                 if managed {
-                    self.managed_used -= a.bytes;
+                    self.managed_used -= a.taken;
                 } else {
-                    self.device_used -= a.bytes;
+                    self.device_used -= a.taken;
                 }
                 Ok(a)
             }

@@ -141,11 +141,22 @@ impl SimDevice {
                 (self.config.capacity, s.memory.device_used)
             };
             let free = capacity.saturating_sub(used);
-            if bytes > free {
+            // What the card gives up: whole pages where the driver hands out pages.
+            let taken = match self.config.malloc_page {
+                0 | 1 => bytes,
+                _ if managed => bytes,
+                page => bytes.div_ceil(page).saturating_mul(page),
+            };
+            if taken > free {
                 let what = if managed { "managed " } else { "" };
+                let pages = if taken > bytes {
+                    format!(" ({taken} in whole pages)")
+                } else {
+                    String::new()
+                };
                 return Err((
                     ErrorCode::OutOfMemory,
-                    format!("asked for {bytes} {what}bytes, {free} of {capacity} free"),
+                    format!("asked for {bytes} {what}bytes{pages}, {free} of {capacity} free"),
                 ));
             }
             let len = backing::round_to_page(bytes)
@@ -158,6 +169,7 @@ impl SimDevice {
             })?;
             s.memory.add_alloc(Alloc {
                 bytes,
+                taken,
                 managed,
                 range,
             });
@@ -221,6 +233,10 @@ impl Driver for SimDevice {
 
     fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         self.free_alloc(CallKind::FreeManaged, ptr, true)
+    }
+
+    fn malloc_page(&self) -> usize {
+        self.config.malloc_page
     }
 
     fn vmm_supported(&self) -> bool {
