@@ -16,6 +16,7 @@ cupy::
 
 import contextlib
 import ctypes
+import os
 
 from ._lib import CupoolError, LibraryNotFound, load
 from . import _lib
@@ -23,7 +24,7 @@ from .tags import asleep_bytes, current_tag, sleep, tag, wake
 
 __all__ = ["CupoolError", "LibraryNotFound", "init", "is_initialized", "shutdown", "stats",
            "trim", "purge", "reset_peaks", "record", "phase", "device_count", "library_path",
-           "config_string", "ensure_open", "ubatch_end", "tag", "current_tag", "sleep", "wake",
+           "config_string", "with_environment", "ensure_open", "ubatch_end", "tag", "current_tag", "sleep", "wake",
            "asleep_bytes"]
 
 #: The configuration names ``init`` takes as keywords, and the C API's names for them.
@@ -60,12 +61,26 @@ def config_string(pool=None, **options):
 _initialized = False
 
 
+def with_environment(pool, options):
+    """``pool`` and ``options`` completed from the environment: ``GGML_POOL`` where no pool is
+    given, and each ``OPTIONS`` setting not passed as a keyword from its variable. A keyword
+    wins over the environment; the environment over libcupool's defaults."""
+    options = dict(options)
+    if pool is None:
+        pool = os.environ.get("GGML_POOL") or None
+    for key, name in OPTIONS.items():
+        if key not in options and os.environ.get(name):
+            options[key] = os.environ[name]
+    return pool, options
+
+
 def init(pool=None, config=None, **options):
     """Opens the library: with ``config`` (a ``NAME=VALUE`` string) if given, else with
-    ``pool`` and the keywords of ``OPTIONS``; with neither, from the environment
-    (``GGML_POOL`` and the rest)."""
+    ``pool`` and the keywords of ``OPTIONS``, the rest from the environment
+    (``with_environment``); with neither, from the environment (``GGML_POOL`` and the rest)."""
     global _initialized
     if config is None and (pool is not None or options):
+        pool, options = with_environment(pool, options)
         config = config_string(pool, **options)
     _lib.check(load().cupool_init(_lib.encode(config)))
     _initialized = True
@@ -76,7 +91,7 @@ def ensure_open(pool, default_pool, config, options):
     ``options``; if it is open already, checks that no settings are asked for."""
     if not _initialized:
         if config is None:
-            pool = pool or default_pool
+            pool = pool or os.environ.get("GGML_POOL") or default_pool
         init(pool=pool, config=config, device=options.pop("device", "cuda"), **options)
     elif pool is not None or config is not None or options:
         raise CupoolError(_lib.INVALID_ARGUMENT,

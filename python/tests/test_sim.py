@@ -117,6 +117,28 @@ def test_bad_configuration_names_the_accepted_values():
     assert not cupool.is_initialized()
 
 
+def test_settings_in_the_environment_reach_an_install(monkeypatch):
+    """install() and init(pool=...) build a configuration string, which libcupool takes instead
+    of the environment: the environment's settings must be in it (a keyword still wins)."""
+    monkeypatch.setenv("CUPOOL_VMM_RECYCLE", "off")
+    monkeypatch.setenv("CUPOOL_LIMIT_MIB", "512")
+    monkeypatch.setenv("GGML_POOL", "legacy")
+    pool, options = cupool.with_environment(None, {"limit_mib": 256})
+    assert pool == "legacy"
+    assert options == {"vmm_recycle": "off", "limit_mib": 256}
+    assert cupool.with_environment("vmm", {})[0] == "vmm"
+    monkeypatch.setenv("CUPOOL_LIMIT_MIB", "64")
+    cupool.init(pool="vmm", device="sim", sim_gib=1)
+    try:
+        lib = _lib.load()
+        p, _ = alloc(lib, 32 * MIB)
+        assert p
+        assert not lib.cupool_alloc(0, 0, 64 * MIB, ctypes.byref(ctypes.c_size_t())), "the limit from the environment"
+        lib.cupool_free(0, 0, p, 32 * MIB)
+    finally:
+        cupool.shutdown()
+
+
 def test_the_keywords_and_pool_kinds_are_the_settings_table():
     lib = _lib.load()
     lib.cupool_settings_json.restype, lib.cupool_settings_json.argtypes = ctypes.c_char_p, []

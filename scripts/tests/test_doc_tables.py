@@ -50,3 +50,7 @@ def test_the_page_recycling_tables_are_their_run():
 
 def test_the_recycling_pages_tables_are_their_runs():
     check("data/h100-2026-11-25-recycle-pages/prefill.jsonl")
+
+
+def test_the_recycling_on_and_off_table_is_its_runs():
+    check("data/h100-2026-11-25-recycle-off/prefill.jsonl")

@@ -12,7 +12,7 @@ from collections import defaultdict
 MICRO = len(sys.argv) == 3 and sys.argv[1] == "--micro"
 SLEEP = len(sys.argv) == 3 and sys.argv[1] == "--sleep"
 THREADS = len(sys.argv) == 3 and sys.argv[1] == "--threads"
-ORDER = ["native", "expandable", "async", "cupool", "cupool-before", "cupool-mempool"]
+ORDER = ["native", "expandable", "async", "cupool", "cupool-before", "cupool-norecycle", "cupool-mempool"]
 runs = defaultdict(list)
 for path in ([] if MICRO or SLEEP or THREADS else sys.argv[1:]):
     for line in open(path):
