@@ -113,10 +113,7 @@ impl Driver for LimitedDriver {
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
         // What the card gives up: whole pages where the driver hands out pages, as a card of
         // the limit's size would.
-        let taken = match self.inner.malloc_page() {
-            0 | 1 => bytes,
-            page => bytes.div_ceil(page).saturating_mul(page),
-        };
+        let taken = super::in_pages(bytes, self.inner.malloc_page());
         self.admit(CallKind::Malloc, taken)?;
         match self.inner.malloc(bytes) {
             Ok(p) => {

@@ -181,6 +181,15 @@ pub trait Driver: Send + Sync + fmt::Debug {
     fn synchronize_device(&self) -> Result<(), DriverError>;
 }
 
+/// What a device allocation of `bytes` takes from a card that hands out pages of `page` bytes
+/// ([`Driver::malloc_page`]; 0: exactly `bytes`).
+pub fn in_pages(bytes: usize, page: usize) -> usize {
+    match page {
+        0 | 1 => bytes,
+        p => bytes.div_ceil(p).saturating_mul(p),
+    }
+}
+
 fn no_copy(at: DevicePtr) -> DriverError {
     DriverError::new(
         CallKind::Copy,

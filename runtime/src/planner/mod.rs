@@ -205,10 +205,7 @@ pub fn project_oom(
 pub fn pool_room(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, Stop> {
     let (w, kv, compute) = cfg.startup_bytes(cfg.n_ctx);
     // Each start-up buffer is a device allocation of its own: whole pages.
-    let page = |b: usize| match target.malloc_page {
-        0 | 1 => b,
-        p => b.div_ceil(p).saturating_mul(p),
-    };
+    let page = |b: usize| cupool_pool::driver::in_pages(b, target.malloc_page);
     let buffers = page(w) + page(kv) + page(compute);
     let o = &target.outside;
     if buffers + o.at_startup() > target.free_bytes {

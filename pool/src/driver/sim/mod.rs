@@ -142,10 +142,10 @@ impl SimDevice {
             };
             let free = capacity.saturating_sub(used);
             // What the card gives up: whole pages where the driver hands out pages.
-            let taken = match self.config.malloc_page {
-                0 | 1 => bytes,
-                _ if managed => bytes,
-                page => bytes.div_ceil(page).saturating_mul(page),
+            let taken = if managed {
+                bytes
+            } else {
+                super::in_pages(bytes, self.config.malloc_page)
             };
             if taken > free {
                 let what = if managed { "managed " } else { "" };

@@ -56,6 +56,9 @@ pub struct VmmReserve {
     granular: bool,
     /// [`VmmConfig::recycle_page`] rounded to the granularity; set with it.
     page: usize,
+    /// The segment the last growth handed out (start, end), until the block placed in it is
+    /// backed: only that block's backing covers the rest of its segment (the amortised step).
+    fresh: Option<(DevicePtr, DevicePtr)>,
 }
 
 impl VmmReserve {
@@ -71,6 +74,7 @@ impl VmmReserve {
             space: AddressSpace::default(),
             streak: 0,
             page: 0,
+            fresh: None,
         }
     }
 
@@ -269,6 +273,7 @@ impl Upstream for VmmReserve {
             }
         };
         self.streak += 1;
+        self.fresh = Some((seg.ptr, seg.ptr + seg.len as u64));
         Ok(seg)
     }
 
@@ -313,11 +318,11 @@ impl Upstream for VmmReserve {
         // A growth's new segment: memory created for it covers all of it (the amortised
         // step), as one growth used to map it all. Without recycling that is one page, tried
         // first; with it, pages go behind the block first and the rest is best effort.
+        // Only a block in the segment a growth just handed out; a block that lands on vacant
+        // address space of an older segment gets memory for itself alone.
         let rest = self
-            .space
-            .segs
-            .last()
-            .map(|&(p, l)| (p, p + l as u64))
+            .fresh
+            .take()
             .filter(|&(p, e)| range.1 > p && range.1 < e)
             .map(|(_, e)| e);
         if let (false, Some(end)) = (self.granular, rest) {
