@@ -2,14 +2,14 @@
 //
 // Compiled into ggml-cuda (copy this file and ggml-cupool.cu into ggml-cuda/, then apply the
 // patch for the engine; docs/llama-cpp.md). With GGML_POOL unset nothing changes: ggml keeps its
-// own pools and libcupool is never loaded. With GGML_POOL=vmm|legacy|managed|torch|direct every
+// own pools and libcupool is never loaded. With GGML_POOL=vmm|legacy|managed|torch|direct|nccl every
 // pool of every device and stream goes through libcupool, found at CUPOOL_LIB, beside the
 // executable, beside the library holding ggml-cuda, or on the loader's path.
 //
 // Environment (generated from cupool's settings table, pool/src/settings/table.rs, by its tests):
-//   GGML_POOL=vmm|legacy|managed|torch|direct: the pool kind: torch is PyTorch's caching policy (to
-//       replay traces), direct caches nothing (under a caching layer). Unset: ggml's own pools,
-//       also when empty: libcupool is not loaded.
+//   GGML_POOL=vmm|legacy|managed|torch|direct|nccl: the pool kind: torch is PyTorch's caching
+//       policy (to replay traces), direct caches nothing (under a caching layer). Unset: ggml's own
+//       pools, also when empty: libcupool is not loaded.
 //   GGML_CUDA_NO_VMM=1|0|true|false|yes|no|on|off: never choose VMM automatically (ggml's name).
 //       Unset: off.
 //   GGML_CUDA_POOL_USE_MANAGED=1|0|true|false|yes|no|on|off: same as GGML_POOL=managed (ggml's

@@ -186,7 +186,8 @@ const char *cupool_tag(void);
 // The synchronize lets kernels already queued finish first; work queued after this call must
 // not touch the memory until `cupool_wake` (it would fault). Allocations under the tag fail
 // while it sleeps; frees are taken. Writes the bytes released to `released` if not null.
-// Only the vmm pool (the default) can sleep. A failure leaves part of the tag asleep: call
+// Only the vmm pool (the default) can sleep; refused while memory of the device is registered
+// (`cupool_register`). A failure leaves part of the tag asleep: call
 // `cupool_wake` (or sleep again).
 //
 // # Safety
@@ -211,6 +212,23 @@ enum cupool_status cupool_wake(int32_t device, const char *tag, size_t *mapped);
 // `tag` is null or a NUL-terminated string; `asleep` points to writable memory for one
 // `size_t`.
 enum cupool_status cupool_asleep_bytes(int32_t device, const char *tag, size_t *asleep);
+
+// Tells cupool that `bytes` at `ptr` on `device`, memory cupool handed out, are registered
+// with NCCL (`ncclCommRegister`, PyTorch's `register_mem_pool`) or otherwise shared by its
+// physical memory: until `cupool_deregister`, that memory stays mapped at that address. A
+// free of the range is taken but done only at deregistration; a sleep of the device is
+// refused. A range overlapping one registered already is refused.
+enum cupool_status cupool_register(int32_t device, void *ptr, size_t bytes);
+
+// Ends the registration made at `ptr` on `device`. A free that arrived while it was
+// registered is done now (its failure, if any, is this call's).
+enum cupool_status cupool_deregister(int32_t device, void *ptr);
+
+// Writes the bytes registered on `device` to `bytes`.
+//
+// # Safety
+// `bytes` points to writable memory for one `size_t`.
+enum cupool_status cupool_registered_bytes(int32_t device, size_t *bytes);
 
 // The text of the last failure on this thread ("" after a success). The text stays valid
 // until this thread's next failed call, or its exit: successful calls, `cupool_shutdown`

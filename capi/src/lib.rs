@@ -19,7 +19,8 @@
 //! settings table; memory; releases; stats; recording; tags, sleep and wake), `torch.rs` (PyTorch's
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
 //! `repro-prefill replay`), `boundary.rs` (an engine's ubatch boundary: `CUPOOL_PURGE`, per-ubatch
-//! peaks), `tags.rs` (the names a caller gives what it allocates, for sleep and wake).
+//! peaks), `tags.rs` (the names a caller gives what it allocates, for sleep and wake), `registered.rs` (ranges
+//! registered with NCCL: kept mapped until deregistered).
 
 mod api;
 mod boundary;
@@ -33,6 +34,7 @@ mod owned_lock;
 mod owners;
 mod peaks;
 mod record;
+mod registered;
 mod state;
 mod stats;
 mod status;

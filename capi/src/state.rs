@@ -9,7 +9,8 @@ use crate::cached::Cached;
 use crate::config::{Config, Devices};
 use crate::local::{Held, Local};
 use crate::status::{CupoolStatus, Failure};
-use cupool_pool::driver::cuda::{device_count, CudaDriver};
+use cupool_pool::driver::cuda::device_count;
+use cupool_pool::driver::lazy::LazyDriver;
 use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::Driver;
@@ -105,10 +106,12 @@ impl Lib {
                 })
                 .collect()
         };
+        // Each device is opened (its CUDA context made) when a pool first needs it: a process
+        // that sees several GPUs and uses one pays no context on the others.
         let cuda = || -> Result<Vec<Arc<dyn Driver>>, Failure> {
-            (0..device_count()?)
-                .map(|i| Ok(Arc::new(CudaDriver::new(i)?) as Arc<dyn Driver>))
-                .collect()
+            Ok((0..device_count()?)
+                .map(|i| Arc::new(LazyDriver::cuda(i)) as Arc<dyn Driver>)
+                .collect())
         };
         let drivers = match config.devices {
             Devices::Cuda => cuda()?,

@@ -13,7 +13,7 @@ use crate::kind::PoolKind;
 use crate::placement::caching::CachingConfig;
 use crate::pool::Pool;
 use crate::pools::{
-    DirectPool, LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, TorchPool, VmmPool,
+    DirectPool, LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, NcclPool, TorchPool, VmmPool,
 };
 use crate::settings::{self, FrontEnd};
 use crate::upstream::vmm::VmmConfig;
@@ -159,11 +159,13 @@ impl PoolConfig {
     /// The kind this configuration gives on a device with or without VMM.
     pub fn resolve(&self, vmm_supported: bool) -> Result<PoolKind, PoolError> {
         match self.kind {
-            Some(PoolKind::Vmm) if !vmm_supported => Err(PoolError::Unsupported {
-                kind: PoolKind::Vmm,
-                lacks: "virtual memory management",
-                use_instead: "legacy or managed",
-            }),
+            Some(k @ (PoolKind::Vmm | PoolKind::Nccl)) if !vmm_supported => {
+                Err(PoolError::Unsupported {
+                    kind: k,
+                    lacks: "virtual memory management",
+                    use_instead: "legacy or managed",
+                })
+            }
             Some(k) => Ok(k),
             None if vmm_supported && !self.no_vmm => Ok(PoolKind::Vmm),
             None => Ok(PoolKind::Legacy),
@@ -218,6 +220,7 @@ impl PoolConfig {
             )),
             PoolKind::Torch => Arc::new(TorchPool::with_config(driver, self.torch)?),
             PoolKind::Direct => Arc::new(DirectPool::new(driver)),
+            PoolKind::Nccl => Arc::new(NcclPool::new(driver)),
         };
         Ok(pool)
     }

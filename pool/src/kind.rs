@@ -40,6 +40,10 @@ pool_kinds! {
     /// No cache: each request its own device allocation, freed at once (under a caching layer
     /// such as PyTorch's `MemPool`).
     Direct = "direct";
+    /// No cache: each request its own VMM allocation made as `ncclMemAlloc` makes it (one
+    /// physical handle, mapped for every peer), released when freed; for a `torch.cuda.MemPool`
+    /// registered with NCCL.
+    Nccl = "nccl";
 }
 
 impl PoolKind {

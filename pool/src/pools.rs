@@ -7,6 +7,7 @@
 //! | [`ManagedPool`] | [`Slots`], smaller idle buffers dropped on growth | [`ManagedMalloc`] |
 //! | [`TorchPool`] | [`Caching`] (PyTorch's policy), emptied and retried on OOM | [`DeviceMalloc`] |
 //! | [`DirectPool`] | [`Direct`]: no cache | [`DeviceMalloc`] |
+//! | [`NcclPool`] | [`Direct`]: no cache | [`VmmEach`]: one VMM allocation per segment |
 
 use crate::core::{CoreOptions, CorePool};
 use crate::driver::Driver;
@@ -19,6 +20,7 @@ use crate::placement::slots::{Slots, SlotsConfig};
 use crate::upstream::device::DeviceMalloc;
 use crate::upstream::managed::ManagedMalloc;
 use crate::upstream::vmm::{VmmConfig, VmmReserve};
+use crate::upstream::vmm_each::VmmEach;
 use crate::upstream::Upstream;
 use std::sync::Arc;
 
@@ -43,6 +45,11 @@ pub type TorchPool = CorePool<Caching, DeviceMalloc>;
 /// the device). For use under a caching layer, such as a `torch.cuda.MemPool`, where a second
 /// cache would only hold memory the layer above already gave up.
 pub type DirectPool = CorePool<Direct, DeviceMalloc>;
+
+/// No cache, VMM memory: every request its own allocation with one physical handle, mapped for
+/// every peer, as NCCL's `ncclMemAlloc` makes it, released (after a synchronize) when freed.
+/// For a `torch.cuda.MemPool` whose segments are registered with NCCL.
+pub type NcclPool = CorePool<Direct, VmmEach>;
 
 /// The legacy pool's settings. [`Default`] is ggml's policy exactly.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -155,6 +162,18 @@ impl DirectPool {
             PoolKind::Direct,
             Direct,
             DeviceMalloc::new(driver),
+            CoreOptions::default(),
+        )
+    }
+}
+
+impl NcclPool {
+    /// A pool that caches nothing and maps each request on its own.
+    pub fn new(driver: Arc<dyn Driver>) -> Self {
+        Self::from_parts(
+            PoolKind::Nccl,
+            Direct,
+            VmmEach::new(driver),
             CoreOptions::default(),
         )
     }

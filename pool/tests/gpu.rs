@@ -9,7 +9,7 @@ use cupool_pool::driver::cuda::CudaDriver;
 use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::Driver;
 use cupool_pool::placement::slots::SlotsConfig;
-use cupool_pool::pools::{LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, VmmPool};
+use cupool_pool::pools::{LegacyConfig, LegacyPool, ManagedConfig, ManagedPool, NcclPool, VmmPool};
 use cupool_pool::{synchronize, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 
@@ -95,6 +95,7 @@ fn every_pool_on_cuda_with_kernels() {
     let free_before = d.mem_info().unwrap().free;
     exercise("vmm", Arc::new(VmmPool::new(c.clone())), &k);
     exercise("legacy", Arc::new(LegacyPool::new(c.clone())), &k);
+    exercise("nccl", Arc::new(NcclPool::new(c.clone())), &k);
     exercise(
         "legacy-4-slots-retry",
         Arc::new(

@@ -21,11 +21,12 @@ import os
 from ._lib import CupoolError, LibraryNotFound, load
 from . import _lib
 from .tags import asleep_bytes, current_tag, sleep, tag, wake
+from .registered import deregister, register, registered_bytes
 
 __all__ = ["CupoolError", "LibraryNotFound", "init", "is_initialized", "shutdown", "stats",
            "trim", "purge", "reset_peaks", "record", "phase", "device_count", "library_path",
            "config_string", "with_environment", "ensure_open", "ubatch_end", "tag", "current_tag", "sleep", "wake",
-           "asleep_bytes"]
+           "asleep_bytes", "register", "deregister", "registered_bytes"]
 
 #: The configuration names ``init`` takes as keywords, and the C API's names for them.
 OPTIONS = {
@@ -45,7 +46,7 @@ OPTIONS = {
 
 
 def config_string(pool=None, **options):
-    """The C API's configuration string for ``pool`` (vmm, legacy, managed, torch, direct) and
+    """The C API's configuration string for ``pool`` (vmm, legacy, managed, torch, direct, nccl) and
     the keywords of ``OPTIONS``; an unknown keyword is a ``TypeError`` naming the accepted ones."""
     config = {}
     if pool is not None:

@@ -84,6 +84,9 @@ _SIGNATURES = {
     "cupool_sleep": (ctypes.c_int, [ctypes.c_int32, ctypes.c_char_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]),
     "cupool_wake": (ctypes.c_int, [ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
     "cupool_asleep_bytes": (ctypes.c_int, [ctypes.c_int32, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "cupool_register": (ctypes.c_int, [ctypes.c_int32, _P, ctypes.c_size_t]),
+    "cupool_deregister": (ctypes.c_int, [ctypes.c_int32, _P]),
+    "cupool_registered_bytes": (ctypes.c_int, [ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]),
     "cupool_torch_alloc": (_P, [ctypes.c_size_t, ctypes.c_int, _P]),
     "cupool_torch_free": (None, [_P, ctypes.c_size_t, ctypes.c_int, _P]),
 }

@@ -13,6 +13,11 @@ Two modes:
 - ``mempool()``: a ``torch.cuda.MemPool`` whose segments come from cupool; use it with
   ``torch.cuda.use_mem_pool(p)``. PyTorch's caching runs on top; its statistics keep working and
   an out-of-memory is PyTorch's usual ``torch.OutOfMemoryError``.
+
+For NCCL, ``mempool(pool="nccl")`` makes every segment its own allocation as ``ncclMemAlloc``
+makes it, and ``register_mem_pool(pool)`` registers the pool with the process group's NCCL
+communicator (zero-copy collectives between GPUs) while cupool keeps its memory mapped until
+``deregister_mem_pool(pool)``.
 """
 
 import collections
@@ -95,7 +100,7 @@ def _raising_pluggable(torch):
 
 def install(pool=None, config=None, raise_oom=True, **options):
     """Makes cupool the allocator of every CUDA tensor in this process. ``pool`` is vmm (the
-    default), legacy, managed, torch or direct; ``options`` are ``cupool.OPTIONS``. If
+    default), legacy, managed, torch, direct or nccl; ``options`` are ``cupool.OPTIONS``. If
     ``cupool.init`` already opened the library, pass no settings: its own are used. Raises a
     ``RuntimeError`` if PyTorch already allocated CUDA memory. With ``raise_oom`` (the default)
     an allocation cupool cannot serve raises ``torch.OutOfMemoryError`` (see the module text)."""
@@ -184,3 +189,119 @@ def sleep(tags, offload=(), device=None):
     caches on top and could hand a sleeping block to a new tensor: allocate nothing in it while
     it sleeps); returns the bytes released."""
     return _sleep(tags, offload=offload, device=-1 if device is None else _index(device))
+
+
+#: What ``register_mem_pool`` pinned, per pool: ``pool.id`` -> {"ranges": {address: (device, bytes)},
+#: "backend": the NCCL backend it registered the pool with, or None}.
+_registered_pools = {}
+
+
+def _nccl_backend(group):
+    """The NCCL backend (``ProcessGroupNCCL``) of ``group`` (the default group when None), or a
+    ``RuntimeError`` that says what is missing."""
+    torch = _torch()
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("register_mem_pool needs torch.distributed initialised with the NCCL backend "
+                           "(dist.init_process_group('nccl', device_id=...)) first")
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    try:
+        backend = pg._get_backend(torch.device("cuda"))
+    except Exception as e:  # noqa: BLE001 (the reason goes into the message)
+        raise RuntimeError(f"the process group has no CUDA (NCCL) backend: {e}") from e
+    for name in ("register_mem_pool", "deregister_mem_pool"):
+        if not hasattr(backend, name):
+            raise RuntimeError(f"{type(backend).__name__} has no {name} in torch {torch.__version__}: NCCL "
+                               "registration of a MemPool needs a PyTorch whose ProcessGroupNCCL offers it")
+    return backend
+
+
+def _segments(pool):
+    """(address, total_size, device) of every segment PyTorch holds in ``pool`` now."""
+    try:
+        snap = pool.snapshot(include_traces=False)
+    except TypeError:  # a PyTorch whose MemPool.snapshot takes no argument
+        snap = pool.snapshot()
+    here = None
+    out = []
+    for s in snap:
+        if "device" not in s and here is None:  # the pool's device: where it was made
+            here = _torch().cuda.current_device()
+        out.append((int(s["address"]), int(s["total_size"]), int(s.get("device", here))))
+    return out
+
+
+def register_mem_pool(pool, group=None):
+    """Registers ``pool`` (a ``torch.cuda.MemPool``, best ``mempool(pool="nccl")``) with the NCCL
+    communicator of ``group`` (the default process group when None) through
+    ``ProcessGroupNCCL.register_mem_pool``, and pins every segment it holds with
+    ``cupool.register``: until ``deregister_mem_pool``, cupool keeps that memory mapped at its
+    address (a free of it by PyTorch is deferred, a sleep of the device is refused), since NCCL
+    and its peers use it by address.
+
+    The communicator must exist first: pass ``device_id`` to ``init_process_group`` (or run one
+    collective). PyTorch's allocator hook registers with NCCL the segments the pool allocates
+    later, but cupool does not see them: call this again after the pool grew to pin them (what
+    is pinned already is left as it is; NCCL ignores a registration it has). NCCL's symmetric
+    windows (``symm=True``) are not offered: they may use NVLink multicast. Returns the bytes
+    this call pinned."""
+    backend = _nccl_backend(group)
+    entry = _registered_pools.setdefault(tuple(pool.id), {"ranges": {}, "backend": None})
+    # Pin first: between NCCL's registration and the pin nothing may release the memory, and a
+    # pin that fails leaves nothing registered with NCCL.
+    pinned = []
+    try:
+        for address, size, device in _segments(pool):
+            if address in entry["ranges"]:
+                continue
+            cupool.register(address, size, device=device)
+            entry["ranges"][address] = (device, size)
+            pinned.append(address)
+        backend.register_mem_pool(pool)  # again: the new segments; NCCL ignores those it has
+        entry["backend"] = backend
+    except BaseException:
+        for address in pinned:
+            device, _ = entry["ranges"].pop(address)
+            try:
+                cupool.deregister(address, device=device)
+            except cupool.CupoolError:
+                pass
+        if not entry["ranges"] and entry["backend"] is None:
+            _registered_pools.pop(tuple(pool.id), None)
+        raise
+    return sum(entry["ranges"][a][1] for a in pinned)
+
+
+def deregister_mem_pool(pool, group=None):
+    """Undoes ``register_mem_pool``: deregisters ``pool`` from the NCCL communicator (PyTorch's
+    ``ProcessGroupNCCL.deregister_mem_pool``), then unpins every range ``register_mem_pool``
+    pinned, also those PyTorch freed meanwhile (cupool releases those now). Call it on every
+    rank before the process group is destroyed. Returns the bytes unpinned."""
+    _torch().cuda.synchronize()
+    entry = _registered_pools.pop(tuple(pool.id), None)
+    if entry is None:
+        raise ValueError("this MemPool was not registered through cupool.torch.register_mem_pool")
+    backend = entry["backend"] if group is None else _nccl_backend(group)
+    errors = []
+    if backend is not None:
+        try:
+            backend.deregister_mem_pool(pool)
+        except Exception as e:  # noqa: BLE001 (unpin all the same, then raise)
+            errors.append(e)
+    unpinned = 0
+    for address, (device, size) in sorted(entry["ranges"].items()):
+        try:
+            cupool.deregister(address, device=device)
+            unpinned += size
+        except cupool.CupoolError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    return unpinned
+
+
+def pinned_bytes(pool):
+    """Bytes of ``pool`` that ``register_mem_pool`` pinned and ``deregister_mem_pool`` has not
+    released yet (0 for a pool never registered)."""
+    entry = _registered_pools.get(tuple(pool.id))
+    return sum(size for _, size in entry["ranges"].values()) if entry else 0

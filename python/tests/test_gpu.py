@@ -3,6 +3,7 @@
 
 Run on the GPU machine: CUPOOL_LIB=... python3 -m pytest -m gpu python/tests/test_gpu.py
 """
+import json
 import os
 import subprocess
 import sys
@@ -95,3 +96,101 @@ def gpu_count():
 def test_torch_two_devices():
     p = run("torch_two_devices.py")
     assert "two devices: ok" in p.stdout
+
+
+# Two GPUs through torch.distributed (torchrun, NCCL): scripts/torch/distributed.py under cupool,
+# installed and as a MemPool, against PyTorch's own allocator on the same workload, steps and
+# seed; scripts/torch/nccl_bw.py for NCCL's registration of a cupool MemPool.
+REPO = os.path.dirname(os.path.dirname(HERE))
+SCRIPTS = os.path.join(REPO, "scripts", "torch")
+#: Shorter than the benchmark's runs (200 and 100 steps): each case's reference run takes as many.
+DIST_STEPS = {"tp-mlp": 60, "ddp": 40}
+#: NVLink multicast off: on the shared machines it can take the GPUs down.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+two_gpus = pytest.mark.skipif(gpu_count() < 2, reason="needs two GPUs")
+
+
+def distributed_module():
+    """scripts/torch/distributed.py as a module (its compare() and tolerances); no torch import."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cupool_scripts_distributed", os.path.join(SCRIPTS, "distributed.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def torchrun(script, *args, timeout=300):
+    """Runs ``script`` on two GPUs; on a timeout torchrun gets SIGTERM first, so that it stops its
+    workers (they run in sessions of their own, which a SIGKILL of torchrun would orphan)."""
+    env = dict(os.environ, **NO_MULTICAST)
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             os.path.join(SCRIPTS, script), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"{script} {' '.join(args)} ran past {timeout}s:\n{stdout[-4000:]}\n{stderr[-8000:]}")
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert p.returncode == 0, f"{script} {' '.join(args)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-8000:]}"
+    for bad in ("panicked", "stack backtrace", "Traceback"):
+        assert bad not in p.stderr, f"{bad!r} in the stderr of {script}:\n{p.stderr[-8000:]}"
+    return p
+
+
+def dist_rows(folder, allocator, workload):
+    """Both ranks' result lines of one run, rank 0 first."""
+    out = os.path.join(str(folder), f"{allocator}-{workload}.jsonl")
+    torchrun("distributed.py", "--allocator", allocator, "--workload", workload,
+             "--steps", str(DIST_STEPS[workload]), "--out", out)
+    rows = sorted((json.loads(line) for line in open(out)), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1], rows
+    return rows
+
+
+@pytest.fixture(scope="module")
+def native_dist(tmp_path_factory):
+    """The native allocator's rows per workload, run once per module."""
+    cache = {}
+
+    def get(workload):
+        if workload not in cache:
+            cache[workload] = dist_rows(tmp_path_factory.mktemp("native"), "native", workload)
+        return cache[workload]
+    return get
+
+
+@two_gpus
+@pytest.mark.parametrize("workload", ["tp-mlp", "ddp"])
+@pytest.mark.parametrize("allocator", ["cupool", "cupool-mempool"])
+def test_torch_distributed_results_equal_native(tmp_path, native_dist, allocator, workload):
+    """torchrun on two GPUs exits cleanly under cupool, and every rank's results are the native
+    run's: identical expected, within distributed.TOLERANCE accepted (its comment says why)."""
+    ref = native_dist(workload)
+    rows = dist_rows(tmp_path, allocator, workload)
+    compare = distributed_module().compare
+    for got, want in zip(rows, ref):
+        verdict = compare(workload, got["checksum"], want["checksum"])
+        print(f"{allocator} {workload} rank {got['rank']}: {verdict}")
+        assert verdict in ("identical", "close"), (verdict, got["checksum"], want["checksum"])
+        assert got["allocator"] == allocator and got["steps"] == DIST_STEPS[workload]
+
+
+@two_gpus
+def test_nccl_registration_keeps_a_cupool_mempool_in_place(tmp_path):
+    """A cupool nccl MemPool registered with NCCL (cupool.torch.register_mem_pool): all_reduce and
+    all_gather results right in every mode, the registered bytes survive freeing the tensors and
+    torch.cuda.empty_cache(), and go at deregister_mem_pool (scripts/torch/nccl_bw.py's checks)."""
+    out = tmp_path / "nccl_bw.jsonl"
+    p = torchrun("nccl_bw.py", "--out", str(out), "--log-dir", str(tmp_path / "logs"), "--sizes", "8,32",
+                 "--trials", "1")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    checks = [r for r in rows if r.get("kind") == "pin_check"]
+    assert len(checks) == 2 and all(c["ok"] for c in checks), checks
+    modes = {r["mode"] for r in rows if r.get("kind") == "bw" and r.get("correct")}
+    assert modes == {"native", "cupool-nccl", "cupool-nccl-registered"}, (modes, p.stdout[-4000:])

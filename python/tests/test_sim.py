@@ -358,3 +358,105 @@ def test_tagged_memory_sleeps_alone_and_wakes_with_its_bytes(sim):
         _lib.check(sim.cupool_free(0, 0, p, n))
     with pytest.raises(cupool.CupoolError, match='ever tagged "nope"'):
         cupool.sleep("nope")
+
+
+class _Backend:
+    """A stand-in for ProcessGroupNCCL's registration calls."""
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+
+    def register_mem_pool(self, pool):
+        self.calls.append("register")
+        if self.fail:
+            raise RuntimeError("NCCL says no")
+
+    def deregister_mem_pool(self, pool):
+        self.calls.append("deregister")
+
+
+class _Pool:
+    """A stand-in for a torch.cuda.MemPool: its id and the segments its snapshot lists."""
+
+    id = (0, 42)
+
+    def __init__(self, segments):
+        self.segments = segments
+
+    def snapshot(self, include_traces=True):
+        return [{"address": a, "total_size": n, "device": 0, "segment_type": "large"} for a, n in self.segments]
+
+
+def _torch_with_a_process_group(monkeypatch, backend, initialized=True):
+    """A stand-in torch whose default process group has ``backend`` for CUDA (no GPU, no torch)."""
+    import types
+    group = types.SimpleNamespace(_get_backend=lambda device: backend)
+    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: initialized,
+                                 distributed_c10d=types.SimpleNamespace(_get_default_group=lambda: group))
+    torch = types.SimpleNamespace(__version__="stand-in", device=lambda *a: a, distributed=dist,
+                                  cuda=types.SimpleNamespace(synchronize=lambda *a: None))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+
+
+needs_register = pytest.mark.skipif(not hasattr(cupool, "register"), reason="this libcupool package has no cupool.register")
+
+
+@needs_register
+def test_register_mem_pool_pins_the_pools_segments_until_deregistered(sim, monkeypatch):
+    """cupool.torch.register_mem_pool: NCCL's registration through the process group, and every
+    segment pinned in libcupool; a segment PyTorch frees meanwhile stays until deregistration;
+    a second call pins only what the pool gained."""
+    import cupool.torch as ct
+    backend = _Backend()
+    _torch_with_a_process_group(monkeypatch, backend)
+    a, _ = alloc(sim, 4 * MIB)
+    b, _ = alloc(sim, 6 * MIB)
+    pool = _Pool([(a, 4 * MIB), (b, 6 * MIB)])
+    assert ct.register_mem_pool(pool) == 10 * MIB
+    assert backend.calls == ["register"]
+    assert cupool.registered_bytes(0) == 10 * MIB and ct.pinned_bytes(pool) == 10 * MIB
+    # PyTorch empties its cache: the free of a registered segment is taken and deferred.
+    sim.cupool_torch_free(a, 4 * MIB, 0, None)
+    assert _lib.last_error() == ""
+    cupool.trim(0)
+    s = cupool.stats(0)
+    assert s["allocated_bytes.all.current"] == 10 * MIB and s["reserved_bytes.all.current"] >= 10 * MIB, s
+    # The pool grew (and no longer lists the freed segment): only the new segment is pinned.
+    c, _ = alloc(sim, 2 * MIB)
+    pool.segments = [(b, 6 * MIB), (c, 2 * MIB)]
+    assert ct.register_mem_pool(pool) == 2 * MIB
+    assert cupool.registered_bytes(0) == 12 * MIB
+    assert ct.deregister_mem_pool(pool) == 12 * MIB
+    assert backend.calls == ["register", "register", "deregister"]
+    assert cupool.registered_bytes(0) == 0 and ct.pinned_bytes(pool) == 0
+    assert cupool.stats(0)["allocated_bytes.all.current"] == 8 * MIB, "the deferred free is done"
+    with pytest.raises(ValueError, match="not registered"):
+        ct.deregister_mem_pool(pool)
+    for p, n in ((b, 6 * MIB), (c, 2 * MIB)):
+        _lib.check(sim.cupool_free(0, 0, p, n))
+
+
+@needs_register
+def test_register_mem_pool_undoes_its_pins_when_nccl_refuses(sim, monkeypatch):
+    import cupool.torch as ct
+    _torch_with_a_process_group(monkeypatch, _Backend(fail=True))
+    a, _ = alloc(sim, 4 * MIB)
+    pool = _Pool([(a, 4 * MIB)])
+    with pytest.raises(RuntimeError, match="NCCL says no"):
+        ct.register_mem_pool(pool)
+    assert cupool.registered_bytes(0) == 0 and ct.pinned_bytes(pool) == 0
+    with pytest.raises(ValueError, match="not registered"):
+        ct.deregister_mem_pool(pool)
+    _lib.check(sim.cupool_free(0, 0, a, 4 * MIB))
+
+
+def test_register_mem_pool_says_what_is_missing(monkeypatch):
+    import types
+    import cupool.torch as ct
+    _torch_with_a_process_group(monkeypatch, types.SimpleNamespace())
+    with pytest.raises(RuntimeError, match="has no register_mem_pool"):
+        ct.register_mem_pool(_Pool([]))
+    _torch_with_a_process_group(monkeypatch, _Backend(), initialized=False)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ct.register_mem_pool(_Pool([]))

@@ -1,8 +1,11 @@
 """docs/pytorch.md's measured tables are what scripts/torch/report.py makes of the raw runs kept
 under data/: a table edited by hand, or data changed without its table, fails here."""
+import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = "data/h100-2026-11-22-pytorch"
@@ -54,3 +57,57 @@ def test_the_recycling_pages_tables_are_their_runs():
 
 def test_the_recycling_on_and_off_table_is_its_runs():
     check("data/h100-2026-11-25-recycle-off/prefill.jsonl")
+
+
+# Two GPUs (scripts/torch/two-gpu.sh): docs/pytorch.md's section between the dist-tables markers
+# is scripts/torch/dist-report.py's output on the run's folder, once that folder is there.
+DIST_DATA = "data/h100x2-2026-11-26-distributed"
+BEGIN, END = "<!-- dist-tables -->", "<!-- /dist-tables -->"
+
+
+def dist_report(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "dist-report.py"), *args],
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def between_markers(text):
+    assert BEGIN in text and END in text, f"the lines {BEGIN} and {END} are missing"
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, DIST_DATA, "distributed.jsonl")),
+                    reason=f"{DIST_DATA} is not there yet (the two-GPU run, scripts/torch/two-gpu.sh)")
+def test_the_two_gpu_tables_are_their_runs():
+    docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
+    assert between_markers(docs) == dist_report(DIST_DATA).strip(), (
+        f"docs/pytorch.md's two-GPU tables are not dist-report.py's output: python3 scripts/torch/dist-report.py "
+        f"{DIST_DATA} --docs docs/pytorch.md rewrites them")
+
+
+def test_the_two_gpu_report_reads_the_scripts_rows_and_fills_the_markers(tmp_path):
+    """On rows shaped as distributed.py and nccl_bw.py write them: a run whose results match
+    native's says so, one out of tolerance says no, and --docs replaces the marked section."""
+    def run(allocator, rank, out_sum):
+        ck = {"out_sum": out_sum, "out_sum_hex": out_sum.hex(), "out_abs_sum": 1e9, "token_sum": 7,
+              "last_out_sum": 1.0, "last_out_abs_sum": 1e6}
+        return {"allocator": allocator, "workload": "tp-mlp", "rank": rank, "world": 2, "steps": 200, "gpu": "GPU",
+                "torch": "2.11", "nccl": "2.27.7", "s_per_step": 0.005, "reserved_peak_mib": 3000.0,
+                "allocated_peak_mib": 2900.0, "driver_peak_mib": 3100.0, "checksum": ck}
+    lines = [run("native", 0, 1.5), run("native", 1, 2.5), run("cupool", 1, 2.5), run("cupool", 0, 1.5),
+             run("cupool-mempool", 0, 1.5), run("cupool-mempool", 1, 2.5 + 1e5),
+             {"allocator": "async", "workload": "tp-mlp", "rep": 1, "failed": 124}]
+    (tmp_path / "distributed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    bw = [{"kind": "bw", "mode": m, "size_mib": 8, "rank": r, "busbw_gbps": 100.0 + r, "correct": True,
+           "nccl_log": {"ipc_registered": int(m.endswith("registered"))}}
+          for m in ("native", "cupool-nccl", "cupool-nccl-registered") for r in (0, 1)]
+    (tmp_path / "nccl_bw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bw))
+    out = dist_report(str(tmp_path))
+    assert "| cupool | 1 | 5.00 | 3,000 / 3,000 | 3,100 / 3,100 | yes (identical) |" in out, out
+    assert "| cupool-mempool | 1 |" in out and out.split("| cupool-mempool |")[1].split("\n")[0].endswith("**no** |")
+    assert "| async | 1 | failed (exit 124) | | | |" in out, out
+    assert "| 8 MiB | 100.0 | 100.0 | 100.0 | yes (2 / 0) |" in out, out
+    docs = tmp_path / "docs.md"
+    docs.write_text(f"# x\n\n{BEGIN}\n\nold\n\n{END}\n\nafter\n")
+    dist_report(str(tmp_path), "--docs", str(docs))
+    text = docs.read_text()
+    assert between_markers(text) == out.strip() and text.endswith(f"{END}\n\nafter\n"), text

@@ -62,6 +62,11 @@ fn try_alloc(
 /// pool of `device` × `stream` handed it out: a block may be freed under another tag (or none)
 /// than it was allocated with.
 pub(crate) fn free_on(device: i32, stream: u64, ptr: u64, size: usize) -> Result<(), Failure> {
+    if let Ok(d) = usize::try_from(device) {
+        if crate::registered::deferred(d, stream, ptr, size)? {
+            return Ok(());
+        }
+    }
     let now = tags::current();
     let first = free_in(device, stream, now, ptr, size);
     match first {

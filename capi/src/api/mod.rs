@@ -3,7 +3,8 @@
 //!
 //! Here: the library's version, opening and closing it, and its settings; by idea beside it:
 //! `memory.rs` (alloc and free), `release.rs` (purges, trims, ubatch boundaries, the release
-//! count), `stats.rs` (statistics), `record.rs` (traces) and `sleep.rs` (tags, sleep and wake).
+//! count), `stats.rs` (statistics), `record.rs` (traces), `sleep.rs` (tags, sleep and wake) and
+//! `register.rs` (ranges registered with NCCL).
 
 // In the header's order: cbindgen follows the declarations.
 mod memory;
@@ -16,9 +17,12 @@ mod record;
 
 mod sleep;
 
+mod register;
+
 pub(crate) use memory::{alloc_on, free_on};
 pub use memory::{cupool_alloc, cupool_alloc_named, cupool_free};
 pub use record::{cupool_phase_begin, cupool_phase_end, cupool_record_start, cupool_record_stop};
+pub use register::{cupool_deregister, cupool_register, cupool_registered_bytes};
 pub use release::{cupool_purge, cupool_releases, cupool_trim, cupool_ubatch_end};
 pub use sleep::{cupool_asleep_bytes, cupool_set_tag, cupool_sleep, cupool_tag, cupool_wake};
 pub use stats::{cupool_reset_peaks, cupool_stats_json};

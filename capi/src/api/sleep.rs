@@ -114,7 +114,8 @@ unsafe fn named_tag(tag: *const c_char) -> Result<u32, Failure> {
 /// The synchronize lets kernels already queued finish first; work queued after this call must
 /// not touch the memory until `cupool_wake` (it would fault). Allocations under the tag fail
 /// while it sleeps; frees are taken. Writes the bytes released to `released` if not null.
-/// Only the vmm pool (the default) can sleep. A failure leaves part of the tag asleep: call
+/// Only the vmm pool (the default) can sleep; refused while memory of the device is registered
+/// (`cupool_register`). A failure leaves part of the tag asleep: call
 /// `cupool_wake` (or sleep again).
 ///
 /// # Safety
@@ -128,6 +129,11 @@ pub unsafe extern "C" fn cupool_sleep(
     released: *mut usize,
 ) -> CupoolStatus {
     status(|| {
+        // Before any device sleeps: a refusal must leave every device as it was.
+        let lib = state::lib()?;
+        for d in devices(&lib, device)? {
+            crate::registered::refuse_if_any(d, "sleep")?;
+        }
         // SAFETY: the caller's contract.
         unsafe {
             per_device(device, tag, released, |lib, d, t| {

@@ -4,12 +4,14 @@
 //! device: [`sim::SimDevice`] (host memory behind the addresses, a capacity and a ledger) and
 //! [`cuda::CudaDriver`] (cudarc with dynamic loading). Anything else that changes driver
 //! behaviour wraps a driver, and works over either: a memory limit on a large card
-//! ([`limit::LimitedDriver`]) and fault injection ([`fault::FaultInjector`]).
+//! ([`limit::LimitedDriver`]), fault injection ([`fault::FaultInjector`]) and opening a device
+//! on its first use ([`lazy::LazyDriver`]).
 
 pub mod cuda;
 mod error;
 pub mod fault;
 mod host;
+pub mod lazy;
 pub mod limit;
 mod shared;
 pub mod sim;

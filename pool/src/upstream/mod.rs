@@ -9,11 +9,13 @@
 //!   [`crate::driver::ManagedLedger`], so managed memory stays within the device's free memory
 //!   across every pool and the fallback unless oversubscription is allowed;
 //! - [`vmm::VmmReserve`]: address reservations, physical memory mapped at the end of the last
-//!   with an adaptive growth, unmapped from the end; a further reservation when one is full.
+//!   with an adaptive growth, unmapped from the end; a further reservation when one is full;
+//! - [`vmm_each::VmmEach`]: one VMM allocation per segment, as `ncclMemAlloc` makes them.
 
 pub mod device;
 pub mod managed;
 pub mod vmm;
+pub mod vmm_each;
 
 use crate::driver::{Driver, DriverError};
 use crate::placement::Segment;

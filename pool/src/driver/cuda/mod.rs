@@ -4,6 +4,7 @@
 //! checks for the library first and returns [`ErrorCode::LibraryMissing`] rather than letting
 //! cudarc panic at the first call, so a caller can fall back to the simulated device.
 
+mod create;
 mod devices;
 mod host;
 mod moves;
@@ -17,6 +18,7 @@ use super::{
 };
 use cudarc::driver::{result, sys, CudaContext};
 use std::mem::MaybeUninit;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// The context current on this thread when it was made; made current again when dropped.
@@ -53,6 +55,10 @@ pub struct CudaDriver {
     /// are made accessible to all of them, as `cudaMalloc` memory is once peer access is on
     /// (a framework copies between devices).
     access: Vec<sys::CUmemAccessDesc>,
+    /// Whether physical memory is created exportable as a POSIX file descriptor, as
+    /// `ncclMemAlloc` makes it (NCCL registers such memory for its peers without a copy).
+    /// On where the device supports it; off for good after a create that refused it.
+    exportable: AtomicBool,
     shared: DeviceShared,
     vmm: bool,
     name: String,
@@ -110,6 +116,10 @@ impl CudaDriver {
         let name = ctx
             .name()
             .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let exportable = vmm
+            && ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+                .is_ok_and(|v| v != 0);
         let access = peers(ordinal)
             .into_iter()
             .map(|id| {
@@ -124,6 +134,7 @@ impl CudaDriver {
         Ok(Self {
             ctx,
             access,
+            exportable: AtomicBool::new(exportable),
             shared: DeviceShared::new(),
             vmm,
             name,
@@ -143,15 +154,6 @@ impl CudaDriver {
             .bind_to_thread()
             .map_err(|e| cuda_err(call, e, "binding the context"))?;
         Ok(restore)
-    }
-
-    fn prop(&self) -> sys::CUmemAllocationProp {
-        // SAFETY: a plain C struct for which all-zero is a valid (empty) value.
-        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.location.id = self.ctx.ordinal() as i32;
-        prop
     }
 }
 
@@ -266,15 +268,7 @@ impl Driver for CudaDriver {
 
     fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError> {
         let _restore = self.bind(CallKind::Create)?;
-        let prop = self.prop();
-        let mut handle = MaybeUninit::<sys::CUmemGenericAllocationHandle>::uninit();
-        // SAFETY: creates physical memory; `handle` is written on success.
-        let handle = unsafe {
-            sys::cuMemCreate(handle.as_mut_ptr(), bytes, &prop, 0)
-                .result()
-                .map_err(|e| cuda_err(CallKind::Create, e, format!("{bytes} bytes")))?;
-            handle.assume_init()
-        };
+        let handle = self.create(bytes)?;
         // SAFETY: maps the new handle into a reserved range the caller owns; on failure the
         // handle is released so nothing leaks.
         if let Err(e) = unsafe { sys::cuMemMap(at, bytes, 0, handle, 0) }.result() {
