@@ -62,6 +62,7 @@ def test_the_recycling_on_and_off_table_is_its_runs():
 # Two GPUs (scripts/torch/two-gpu.sh): docs/pytorch.md's section between the dist-tables markers
 # is scripts/torch/dist-report.py's output on the run's folder, once that folder is there.
 DIST_DATA = "data/h100x2-2026-11-26-distributed"
+DIST_RECYCLE_DATA = "data/h100x2-2026-11-26-distributed-recycle"
 BEGIN, END = "<!-- dist-tables -->", "<!-- /dist-tables -->"
 
 
@@ -70,9 +71,9 @@ def dist_report(*args):
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
-def between_markers(text):
-    assert BEGIN in text and END in text, f"the lines {BEGIN} and {END} are missing"
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+def between_markers(text, begin=BEGIN, end=END):
+    assert begin in text and end in text, f"the lines {begin} and {end} are missing"
+    return text.split(begin, 1)[1].split(end, 1)[0].strip()
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, DIST_DATA, "distributed.jsonl")),
@@ -82,6 +83,15 @@ def test_the_two_gpu_tables_are_their_runs():
     assert between_markers(docs) == dist_report(DIST_DATA).strip(), (
         f"docs/pytorch.md's two-GPU tables are not dist-report.py's output: python3 scripts/torch/dist-report.py "
         f"{DIST_DATA} --docs docs/pytorch.md rewrites them")
+
+
+def test_the_two_gpu_recycling_tables_are_their_run():
+    """The second run (page recycling on and off) has tables of its own."""
+    docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
+    marked = between_markers(docs, "<!-- dist-recycle-tables -->", "<!-- /dist-recycle-tables -->")
+    assert marked == dist_report(DIST_RECYCLE_DATA).strip(), (
+        f"docs/pytorch.md's recycling tables are not dist-report.py's output: python3 scripts/torch/dist-report.py "
+        f"{DIST_RECYCLE_DATA} --docs docs/pytorch.md --marker dist-recycle-tables rewrites them")
 
 
 def test_the_two_gpu_report_reads_the_scripts_rows_and_fills_the_markers(tmp_path):

@@ -18,12 +18,11 @@ import sys
 from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ORDER = ["native", "expandable", "async", "cupool", "cupool-mempool"]
+ORDER = ["native", "expandable", "async", "cupool", "cupool-norecycle", "cupool-mempool"]
 WORKLOAD_TEXT = {
     "tp-mlp": "tensor-parallel MLP inference (bf16, 8 layers, all_reduce / all_gather / broadcast)",
     "ddp": "DistributedDataParallel training (fp32 MLP, AdamW)",
 }
-BEGIN, END = "<!-- dist-tables -->", "<!-- /dist-tables -->"
 
 
 def _distributed():
@@ -202,18 +201,26 @@ def report(folder):
     return "\n\n".join(blocks)
 
 
-def fill(docs, text):
-    """``docs`` with what stands between BEGIN and END replaced by ``text``."""
-    head, sep, rest = docs.partition(BEGIN)
-    if not sep or END not in rest:
-        raise SystemExit(f"the docs lack the lines {BEGIN} and {END}")
-    return f"{head}{BEGIN}\n\n{text}\n\n{END}{rest.partition(END)[2]}"
+def markers(name="dist-tables"):
+    """The lines that enclose a run's tables in the docs: ``<!-- NAME -->`` and ``<!-- /NAME -->``."""
+    return f"<!-- {name} -->", f"<!-- /{name} -->"
+
+
+def fill(docs, text, name="dist-tables"):
+    """``docs`` with what stands between the ``name`` markers replaced by ``text``."""
+    begin, end = markers(name)
+    head, sep, rest = docs.partition(begin)
+    if not sep or end not in rest:
+        raise SystemExit(f"the docs lack the lines {begin} and {end}")
+    return f"{head}{begin}\n\n{text}\n\n{end}{rest.partition(end)[2]}"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", help="the folder holding distributed.jsonl and nccl_bw.jsonl")
     ap.add_argument("--docs", help="write the tables between the markers of this Markdown file")
+    ap.add_argument("--marker", default="dist-tables",
+                    help="the markers' name: <!-- NAME --> and <!-- /NAME --> (default dist-tables)")
     a = ap.parse_args()
     text = report(a.folder)
     if not text:
@@ -222,7 +229,7 @@ def main():
         with open(a.docs) as f:
             docs = f.read()
         with open(a.docs, "w") as f:
-            f.write(fill(docs, text))
+            f.write(fill(docs, text, a.marker))
     else:
         print(text)
 

@@ -46,7 +46,7 @@ MIB = 1 << 20
 
 #: Forced for every process of these scripts: NVLink multicast (NVLS, symmetric memory) off.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-ALLOCATORS = ["native", "expandable", "async", "cupool", "cupool-mempool"]
+ALLOCATORS = ["native", "expandable", "async", "cupool", "cupool-norecycle", "cupool-mempool"]
 #: Each workload's default number of steps.
 WORKLOADS = {"tp-mlp": 200, "ddp": 100}
 _CONF = {"expandable": "expandable_segments:True", "async": "backend:cudaMallocAsync"}
@@ -78,6 +78,8 @@ def select(allocator, pool=None):
     # which it can no longer be swapped.
     if allocator == "cupool":
         cupool.torch.install(pool=pool or "vmm")
+    elif allocator == "cupool-norecycle":  # the VMM pool without page recycling (CUPOOL_VMM_RECYCLE=off)
+        cupool.torch.install(pool=pool or "vmm", vmm_recycle="off")
     torch.cuda.set_device(local_rank)
     return torch, local_rank
 
@@ -477,7 +479,7 @@ def main():
            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
            "allocator_backend": torch.cuda.get_allocator_backend(),
            "steps_s": steps_s, "s_per_step": warm_step, **driver, "checksum": checksum}
-    if a.allocator == "cupool":
+    if a.allocator in ("cupool", "cupool-norecycle"):
         row.update(reserved_peak_mib=cupool.torch.max_memory_reserved(local_rank) / MIB,
                    allocated_peak_mib=cupool.torch.max_memory_allocated(local_rank) / MIB,
                    cupool_pool=a.pool or "vmm")

@@ -119,7 +119,7 @@ print("shim:", cupool.torch._shim_path(torch))' > "$logs/oom-shim.log" 2>&1
 shim=$!
 
 # 2. NCCL bandwidth and registration.
-step nccl-bw 150 "${torchrun[@]}" scripts/torch/nccl_bw.py --out "$out/nccl_bw.jsonl" --log-dir "$logs/nccl"
+[ "${NCCL_BW:-1}" != 0 ] && step nccl-bw 150 "${torchrun[@]}" scripts/torch/nccl_bw.py --out "$out/nccl_bw.jsonl" --log-dir "$logs/nccl"
 for f in "$logs"/nccl/nccl-rank*.log; do
   [ -f "$f" ] || continue
   # NCCL 2.28's wording (src/register/register.cc, src/transport/p2p.cc).
