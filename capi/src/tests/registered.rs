@@ -14,22 +14,16 @@ fn reserved(device: i32) -> u64 {
 fn registered(device: i32) -> usize {
     let mut n = usize::MAX;
     // SAFETY: a writable size_t.
-    assert_eq!(
-        unsafe { cupool_registered_bytes(device, &mut n) },
-        CupoolStatus::Ok,
-        "{}",
-        error()
-    );
+    let s = unsafe { cupool_registered_bytes(device, &mut n) };
+    assert_eq!(s, CupoolStatus::Ok, "{}", error());
     n
 }
 
 fn trim(device: i32) -> usize {
     let mut released = 0;
     // SAFETY: a writable size_t.
-    assert_eq!(
-        unsafe { cupool_trim(device, &mut released) },
-        CupoolStatus::Ok
-    );
+    let s = unsafe { cupool_trim(device, &mut released) };
+    assert_eq!(s, CupoolStatus::Ok, "{}", error());
     released
 }
 
