@@ -8,8 +8,9 @@
 //
 // Environment (generated from cupool's settings table, pool/src/settings/table.rs, by its tests):
 //   GGML_POOL=vmm|legacy|managed|torch|direct|nccl: the pool kind: torch is PyTorch's caching
-//       policy (to replay traces), direct caches nothing (under a caching layer). Unset: ggml's own
-//       pools, also when empty: libcupool is not loaded.
+//       policy (to replay traces), direct caches nothing (under a caching layer), nccl caches
+//       nothing and makes each request one VMM allocation NCCL can register (under a MemPool
+//       registered with NCCL). Unset: ggml's own pools, also when empty: libcupool is not loaded.
 //   GGML_CUDA_NO_VMM=1|0|true|false|yes|no|on|off: never choose VMM automatically (ggml's name).
 //       Unset: off.
 //   GGML_CUDA_POOL_USE_MANAGED=1|0|true|false|yes|no|on|off: same as GGML_POOL=managed (ggml's

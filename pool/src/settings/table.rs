@@ -26,7 +26,7 @@ pub const SETTINGS: &[Setting] = &[
         ],
         keyword: Some("pool"),
         env_only: false,
-        doc: "the pool kind: `torch` is PyTorch's caching policy (to replay traces), `direct` caches nothing (under a caching layer)",
+        doc: "the pool kind: `torch` is PyTorch's caching policy (to replay traces), `direct` caches nothing (under a caching layer), `nccl` caches nothing and makes each request one VMM allocation NCCL can register (under a MemPool registered with NCCL)",
     },
     Setting {
         name: "GGML_CUDA_NO_VMM",
