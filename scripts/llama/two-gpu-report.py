@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The tables of docs/llama-cpp.md's "Two GPUs" section from what scripts/llama/two-gpu.sh wrote
 (its $OUT: runs.jsonl, gpu.txt, results.tar.gz), and the fixtures profiles/tests/mainline_two_gpus.rs
-reads:
+and profiles/tests/ik_two_gpus.rs read:
 
     python3 scripts/llama/two-gpu-report.py DATA_DIR [--predicted FILE] [--fixtures DEST]
 
@@ -12,20 +12,30 @@ Prints, in markdown:
   that is the device's own count in the shim's closing statistics: trace stream d is device d),
   the peak pool reserve the device's pool reported, and the profile's (from --predicted: the
   JSON lines `CUPOOL_TWO_GPUS_SUMMARY=FILE cargo test -p cupool-profiles --test
-  mainline_two_gpus` writes once the fixtures are in place), and the run's outcome;
+  mainline_two_gpus` writes once the fixtures are in place, `CUPOOL_IK_TWO_GPUS_SUMMARY` and
+  `--test ik_two_gpus` for ik_llama.cpp; the fixtures keep them as predicted.jsonl), and the
+  run's outcome;
 - the out-of-memory case: the device the ballast shrank, the token where `legacy`/`never` died
   there against the plan's for that device's layers (`repro-prefill plan` over a GGUF header of
   them, the output matrix included), the room each gives the pool, and whether `legacy`/`auto`
-  completes, planned and real.
+  completes, planned and real;
+- that device's room term by term, as the plan counted it and as the logs measure it (the CUDA
+  context, NCCL's communicators, weights, KV cache, compute buffer, what the first computes took
+  outside them);
+- where DATA_DIR/replan.json is (scripts/llama/two-gpu-replan.py), the plan again with `--free`
+  less the measured terms, against the run.
 
 A token is counted as the plan counts it: the tokens processed before the ubatch whose
 allocation failed (that device's ubatch-end lines before cupool's failure report), within the
 pass that died (mainline's llama-bench warm-up runs the whole prompt first).
 
---fixtures DEST copies the mainline runs' traces into DEST and writes DEST/runs.json: per run the
-model, weights, layers, llama-bench's parameters, split mode and tensor split, the placement the
-engine logged (`load_tensors: layer N assigned to device`), the failed allocation, and each
-device's allocation count and peak reserve from the closing statistics.
+--fixtures DEST copies the runs' traces into DEST and writes DEST/runs.json (for
+profiles/tests/mainline_two_gpus.rs or, of an ik_llama.cpp folder, profiles/tests/ik_two_gpus.rs):
+per run the model, weights, layers, llama-bench's parameters, split mode and tensor split, the
+placement the engine logged (mainline: `load_tensors: layer N assigned to device`, ik_llama.cpp:
+`Setting default device in layer N to D`), the failed allocation, and each device's allocation
+count and peak reserve from the closing statistics. A run whose log places no layers (mainline's
+`-sm row`, which fails at load) is left out.
 """
 import argparse
 import gzip
@@ -43,8 +53,14 @@ OOM_AT = re.compile(r"cupool: device (\d+), stream (\d+): allocating (\d+) bytes
 OOM_RESERVED = re.compile(r"pool live ([\d.]+) MiB, reserved ([\d.]+) MiB")
 MAINLINE_LAYER = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+?),")
 IK_LAYER = re.compile(r"Setting default device in layer\s+(\d+) to (\d+)")
+LOAD_ERROR = re.compile(r"error loading model: (.+)")
 AVG_TS = re.compile(r'"avg_ts":\s*([\d.]+)')
 TRACE_ALLOC = re.compile(r'"op":"alloc".*"stream":(\d+)')
+USING = re.compile(r"using device CUDA(\d+)\b.* - (\d+) MiB free")
+WEIGHTS = re.compile(r"load_tensors:\s+CUDA(\d+) (?:model )?buffer size =\s+([\d.]+) MiB")
+KV = re.compile(r"CUDA(\d+) KV buffer size =\s+([\d.]+) MiB")
+COMPUTE = re.compile(r"CUDA(\d+) compute buffer size =\s+([\d.]+) MiB")
+COMPUTE_EXACT = re.compile(r"CUDA(\d+) compute buffer size is\s+([\d.]+) MiB")
 MIB = 2**20
 
 
@@ -104,8 +120,10 @@ def parse_log(engine: str, log: str, n_layer: int) -> dict:
         m = OOM_RESERVED.search(log, oom.end())
         reserved_at_oom = float(m.group(2)) if m else None
     ts = AVG_TS.findall(log)
+    error = LOAD_ERROR.search(log)
     return {"stats": stats, "oom": oom, "ubatches": ubatches, "memory": memory, "placement": placement,
-            "reserved_at_oom_mib": reserved_at_oom, "tok_s": float(ts[-1]) if ts else None}
+            "reserved_at_oom_mib": reserved_at_oom, "tok_s": float(ts[-1]) if ts else None,
+            "error": error.group(1).strip() if error else None}
 
 
 def trace_allocations(data: Data, name: str) -> dict:
@@ -129,6 +147,8 @@ def oom_token(run: dict, p: dict):
 
 def layers_text(placement: list, device: int, n_layer: int) -> str:
     on = [l for l in range(n_layer) if placement[l] == device]
+    if all(x is None for x in placement):
+        return "none placed"
     if any(x is None for x in placement):
         return "(not logged)"
     spans, start = [], None
@@ -149,6 +169,8 @@ def outcome(run: dict, p: dict) -> str:
     if tok:
         where = " (warm-up)" if run["engine"] == "mainline" and tok[1] == 0 else ""
         return f"**dies** on device {p['oom'].group(1)} at token {tok[0]:,}{where}"
+    if p.get("error"):
+        return f"exit {run['rc']} at model load: `{p['error']}`"
     return f"exit {run['rc']}"
 
 
@@ -163,12 +185,54 @@ def plan_room(p: dict) -> float:
 
 
 def real_room(p: dict, dev: int):
+    """The room the pool had on `dev`: free memory plus the pool's reserve at the first ubatch
+    end (everything else is allocated by then), less what the pool held when the context was
+    created (nothing: the pools allocate only in computes; ik_llama.cpp's shim logs no such line)."""
     mem = [m for m in p["memory"] if m["device"] == dev]
     created = next((m for m in mem if m["stage"] == "context-created"), None)
     first = next((m for m in mem if m["stage"] == "ubatch"), None)
-    if not created or not first:
+    if not first:
         return None
-    return first["free_mib"] + first["pool_reserved_mib"] - created["pool_reserved_mib"]
+    return first["free_mib"] + first["pool_reserved_mib"] - (created["pool_reserved_mib"] if created else 0.0)
+
+
+def logged_mib(pattern: re.Pattern, log: str, dev: int):
+    """The first MiB figure a pattern's line gives for device `dev` (group 1 the device)."""
+    return next((float(m.group(2)) for m in pattern.finditer(log) if int(m.group(1)) == dev), None)
+
+
+def room_terms(run: dict, p: dict, log: str, plan: dict, dev: int):
+    """What lies between the free memory before start and the pool's room on `dev`, term by
+    term, as the plan counted it and as the run's logs measure it (MiB): the CUDA context (the
+    shim's cuda-init line), NCCL's communicators (ik_llama.cpp's ggml_cuda_init makes them when
+    it sees more than one GPU: the shim's cuda-init free less the engine's `using device` free,
+    which it prints in whole MiB, so less than 1 MiB is none), the weights, KV cache and compute
+    buffer (the engine's own lines), and what the first computes took outside them (kernel
+    modules, cuBLAS's workspace: the rest down to the room at the first ubatch end)."""
+    b = re.search(r"(\d+) MiB free", run.get("ballast_line") or "")
+    init = next((m for m in p["memory"] if m["device"] == dev and m["stage"] == "cuda-init"), None)
+    using = logged_mib(USING, log, dev)
+    room = real_room(p, dev)
+    weights, kv = logged_mib(WEIGHTS, log, dev), logged_mib(KV, log, dev)
+    compute = logged_mib(COMPUTE_EXACT, log, dev) or logged_mib(COMPUTE, log, dev)
+    if None in (b, init, using, room, weights, kv, compute):
+        return None
+    free = float(b.group(1))
+    nccl = init["free_mib"] - using if init["free_mib"] - using >= 1 else 0.0
+    outside = init["free_mib"] - nccl - weights - kv - compute - room
+    o = plan["outside"]
+    planned = {"context": o["cuda_context_bytes"] / MIB, "nccl": 0.0, "weights": plan["weights_bytes"] / MIB,
+               "kv": plan["kv_bytes"] / MIB, "compute": plan["compute_bytes"] / MIB,
+               "outside": (sum(o.values()) - o["cuda_context_bytes"] - o.get("shim_hold_bytes", 0)) / MIB}
+    real = {"context": free - init["free_mib"], "nccl": nccl, "weights": weights, "kv": kv, "compute": compute,
+            "outside": outside}
+    return {"free_mib": free, "plan": planned, "real": real,
+            "room_plan": free - sum(planned.values()), "room_real": room}
+
+
+TERMS = [("context", "CUDA context"), ("nccl", "NCCL communicators"), ("weights", "weights"),
+         ("kv", "KV cache"), ("compute", "compute buffer"),
+         ("outside", "the rest, taken by the first ubatch's end (kernel modules, cuBLAS's workspace)")]
 
 
 def report(data: Data, predicted: dict) -> None:
@@ -183,11 +247,12 @@ def report(data: Data, predicted: dict) -> None:
            "|---|---|---:|---|---:|---:|---:|---|"]
     for r in runs:
         p = parsed[r["name"]]
-        counts = trace_allocations(data, r["trace"]) if r.get("trace") and data.has(r["trace"]) else {}
+        traced = bool(r.get("trace")) and data.has(r["trace"])
+        counts = trace_allocations(data, r["trace"]) if traced else {}
         devices = sorted(set(counts) | set(p["stats"])) or [0, 1]
         for d in devices:
             st = p["stats"].get(d, {})
-            n, own = counts.get(d), st.get("allocation.all.allocated")
+            n, own = counts.get(d, 0 if traced else None), st.get("allocation.all.allocated")
             if n is None:
                 req = "–"
             elif own is None:
@@ -241,14 +306,81 @@ def report(data: Data, predicted: dict) -> None:
                    f"{mib(plan_room(pn)) if pn else '–'} | {mib(real_room(p, dev))} | {mib(p['reserved_at_oom_mib'])} | "
                    f"{said_fix} | {fix_real} |")
     out.append(f"<!-- two-gpus-oom-{engine}: end -->")
+    out += room_report(data, runs, parsed, engine)
     print("\n".join(out))
+
+
+def plan_json(data: Data, name: str, purge: str):
+    f = f"plan-{name}-{purge}.json"
+    try:
+        return json.loads(data.text(f)) if data.has(f) else None
+    except json.JSONDecodeError:
+        return None
+
+
+def replans(data: Data) -> dict:
+    """replan.json, which scripts/llama/two-gpu-replan.py writes beside the raw results."""
+    f = data.folder / "replan.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def room_report(data: Data, runs: list, parsed: dict, engine: str) -> list:
+    """Per out-of-memory case: the room terms, planned and measured; and, where
+    two-gpu-replan.py has run, the plan again with the measured terms, against the run."""
+    out = []
+    again = replans(data)
+    for never in (r for r in runs if "-oom-" in r["name"] and r["name"].endswith("-never")):
+        p = parsed[never["name"]]
+        base = never["name"][: -len("-never")]
+        dev = int(p["oom"].group(1)) if p["oom"] else never.get("ballast_device")
+        pn = plan_json(data, never["name"], "never")
+        terms = room_terms(never, p, data.text(never["log"]), pn, dev) if pn else None
+        if not terms:
+            continue
+        out += ["", f"<!-- two-gpus-room-{engine}: begin (python3 scripts/llama/two-gpu-report.py DATA) -->",
+                f"| {base}, device {dev}: {terms['free_mib']:,.0f} MiB free before start | plan (MiB) | measured (MiB) | measured − plan |",
+                "|---|---:|---:|---:|"]
+        for k, what in TERMS:
+            a, b = terms["plan"][k], terms["real"][k]
+            out.append(f"| {what} | {mib(a)} | {mib(b)} | {round(b - a, 1) + 0.0:+,.1f} |")
+        out.append(f"| **the pool's room** | {mib(terms['room_plan'])} | {mib(terms['room_real'])} | "
+                   f"{round(terms['room_real'] - terms['room_plan'], 1) + 0.0:+,.1f} |")
+        out.append(f"<!-- two-gpus-room-{engine}: end -->")
+        case = again.get("cases", {}).get(base)
+        if not case:
+            continue
+        fix = next((r for r in runs if r["name"] == base + "-auto"), None)
+        tok = oom_token(never, p)
+        fix_peak = parsed[fix["name"]]["stats"].get(dev, {}).get("reserved_bytes.all.peak") if fix else None
+        out += ["", f"<!-- two-gpus-replan-{engine}: begin (python3 scripts/llama/two-gpu-report.py DATA; "
+                f"DATA/replan.json by scripts/llama/two-gpu-replan.py) -->",
+                "| `repro-prefill plan --free` | `legacy`/`never` | pool reserve when it runs out (MiB) | "
+                "`legacy`/`auto` | its peak pool reserve (MiB) |",
+                "|---|---|---:|---|---:|"]
+        for row in case["plans"]:
+            nv, au = row["never"], row["auto"]
+            said = "completes" if nv["fits"] else f"dies at token {nv['oom_at_token']:,}"
+            said_fix = "completes" if au["fits"] else f"dies at token {au['oom_at_token']:,}"
+            out.append(f"| {row['free_gib']:.4f} GiB: {row['what']} | {said} | "
+                       f"{mib(nv['pool_peak_reserved_bytes'] / MIB) if not nv['fits'] else '–'} | {said_fix} | "
+                       f"{mib(au['pool_peak_reserved_bytes'] / MIB) if au['fits'] else '–'} |")
+        real = f"dies at token {tok[0]:,}" if tok else outcome(never, p)
+        out.append(f"| the run ({terms['free_mib'] / 1024:.4f} GiB free) | {real} | {mib(p['reserved_at_oom_mib'])} | "
+                   f"{'completes' if fix and fix['rc'] == 0 else 'not run' if not fix else outcome(fix, parsed[fix['name']])} | "
+                   f"{mib(fix_peak / MIB if fix_peak is not None else None)} |")
+        out.append(f"<!-- two-gpus-replan-{engine}: end -->")
+    return out
 
 
 def fixtures(data: Data, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     runs = {}
+    engines = {r.get("engine") for r in data.runs() if not r.get("skipped")}
+    if len(engines) != 1 or not engines <= {"mainline", "ik"}:
+        sys.exit(f"{data.folder}: runs of {sorted(map(str, engines))}: accepted are the runs of one engine, mainline or ik")
+    engine = engines.pop()
     for r in data.runs():
-        if r.get("skipped") or r.get("engine") != "mainline" or not r.get("trace") or not data.has(r["trace"]):
+        if r.get("skipped") or not r.get("trace") or not data.has(r["trace"]):
             continue
         p = parse_log(r["engine"], data.text(r["log"]), r["n_layer"])
         if any(x is None for x in p["placement"]):
@@ -268,9 +400,9 @@ def fixtures(data: Data, dest: Path) -> None:
         }
         (dest / r["trace"]).write_bytes(data.bytes(r["trace"]))
     if not runs:
-        sys.exit(f"{data.folder}: no mainline run with a trace")
+        sys.exit(f"{data.folder}: no {engine} run with a trace")
     with open(dest / "runs.json", "w") as f:
-        json.dump({"engine": "mainline", "source": str(data.folder), "runs": runs}, f, indent=1, sort_keys=True)
+        json.dump({"engine": engine, "source": str(data.folder), "runs": runs}, f, indent=1, sort_keys=True)
         f.write("\n")
     print(f"two-gpu-report: {len(runs)} runs in {dest}/runs.json", file=sys.stderr)
 

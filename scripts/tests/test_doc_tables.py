@@ -121,3 +121,28 @@ def test_the_two_gpu_report_reads_the_scripts_rows_and_fills_the_markers(tmp_pat
     dist_report(str(tmp_path), "--docs", str(docs))
     text = docs.read_text()
     assert between_markers(text) == out.strip() and text.endswith(f"{END}\n\nafter\n"), text
+
+
+# llama.cpp across two GPUs (scripts/llama/two-gpu.sh): docs/llama-cpp.md's "Two GPUs: each
+# device's pool" tables are scripts/llama/two-gpu-report.py's output on each engine's run, with
+# the peak reserve the profile tests replayed (the fixtures' predicted.jsonl, which
+# profiles/tests/mainline_two_gpus.rs and ik_two_gpus.rs check) and the plans again of
+# scripts/llama/two-gpu-replan.py (the folder's replan.json).
+TWO_GPU_RUNS = [
+    ("data/h100x2-2026-11-26-mainline-two-gpus", "profiles/tests/data/h100x2-2026-11-26-mainline"),
+    ("data/h100x2-2026-11-26-ik-two-gpus", "profiles/tests/data/h100x2-2026-11-26-ik"),
+]
+
+
+@pytest.mark.parametrize("data,fixtures", TWO_GPU_RUNS)
+def test_the_llama_two_gpu_tables_are_their_runs(data, fixtures):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "two-gpu-report.py"), data,
+                          "--predicted", f"{fixtures}/predicted.jsonl"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    got = [b.strip("\n") for b in out.split("\n\n") if b.strip()]
+    docs = open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
+    # the per-run table, the out-of-memory case, its room terms and the plans again
+    assert sum("<!-- two-gpus-" in b for b in got) == 4, out
+    for b in got:
+        assert b in docs, (f"docs/llama-cpp.md lacks this block of python3 scripts/llama/two-gpu-report.py {data} "
+                           f"--predicted {fixtures}/predicted.jsonl:\n{b}")

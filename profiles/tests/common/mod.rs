@@ -3,6 +3,8 @@
 //! predicted phase and a recorded one compare event for event.
 #![allow(dead_code)] // each test file takes what it needs
 
+pub mod two_gpus;
+
 use cupool_kernels::KvType;
 use cupool_pool::trace::{self, Op};
 use cupool_profiles::{Device, EngineModel, OpCall, Profile, Setup, UbatchShape, Weights};
