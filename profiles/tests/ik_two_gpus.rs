@@ -29,9 +29,8 @@
 mod common;
 
 use common::two_gpus::{
-    compare_requests, data_dir, peak_lines, runs, streams_are_devices, summary, Run,
+    compare_runs, data_dir, peak_lines, runs, streams_are_devices, summary, Run,
 };
-use std::io::Write;
 
 const DATA: &str = "tests/data/h100x2-2026-11-26-ik";
 const TEST: &str = "ik_two_gpus";
@@ -76,25 +75,7 @@ fn each_device_holds_a_run_of_layers_and_its_stream() {
 #[test]
 fn every_device_s_requests_equal_the_recorded_ones() {
     let Some((_, runs)) = fixtures() else { return };
-    let mut compared = 0;
-    for r in &runs {
-        let c = compare_requests(r, &r.logged());
-        for (d, (n, of)) in &c.per_device {
-            let _ = writeln!(
-                std::io::stderr(),
-                "{TEST}: {} device {d}: {n} of {of} recorded requests compared",
-                r.name
-            );
-            compared += n;
-        }
-        if let (Some((dev, _)), Some(tok)) = (r.oom, c.failed_on) {
-            let _ = writeln!(
-                std::io::stderr(),
-                "{TEST}: {}: device {dev} ran out in the step from token {tok}",
-                r.name
-            );
-        }
-    }
+    let compared = compare_runs(TEST, runs.iter(), Run::logged);
     assert!(compared > 0, "no run compared");
 }
 

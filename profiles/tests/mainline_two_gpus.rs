@@ -44,9 +44,8 @@
 mod common;
 
 use common::two_gpus::{
-    compare_requests, data_dir, peak_lines, runs, streams_are_devices, summary, Run,
+    compare_runs, data_dir, peak_lines, runs, streams_are_devices, summary, Run,
 };
-use std::io::Write;
 
 /// The fixtures' folder (relative to this crate), or `CUPOOL_TWO_GPUS_DATA`.
 const DATA: &str = "tests/data/h100x2-2026-11-26-mainline";
@@ -125,25 +124,8 @@ fn each_device_holds_the_layers_llama_cpp_places_there() {
 #[test]
 fn every_device_s_requests_equal_the_recorded_ones() {
     let Some((_, runs)) = fixtures() else { return };
-    let mut compared = 0;
-    for r in runs.iter().filter(|r| r.split_mode == "layer") {
-        let c = compare_requests(r, &computed(r));
-        for (d, (n, of)) in &c.per_device {
-            let _ = writeln!(
-                std::io::stderr(),
-                "{TEST}: {} device {d}: {n} of {of} recorded requests compared",
-                r.name
-            );
-            compared += n;
-        }
-        if let (Some((dev, _)), Some(tok)) = (r.oom, c.failed_on) {
-            let _ = writeln!(
-                std::io::stderr(),
-                "{TEST}: {}: device {dev} ran out in the step from token {tok}",
-                r.name
-            );
-        }
-    }
+    let layered = runs.iter().filter(|r| r.split_mode == "layer");
+    let compared = compare_runs(TEST, layered, computed);
     assert!(compared > 0, "no -sm layer run compared");
 }
 

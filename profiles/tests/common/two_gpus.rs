@@ -437,6 +437,36 @@ pub fn compare_requests(r: &Run, placement: &[Option<usize>]) -> Compared {
     out
 }
 
+/// Compares each run's requests with `placement`'s (`compare_requests`), says on stderr how many
+/// of each device's recorded requests were compared and where a device ran out; the requests
+/// compared in all.
+pub fn compare_runs<'a>(
+    test: &str,
+    runs: impl Iterator<Item = &'a Run>,
+    placement: impl Fn(&Run) -> Vec<Option<usize>>,
+) -> usize {
+    let mut compared = 0;
+    for r in runs {
+        let c = compare_requests(r, &placement(r));
+        for (d, (n, of)) in &c.per_device {
+            let _ = writeln!(
+                std::io::stderr(),
+                "{test}: {} device {d}: {n} of {of} recorded requests compared",
+                r.name
+            );
+            compared += n;
+        }
+        if let (Some((dev, _)), Some(tok)) = (r.oom, c.failed_on) {
+            let _ = writeln!(
+                std::io::stderr(),
+                "{test}: {}: device {dev} ran out in the step from token {tok}",
+                r.name
+            );
+        }
+    }
+    compared
+}
+
 /// The events of one stream of a recorded trace (its allocations, their frees, the phases).
 pub fn stream_ops(ops: &[Op], stream: u64) -> Vec<Op> {
     let mut ids = HashSet::new();
