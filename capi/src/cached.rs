@@ -79,6 +79,17 @@ impl<P> Cached<P> {
         r
     }
 
+    /// The size asked for and the usable size of `ptr`, if it is a live block of this pool (not
+    /// one a thread keeps for reuse).
+    pub(crate) fn live_sizes(&self, ptr: u64) -> Option<(usize, usize)> {
+        let owner = self.front.owners.get(ptr)?;
+        let st = owner.lock();
+        st.held
+            .live
+            .get(&ptr)
+            .map(|(asked, b)| (*asked, b.capacity()))
+    }
+
     /// Drops `l` from the list if its thread exited and nothing of it is live; what it counted
     /// stays in the statistics.
     pub(crate) fn unlist_if_idle(&self, l: &Arc<Local<P>>) {

@@ -16,12 +16,26 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// One registered range.
+/// One registered range: the start of a live block.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     bytes: usize,
-    /// The free that arrived while registered: its stream and size, done at deregistration.
-    freed: Option<(u64, usize)>,
+    /// The block's stream, the size it was asked with and its usable size: what a free of it
+    /// must give (as `cupool_free` checks).
+    stream: u64,
+    asked: usize,
+    usable: usize,
+    /// The free that arrived while registered (its size), done at deregistration.
+    freed: Option<usize>,
+}
+
+/// A live block of the open library: (stream, asked, usable), if `ptr` starts one on `device`.
+fn live_block(device: usize, ptr: u64) -> Result<Option<(u64, usize, usize)>, Failure> {
+    let lib = crate::state::lib()?;
+    Ok(lib
+        .pools_of(Some(device))
+        .iter()
+        .find_map(|s| s.pool.live_sizes(ptr).map(|(a, u)| (s.stream, a, u))))
 }
 
 /// (device, address) → entry, in address order per device.
@@ -29,7 +43,8 @@ static RANGES: Mutex<BTreeMap<(usize, u64), Entry>> = Mutex::new(BTreeMap::new()
 /// How many ranges are registered: the free path's fast check.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Registers `[ptr, ptr + bytes)` on `device`. Refused for an empty or null range and for one
+/// Registers `[ptr, ptr + bytes)` on `device`. Refused for an empty or null range, for one that
+/// is not the start of a live block of cupool's or runs past its usable end, and for one
 /// overlapping a range already registered.
 pub(crate) fn register(device: usize, ptr: u64, bytes: usize) -> Result<(), Failure> {
     if ptr == 0 || bytes == 0 {
@@ -44,6 +59,18 @@ pub(crate) fn register(device: usize, ptr: u64, bytes: usize) -> Result<(), Fail
             format!("{bytes} bytes at {ptr:#x} run past the end of the address space"),
         )
     })?;
+    let (stream, asked, usable) = live_block(device, ptr)?.ok_or_else(|| {
+        Failure::new(
+            CupoolStatus::UnknownPointer,
+            format!("cannot register {ptr:#x} on device {device}: no live block of cupool's starts there (freed already, or not cupool's); register a block cupool handed out, from its start"),
+        )
+    })?;
+    if bytes > usable {
+        return Err(Failure::new(
+            CupoolStatus::InvalidArgument,
+            format!("cannot register {bytes} bytes at {ptr:#x} on device {device}: the block there has {usable} usable bytes; a registration covers one block"),
+        ));
+    }
     let mut ranges = RANGES.lock();
     let before = ranges.range(..(device, end)).next_back();
     if let Some((&(d, at), e)) = before {
@@ -57,7 +84,16 @@ pub(crate) fn register(device: usize, ptr: u64, bytes: usize) -> Result<(), Fail
             ));
         }
     }
-    ranges.insert((device, ptr), Entry { bytes, freed: None });
+    ranges.insert(
+        (device, ptr),
+        Entry {
+            bytes,
+            stream,
+            asked,
+            usable,
+            freed: None,
+        },
+    );
     COUNT.fetch_add(1, Ordering::Release);
     Ok(())
 }
@@ -73,12 +109,13 @@ pub(crate) fn deregister(device: usize, ptr: u64) -> Result<Option<(u64, usize)>
         )
     })?;
     COUNT.fetch_sub(1, Ordering::Release);
-    Ok(e.freed)
+    Ok(e.freed.map(|size| (e.stream, size)))
 }
 
 /// Whether a free of `ptr` on `device` must wait for its range's deregistration: `Ok(true)`
-/// when it was registered (the free is now recorded), `Ok(false)` when it was not, an error
-/// when it was freed already.
+/// when it was registered (the free is now recorded), `Ok(false)` when it was not; an error,
+/// recording nothing, when it was freed already or the free does not match the block (another
+/// stream, another size than asked or usable), as `cupool_free` refuses those.
 #[inline]
 pub(crate) fn deferred(device: usize, stream: u64, ptr: u64, size: usize) -> Result<bool, Failure> {
     if COUNT.load(Ordering::Acquire) == 0 {
@@ -94,7 +131,19 @@ pub(crate) fn deferred(device: usize, stream: u64, ptr: u64, size: usize) -> Res
             format!("{ptr:#x} on device {device} was freed already; its memory stays until cupool_deregister, because it is registered"),
         ));
     }
-    e.freed = Some((stream, size));
+    if stream != e.stream {
+        return Err(Failure::new(
+            CupoolStatus::UnknownPointer,
+            format!("{ptr:#x} was not handed out by cupool on device {device}, stream {stream:#x} (it is stream {:#x}'s)", e.stream),
+        ));
+    }
+    if size != e.asked && size != e.usable {
+        return Err(Failure::new(
+            CupoolStatus::SizeMismatch,
+            format!("{ptr:#x} was allocated with {} bytes ({} usable) but freed with {size}: pass the size it was allocated with, or the usable size cupool reported", e.asked, e.usable),
+        ));
+    }
+    e.freed = Some(size);
     tracing::debug!(
         device,
         ptr,

@@ -184,6 +184,9 @@ impl PoolConfig {
     /// Builds a pool on `driver`.
     pub fn build(&self, driver: Arc<dyn Driver>) -> Result<Arc<dyn Pool>, PoolError> {
         self.validate()?;
+        // A device opened on first use opens here, so that the kind chosen below reads what the
+        // device supports, not the failure to open it.
+        driver.open()?;
         let kind = self.resolve(driver.vmm_supported())?;
         if self.kind.is_none() {
             tracing::info!(device = driver.ordinal(), pool = %kind, vmm_supported = driver.vmm_supported(), no_vmm = self.no_vmm, "pool chosen automatically");

@@ -278,10 +278,12 @@ def deregister_mem_pool(pool, group=None):
     pinned, also those PyTorch freed meanwhile (cupool releases those now). Call it on every
     rank before the process group is destroyed. Returns the bytes unpinned."""
     _torch().cuda.synchronize()
-    entry = _registered_pools.pop(tuple(pool.id), None)
+    entry = _registered_pools.get(tuple(pool.id))
     if entry is None:
         raise ValueError("this MemPool was not registered through cupool.torch.register_mem_pool")
+    # Before the record goes: a group without an NCCL backend raises with the pool still known.
     backend = entry["backend"] if group is None else _nccl_backend(group)
+    _registered_pools.pop(tuple(pool.id), None)
     errors = []
     if backend is not None:
         try:

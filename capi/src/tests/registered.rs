@@ -89,8 +89,8 @@ fn a_registered_block_keeps_its_memory_until_deregistered() {
     }
 }
 
-/// A registered block freed after deregistration goes back at once; bad registrations are
-/// refused and change nothing.
+/// Bad registrations and bad frees of a registered block are refused and change nothing; the
+/// deferred free goes through at deregistration.
 #[test]
 fn registrations_are_checked() {
     let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
@@ -108,22 +108,46 @@ fn registrations_are_checked() {
         assert_ne!(cupool_register(device, ptr, bytes), CupoolStatus::Ok);
         assert!(error().contains(says), "{}", error());
     }
-    assert_eq!(cupool_register(0, p, n), CupoolStatus::Ok);
+    // Only the start of a live block, and no further than its usable end.
     // SAFETY: an address inside the block, not dereferenced.
     let inside = unsafe { p.cast::<u8>().add(MIB) }.cast::<c_void>();
     assert_eq!(
         cupool_register(0, inside, MIB),
-        CupoolStatus::InvalidArgument
+        CupoolStatus::UnknownPointer
     );
-    assert!(error().contains("overlap"), "{}", error());
+    assert!(error().contains("no live block"), "{}", error());
+    assert_eq!(cupool_register(0, p, n + 1), CupoolStatus::InvalidArgument);
+    assert!(error().contains("usable"), "{}", error());
+    let (q, m) = alloc(0, 0, MIB);
+    assert_eq!(cupool_free(0, 0, q, m), CupoolStatus::Ok);
+    assert_eq!(
+        cupool_register(0, q, m),
+        CupoolStatus::UnknownPointer,
+        "a freed block"
+    );
+    assert_eq!(registered(0), 0, "every refusal registered nothing");
+
+    assert_eq!(cupool_register(0, p, n), CupoolStatus::Ok);
+    assert_eq!(cupool_register(0, p, n), CupoolStatus::InvalidArgument);
+    assert!(error().contains("registered already"), "{}", error());
     assert_eq!(cupool_deregister(0, inside), CupoolStatus::UnknownPointer);
     assert_eq!(registered(0), n);
-    assert_eq!(cupool_deregister(0, p), CupoolStatus::Ok);
-    let before = reserved(0);
+    // A free that cupool_free would refuse is refused here too, and records nothing: another
+    // size, another stream. The right free is then deferred as usual.
+    assert_eq!(cupool_free(0, 0, p, n - 1), CupoolStatus::SizeMismatch);
+    assert_eq!(cupool_free(0, 7, p, n), CupoolStatus::UnknownPointer);
     assert_eq!(cupool_free(0, 0, p, n), CupoolStatus::Ok, "{}", error());
+    let before_deregister = reserved(0);
+    assert!(before_deregister >= n as u64, "the deferred block stays");
+    assert_eq!(cupool_deregister(0, p), CupoolStatus::Ok, "{}", error());
     assert!(
-        reserved(0) < before,
-        "the nccl kind releases a block when it is freed"
+        reserved(0) < before_deregister,
+        "the nccl kind releases a block when its deferred free is done"
+    );
+    assert_eq!(
+        cupool_free(0, 0, p, n),
+        CupoolStatus::UnknownPointer,
+        "freed once"
     );
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
 }

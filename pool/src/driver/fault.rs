@@ -160,6 +160,10 @@ impl Driver for FaultInjector {
         self.inner.malloc_page()
     }
 
+    fn open(&self) -> Result<(), DriverError> {
+        self.inner.open()
+    }
+
     fn vmm_supported(&self) -> bool {
         self.inner.vmm_supported()
     }

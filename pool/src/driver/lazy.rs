@@ -8,6 +8,7 @@
 //! never opened has nothing to wait for).
 
 use super::{DevicePtr, DeviceShared, Driver, DriverError, HostBuffer, MemInfo, PhysHandle};
+use parking_lot::Mutex;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -19,6 +20,9 @@ pub struct LazyDriver {
     ordinal: usize,
     open: Opener,
     opened: OnceLock<Arc<dyn Driver>>,
+    /// Held while opening: a device is opened once (a second open that lost a race would be
+    /// dropped, and dropping a CUDA context makes it current on the dropping thread).
+    opening: Mutex<()>,
     /// The device's shared state, owned here so that pools and synchronizes share one epoch
     /// from before the device is opened.
     shared: DeviceShared,
@@ -40,6 +44,7 @@ impl LazyDriver {
             ordinal,
             open,
             opened: OnceLock::new(),
+            opening: Mutex::new(()),
             shared: DeviceShared::new(),
         }
     }
@@ -57,9 +62,13 @@ impl LazyDriver {
         self.opened.get().is_some()
     }
 
-    /// The opened device, opening it now if need be. Two threads racing here may both open it
-    /// (opening a primary context twice gives the same context); one result is kept.
+    /// The opened device, opening it now if need be (once: threads racing here wait for the
+    /// first). A failed open is tried again at the next use.
     fn dev(&self) -> Result<&Arc<dyn Driver>, DriverError> {
+        if let Some(d) = self.opened.get() {
+            return Ok(d);
+        }
+        let _one = self.opening.lock();
         if let Some(d) = self.opened.get() {
             return Ok(d);
         }
@@ -83,6 +92,14 @@ impl Driver for LazyDriver {
 
     fn shared(&self) -> &DeviceShared {
         &self.shared
+    }
+
+    fn open(&self) -> Result<(), DriverError> {
+        self.dev().map(|_| ())
+    }
+
+    fn host_accessible(&self) -> bool {
+        self.dev().is_ok_and(|d| d.host_accessible())
     }
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {

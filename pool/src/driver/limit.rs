@@ -155,6 +155,10 @@ impl Driver for LimitedDriver {
         self.inner.malloc_page()
     }
 
+    fn open(&self) -> Result<(), DriverError> {
+        self.inner.open()
+    }
+
     fn vmm_supported(&self) -> bool {
         self.inner.vmm_supported()
     }

@@ -96,6 +96,13 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// Returns memory from [`Driver::malloc_managed`].
     fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError>;
 
+    /// Makes sure the device can be used, opening it if it is opened on first use
+    /// ([`lazy::LazyDriver`]): the reason it cannot, before anything is asked of it. A pool is
+    /// built only on a device that opened. The default: always usable.
+    fn open(&self) -> Result<(), DriverError> {
+        Ok(())
+    }
+
     /// Whether the device supports virtual memory management (reserve and map).
     fn vmm_supported(&self) -> bool;
 
