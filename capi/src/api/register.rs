@@ -6,11 +6,13 @@ use crate::state;
 use crate::status::{status, CupoolStatus, Failure};
 use std::ffi::c_void;
 
-/// Tells cupool that `bytes` at `ptr` on `device`, memory cupool handed out, are registered
-/// with NCCL (`ncclCommRegister`, PyTorch's `register_mem_pool`) or otherwise shared by its
-/// physical memory: until `cupool_deregister`, that memory stays mapped at that address. A
-/// free of the range is taken but done only at deregistration; a sleep of the device is
-/// refused. A range overlapping one registered already is refused.
+/// Tells cupool that the block cupool handed out at `ptr` on `device` (its start; `bytes` at
+/// most its usable size) is registered with NCCL (`ncclCommRegister`, PyTorch's
+/// `register_mem_pool`) or otherwise shared by its physical memory: until `cupool_deregister`,
+/// that memory stays mapped at that address. A free of it is checked as `cupool_free` checks
+/// one and, if right, taken but done only at deregistration; a sleep of the device is refused.
+/// A range that is empty, not the start of a live block, longer than it, or registered already
+/// is refused.
 #[no_mangle]
 pub extern "C" fn cupool_register(device: i32, ptr: *mut c_void, bytes: usize) -> CupoolStatus {
     status(|| {
