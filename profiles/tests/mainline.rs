@@ -39,7 +39,7 @@ use cupool_pool::trace::{replay, Op};
 use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
 use cupool_profiles::bench::{bench_trace, LlamaBench, Step};
 use cupool_profiles::llama::{compute_buffer_bytes, Version};
-use cupool_profiles::{trace_events, Device, EngineModel, Profile, Setup, Weights};
+use cupool_profiles::{Device, EngineModel, Profile, Setup, Weights};
 
 const DATA: &str = "tests/data/h100-2026-11-25-mainline";
 const FA_POOL: &str = "tests/data/h100-2026-11-25-mainline-fa-pool";
@@ -215,20 +215,7 @@ impl Logged {
 /// The profile's events for one step, their frees numbered from `offset` (the step's place in
 /// its phase).
 fn step_events(r: &Run, s: &Setup, step: &Step, offset: usize) -> Vec<Event> {
-    let calls = r.profile.ubatch(s, step.shape).unwrap();
-    let mut ops = vec![Op::PhaseBegin {
-        name: String::new(),
-    }];
-    trace_events(&calls, 0, &mut ops);
-    let mut one = phases(&ops);
-    one.pop()
-        .unwrap()
-        .into_iter()
-        .map(|e| match e {
-            Event::Free(at) => Event::Free(at + offset),
-            alloc => alloc,
-        })
-        .collect()
+    common::step_events(&r.profile.ubatch(s, step.shape).unwrap(), offset)
 }
 
 /// Every step of the warm-up and of the measured run, prompt ubatches and generated tokens: the

@@ -60,6 +60,24 @@ pub enum Event {
     Free(usize),
 }
 
+/// A profile's calls for one step as events, their frees numbered from `offset` (the step's
+/// place in its phase).
+pub fn step_events(calls: &[OpCall], offset: usize) -> Vec<Event> {
+    let mut ops = vec![Op::PhaseBegin {
+        name: String::new(),
+    }];
+    cupool_profiles::trace_events(calls, 0, &mut ops);
+    phases(&ops)
+        .pop()
+        .unwrap()
+        .into_iter()
+        .map(|e| match e {
+            Event::Free(at) => Event::Free(at + offset),
+            alloc => alloc,
+        })
+        .collect()
+}
+
 pub fn phases(ops: &[Op]) -> Vec<Vec<Event>> {
     phases_of(ops, None)
 }

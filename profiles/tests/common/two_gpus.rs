@@ -279,19 +279,7 @@ fn device_events(
     share: &DeviceShare,
     offset: usize,
 ) -> Vec<Event> {
-    let mut ops = vec![Op::PhaseBegin {
-        name: String::new(),
-    }];
-    trace_events(&device_calls(r, s, step, share), 0, &mut ops);
-    phases_of(&ops, None)
-        .pop()
-        .unwrap()
-        .into_iter()
-        .map(|e| match e {
-            Event::Free(at) => Event::Free(at + offset),
-            alloc => alloc,
-        })
-        .collect()
+    super::step_events(&device_calls(r, s, step, share), offset)
 }
 
 pub fn allocs(events: &[Event]) -> Vec<&Event> {
