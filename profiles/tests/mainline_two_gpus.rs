@@ -41,11 +41,20 @@
 //! the fixtures' `predicted.jsonl` (what docs/llama-cpp.md's table was made from) is those lines.
 //! The request test prints, per run and device, how many recorded requests it compared.
 //! What they share with ik_llama.cpp's test (`ik_two_gpus.rs`) is in `common/two_gpus.rs`.
+//!
+//! The compute buffers: `buffers.json` (written by `scripts/llama/two-gpu-replan.py
+//! data/h100x2-2026-11-26-mainline-two-gpus --fixtures profiles/tests/data/h100x2-2026-11-26-mainline`)
+//! holds each device's logged `CUDAn compute buffer size` and what the script's copy of the
+//! pipeline model gave (the figure replan.json and docs/llama-cpp.md show);
+//! [`each_device_s_compute_buffer_is_the_pipeline_s`] holds both to `llama::device_compute_buffer_bytes`.
 mod common;
 
 use common::two_gpus::{
     compare_runs, data_dir, peak_lines, runs, streams_are_devices, summary, Run,
 };
+use cupool_kernels::KvType;
+use cupool_profiles::llama::{device_compute_buffer_bytes, sched_copies, SplitPlace, Version};
+use cupool_profiles::{EngineModel, KV_PADDING};
 
 /// The fixtures' folder (relative to this crate), or `CUPOOL_TWO_GPUS_DATA`.
 const DATA: &str = "tests/data/h100x2-2026-11-26-mainline";
@@ -165,4 +174,81 @@ fn the_placement_is_llama_cpp_s() {
     assert_eq!(partial[32], Some(1));
     // the split points are f32 as in llama.cpp: 33 layers never land on 0.5 exactly
     assert_eq!(placement(1, 99, &[1.0, 1.0]), [Some(0), Some(1)]);
+}
+
+/// Each device's compute buffer in every `-sm layer` run, the pipeline model's
+/// (`llama::device_compute_buffer_bytes`: the scheduler's 4 copies of the device's inputs, never
+/// freed, under its largest stage) against the one llama.cpp logged at teardown (`~llama_context:
+/// CUDAn compute buffer size is … MiB`, 4 decimals of MiB), and equal to what
+/// `two-gpu-replan.py` computed (its copy of the model, which replan.json and the docs show).
+/// Exact on device 0 (the copies under the FFN stage: 164.0391 MiB at `-ub 512`, 464.1562 at
+/// `-ub 2048`, llama3-8b's 152.3516 with the K/V copies in the pool) and on llama3-8b's device 1
+/// (under the logits: 310.8594). Below it by what ggml-alloc's placement adds and the stage
+/// model leaves out: phi3-mini's device 1 by two f32 rows of `n_embd` per token (12 MiB at
+/// `-ub 512`, 48 at `-ub 2048`: its logits land above three such rows, the final norm's and
+/// two more), and llama3-8b's device 0 with the K/V copies in the compute buffer by one
+/// (8 MiB: the flash-attention node of 28 MiB leaves a hole the FFN's tensors do not fill).
+#[test]
+fn each_device_s_compute_buffer_is_the_pipeline_s() {
+    const MIB: f64 = 1048576.0;
+    let Some((dir, _)) = fixtures() else { return };
+    let path = format!("{dir}/buffers.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let all: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(all["engine"], "mainline", "{path}");
+    let runs = all["devices"].as_object().expect("devices");
+    let (mut exact, mut checked) = (0, 0);
+    for (name, r) in runs {
+        let mut m = EngineModel::preset(r["model"].as_str().unwrap()).unwrap();
+        m.n_layer = 32;
+        let v = match r["fa_kv"].as_str() {
+            Some("pool") => Version::B8833,
+            Some("buffer") => Version::D99724f2,
+            f => panic!("{name}: fa_kv {f:?}"),
+        };
+        let n = |k: &str| r[k].as_u64().unwrap() as usize;
+        let n_ctx = (n("n_prompt") + n("n_gen")).div_ceil(KV_PADDING) * KV_PADDING;
+        let n_devices = r["devices"].as_object().unwrap().len();
+        for (d, x) in r["devices"].as_object().unwrap() {
+            let what = format!("{name} device {d}");
+            let layers = x["layers"].as_array().unwrap();
+            let place = SplitPlace {
+                copies: sched_copies(n_devices, 99, m.n_layer, true),
+                last_layer: layers.last().and_then(|l| l.as_u64()) == Some(m.n_layer as u64 - 1),
+                output: x["output"].as_bool().unwrap(),
+            };
+            assert_eq!(
+                place.copies,
+                x["sched_copies"].as_u64().unwrap() as usize,
+                "{what}"
+            );
+            assert_eq!(Some(place.last_layer), x["last_layer"].as_bool(), "{what}");
+            assert_eq!(n_ctx as u64, x["n_ctx"].as_u64().unwrap(), "{what}: n_ctx");
+            let bytes =
+                device_compute_buffer_bytes(v, &m, KvType::Q8_0, n_ctx, n("n_ubatch"), place);
+            assert_eq!(
+                Some(bytes as u64),
+                x["compute_model_bytes"].as_u64(),
+                "{what}: two-gpu-replan.py's model against the profile's (run the script again)"
+            );
+            let logged: f64 = x["compute_logged_mib"].as_str().unwrap().parse().unwrap();
+            let row = (m.n_embd * n("n_ubatch") * 4) as f64 / MIB;
+            let gap = match (m.n_embd, place.output, v) {
+                (3072, true, _) => 2.0 * row,
+                (4096, false, Version::D99724f2) => row,
+                _ => 0.0,
+            };
+            let predicted = format!("{:.4}", bytes as f64 / MIB + gap);
+            assert_eq!(
+                predicted,
+                format!("{logged:.4}"),
+                "{what}: the model ({:.4} MiB) and the gap ({gap} MiB) against the logged buffer",
+                bytes as f64 / MIB
+            );
+            exact += usize::from(gap == 0.0);
+            checked += 1;
+        }
+    }
+    // 7 runs on two devices; every device 0 but one, and llama3-8b's device 1, to the 4 decimals
+    assert_eq!((exact, checked), (8, 14), "{path}");
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""The one-device plan of a two-GPU out-of-memory case again, with what the run's logs measure
-and the plan did not count (after scripts/llama/two-gpu.sh; no GPU needed):
+"""The one-device plan of a two-GPU out-of-memory case again, with the terms a second GPU adds
+as the models compute them, against what the run's logs measure (after scripts/llama/two-gpu.sh;
+no GPU needed):
 
     python3 scripts/llama/two-gpu-replan.py DATA_DIR [--repro target/release/repro-prefill]
+                                            [--fixtures DEST]
 
 For the device that ran out in DATA_DIR's `-oom-...-never` run, two-gpu.sh planned its layers
 alone: `repro-prefill plan --gguf HEADER --free F`, HEADER a GGUF of that many layers (the output
@@ -10,11 +12,16 @@ matrix included) and F the free memory the ballast left. This plans the same dev
 each for `legacy`/`never` and `legacy`/`auto`:
 
 1. as two-gpu.sh did (the stored plans must come out the same, else it stops);
-2. with F less what the engine logs at start-up beyond the plan's terms: its compute buffer on
-   that device (mainline's pipeline keeps copies of each split's inputs there), its weights and
-   KV cache, and NCCL's communicators (ik_llama.cpp makes them when it sees two GPUs) — all
-   known before the first prompt;
+2. with F less the modelled terms the one-device plan lacks (two_gpu_terms.py, the Rust models'
+   formulas): mainline's compute buffer of that pipeline stage (the scheduler's 4 copies of the
+   device's inputs) beyond the plan's, and ik_llama.cpp's NCCL communicators — both known from
+   the model, the settings and the device's place before the engine starts;
 3. with F less every measured term (two-gpu-report.py's room table): the room the run had.
+
+Beside the case, replan.json holds for every run and device the compute buffer the engine logged
+against the pipeline model's (mainline) and what NCCL's set-up took against the NCCL term (both
+engines). --fixtures DEST also writes them to DEST/buffers.json, which
+profiles/tests/mainline_two_gpus.rs and ik_two_gpus.rs hold to the Rust models.
 
 The header is written here without numpy or gguf: gen_model.py's tensors of that many layers,
 its metadata, and the tensor data left a hole (the file is truncated to its length; the plan
@@ -31,6 +38,8 @@ import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import two_gpu_terms as tt  # noqa: E402
 
 
 def load(name: str, file: str):
@@ -122,10 +131,42 @@ def plan(repro: str, header: Path, engine: str, purge: str, free_gib: float, arg
     return ["repro-prefill"] + cmd[1:], {k: p[k] for k in keep}
 
 
+def device_terms(rep, g, data, runs: list, engine: str) -> dict:
+    """Per run and device: the compute buffer the engine logged (its teardown line, 4 decimals of
+    MiB) and the pipeline model's (mainline), and what NCCL's set-up took against the model's."""
+    out = {}
+    for r in runs:
+        log = data.text(r["log"])
+        p = rep.parse_log(engine, log, r["n_layer"])
+        if any(x is None for x in p["placement"]):
+            continue  # placed nothing (mainline's -sm row fails at load)
+        devices = sorted({d for d in p["placement"] if d >= 0})
+        logged = {int(d): x for d, x in rep.COMPUTE_EXACT.findall(log)}
+        nccl = tt.nccl_measured(log)
+        m = tt.shape(g.PRESETS, r["preset"])
+        copies = tt.sched_copies(len(devices), r["n_gpu_layers"], r["n_layer"], r["split_mode"])
+        ctx = tt.n_ctx(r["n_prompt"], r["n_gen"])
+        row = {}
+        for d in devices:
+            x = {"layers": [l for l in range(r["n_layer"]) if p["placement"][l] == d],
+                 "output": p["placement"][r["n_layer"]] == d,
+                 "nccl_measured_mib": nccl.get(d), "nccl_model_bytes": tt.nccl_bytes(engine, d, len(devices))}
+            if engine == "mainline":
+                last = p["placement"][r["n_layer"] - 1] == d
+                x.update(compute_logged_mib=logged.get(d), sched_copies=copies, n_ctx=ctx, last_layer=last,
+                         compute_model_bytes=tt.device_compute_bytes(
+                             m, r["fa_kv"] == "pool", True, ctx, r["n_ubatch"], copies, last, x["output"]))
+            row[str(d)] = x
+        out[r["name"]] = {"model": r["preset"], "fa_kv": r["fa_kv"], "n_prompt": r["n_prompt"],
+                          "n_gen": r["n_gen"], "n_ubatch": r["n_ubatch"], "devices": row}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data", type=Path)
     ap.add_argument("--repro", default="target/release/repro-prefill", help="the repro-prefill binary")
+    ap.add_argument("--fixtures", type=Path, metavar="DEST", help="also write DEST/buffers.json for the Rust tests")
     a = ap.parse_args()
     rep = load("two_gpu_report", "two-gpu-report.py")
     g = gen_model()
@@ -133,6 +174,7 @@ def main() -> None:
     runs = [r for r in data.runs() if not r.get("skipped")]
     engine = runs[0]["engine"]
     plan_engine = {"mainline": "llama-b8833", "ik": "ik-llama"}[engine]
+    devices = device_terms(rep, g, data, runs, engine)
     cases = {}
     for never in (r for r in runs if "-oom-" in r["name"] and r["name"].endswith("-never")):
         name, base = never["name"], never["name"][: -len("-never")]
@@ -145,13 +187,21 @@ def main() -> None:
         terms = rep.room_terms(never, p, log, stored["never"], args["device"])
         if not terms:
             sys.exit(f"two-gpu-replan: {name}: the log does not give every term")
+        here = devices[name]["devices"][str(args["device"])]
+        # The models' terms: the one-device plan's, with the pipeline's compute buffer and NCCL.
+        model = dict(terms["plan"], nccl=here["nccl_model_bytes"] / tt.MIB)
+        if engine == "mainline":
+            model["compute"] = here["compute_model_bytes"] / tt.MIB
+        terms["model"] = model
+        terms["room_model"] = terms["free_mib"] - sum(model.values())
         diff = {k: terms["real"][k] - terms["plan"][k] for k in terms["plan"]}
+        added = {k: model[k] - terms["plan"][k] for k in terms["plan"]}
         free = terms["free_mib"] / 1024
-        start_up = sum(diff[k] for k in ("nccl", "weights", "kv", "compute"))
+        compute = (f"the pipeline's compute buffer {added['compute'] + 0.0:+.1f}" if engine == "mainline" else
+                   "compute buffer +0.0 (no pipeline copies: GGML_SCHED_MAX_COPIES is 1)")
         rows = [(free, "the free memory before start (two-gpu.sh's plan)"),
-                (free - start_up / 1024, "less what the engine logs at start-up beyond the plan "
-                 f"(compute buffer {diff['compute']:+.1f}, NCCL {diff['nccl']:+.1f}, weights and KV cache "
-                 f"{diff['weights'] + diff['kv'] + 0.0:+.1f} MiB)"),
+                (free - sum(added.values()) / 1024, "less the modelled terms the plan lacks "
+                 f"({compute}, NCCL {added['nccl'] + 0.0:+.1f} MiB)"),
                 (free - sum(diff.values()) / 1024, "less every measured term (the run's room, "
                  f"{terms['room_real']:,.1f} MiB)")]
         n = len(args["layers"])  # the header: the device's layers, and the output matrix
@@ -183,8 +233,14 @@ def main() -> None:
                   f"{'fits' if row['never']['fits'] else 'dies at %s' % row['never']['oom_at_token']}, auto "
                   f"{'fits' if row['auto']['fits'] else 'dies at %s' % row['auto']['oom_at_token']}", file=sys.stderr)
     out = a.data / "replan.json"
-    out.write_text(json.dumps({"engine": engine, "profile": plan_engine, "cases": cases}, indent=1, sort_keys=True) + "\n")
+    doc = {"engine": engine, "profile": plan_engine, "cases": cases, "devices": devices}
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(f"two-gpu-replan: {out}", file=sys.stderr)
+    if a.fixtures:
+        a.fixtures.mkdir(parents=True, exist_ok=True)
+        f = a.fixtures / "buffers.json"
+        f.write_text(json.dumps({"engine": engine, "devices": devices}, indent=1, sort_keys=True) + "\n")
+        print(f"two-gpu-replan: {f}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -44,10 +44,12 @@ import math
 import re
 import sys
 import tarfile
+from types import SimpleNamespace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from seed import MEMORY, STATS, UBATCH  # noqa: E402  (the shim's log lines, parsed as seed.py does)
+import two_gpu_room  # noqa: E402
 
 OOM_AT = re.compile(r"cupool: device (\d+), stream (\d+): allocating (\d+) bytes failed")
 OOM_RESERVED = re.compile(r"pool live ([\d.]+) MiB, reserved ([\d.]+) MiB")
@@ -306,7 +308,8 @@ def report(data: Data, predicted: dict) -> None:
                    f"{mib(plan_room(pn)) if pn else '–'} | {mib(real_room(p, dev))} | {mib(p['reserved_at_oom_mib'])} | "
                    f"{said_fix} | {fix_real} |")
     out.append(f"<!-- two-gpus-oom-{engine}: end -->")
-    out += room_report(data, runs, parsed, engine)
+    # the room tables and the plans again (two_gpu_room.py), with this module's helpers
+    out += two_gpu_room.room_report(SimpleNamespace(**globals()), data, runs, parsed, engine)
     print("\n".join(out))
 
 
@@ -316,60 +319,6 @@ def plan_json(data: Data, name: str, purge: str):
         return json.loads(data.text(f)) if data.has(f) else None
     except json.JSONDecodeError:
         return None
-
-
-def replans(data: Data) -> dict:
-    """replan.json, which scripts/llama/two-gpu-replan.py writes beside the raw results."""
-    f = data.folder / "replan.json"
-    return json.loads(f.read_text()) if f.exists() else {}
-
-
-def room_report(data: Data, runs: list, parsed: dict, engine: str) -> list:
-    """Per out-of-memory case: the room terms, planned and measured; and, where
-    two-gpu-replan.py has run, the plan again with the measured terms, against the run."""
-    out = []
-    again = replans(data)
-    for never in (r for r in runs if "-oom-" in r["name"] and r["name"].endswith("-never")):
-        p = parsed[never["name"]]
-        base = never["name"][: -len("-never")]
-        dev = int(p["oom"].group(1)) if p["oom"] else never.get("ballast_device")
-        pn = plan_json(data, never["name"], "never")
-        terms = room_terms(never, p, data.text(never["log"]), pn, dev) if pn else None
-        if not terms:
-            continue
-        out += ["", f"<!-- two-gpus-room-{engine}: begin (python3 scripts/llama/two-gpu-report.py DATA) -->",
-                f"| {base}, device {dev}: {terms['free_mib']:,.0f} MiB free before start | plan (MiB) | measured (MiB) | measured − plan |",
-                "|---|---:|---:|---:|"]
-        for k, what in TERMS:
-            a, b = terms["plan"][k], terms["real"][k]
-            out.append(f"| {what} | {mib(a)} | {mib(b)} | {round(b - a, 1) + 0.0:+,.1f} |")
-        out.append(f"| **the pool's room** | {mib(terms['room_plan'])} | {mib(terms['room_real'])} | "
-                   f"{round(terms['room_real'] - terms['room_plan'], 1) + 0.0:+,.1f} |")
-        out.append(f"<!-- two-gpus-room-{engine}: end -->")
-        case = again.get("cases", {}).get(base)
-        if not case:
-            continue
-        fix = next((r for r in runs if r["name"] == base + "-auto"), None)
-        tok = oom_token(never, p)
-        fix_peak = parsed[fix["name"]]["stats"].get(dev, {}).get("reserved_bytes.all.peak") if fix else None
-        out += ["", f"<!-- two-gpus-replan-{engine}: begin (python3 scripts/llama/two-gpu-report.py DATA; "
-                f"DATA/replan.json by scripts/llama/two-gpu-replan.py) -->",
-                "| `repro-prefill plan --free` | `legacy`/`never` | pool reserve when it runs out (MiB) | "
-                "`legacy`/`auto` | its peak pool reserve (MiB) |",
-                "|---|---|---:|---|---:|"]
-        for row in case["plans"]:
-            nv, au = row["never"], row["auto"]
-            said = "completes" if nv["fits"] else f"dies at token {nv['oom_at_token']:,}"
-            said_fix = "completes" if au["fits"] else f"dies at token {au['oom_at_token']:,}"
-            out.append(f"| {row['free_gib']:.4f} GiB: {row['what']} | {said} | "
-                       f"{mib(nv['pool_peak_reserved_bytes'] / MIB) if not nv['fits'] else '–'} | {said_fix} | "
-                       f"{mib(au['pool_peak_reserved_bytes'] / MIB) if au['fits'] else '–'} |")
-        real = f"dies at token {tok[0]:,}" if tok else outcome(never, p)
-        out.append(f"| the run ({terms['free_mib'] / 1024:.4f} GiB free) | {real} | {mib(p['reserved_at_oom_mib'])} | "
-                   f"{'completes' if fix and fix['rc'] == 0 else 'not run' if not fix else outcome(fix, parsed[fix['name']])} | "
-                   f"{mib(fix_peak / MIB if fix_peak is not None else None)} |")
-        out.append(f"<!-- two-gpus-replan-{engine}: end -->")
-    return out
 
 
 def fixtures(data: Data, dest: Path) -> None:

@@ -126,8 +126,8 @@ def test_the_two_gpu_report_reads_the_scripts_rows_and_fills_the_markers(tmp_pat
 # llama.cpp across two GPUs (scripts/llama/two-gpu.sh): docs/llama-cpp.md's "Two GPUs: each
 # device's pool" tables are scripts/llama/two-gpu-report.py's output on each engine's run, with
 # the peak reserve the profile tests replayed (the fixtures' predicted.jsonl, which
-# profiles/tests/mainline_two_gpus.rs and ik_two_gpus.rs check) and the plans again of
-# scripts/llama/two-gpu-replan.py (the folder's replan.json).
+# profiles/tests/mainline_two_gpus.rs and ik_two_gpus.rs check) and the modelled two-GPU terms
+# and plans again of scripts/llama/two-gpu-replan.py (the folder's replan.json).
 TWO_GPU_RUNS = [
     ("data/h100x2-2026-11-26-mainline-two-gpus", "profiles/tests/data/h100x2-2026-11-26-mainline"),
     ("data/h100x2-2026-11-26-ik-two-gpus", "profiles/tests/data/h100x2-2026-11-26-ik"),
@@ -141,8 +141,37 @@ def test_the_llama_two_gpu_tables_are_their_runs(data, fixtures):
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     got = [b.strip("\n") for b in out.split("\n\n") if b.strip()]
     docs = open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
-    # the per-run table, the out-of-memory case, its room terms and the plans again
-    assert sum("<!-- two-gpus-" in b for b in got) == 4, out
+    # the per-run table, the out-of-memory case, the per-device two-GPU terms (the compute
+    # buffers against the pipeline model, NCCL's set-up against its term), the room terms and
+    # the plans again
+    assert sum("<!-- two-gpus-" in b for b in got) == 5, out
+    assert any("<!-- two-gpus-devices-" in b for b in got), out
     for b in got:
         assert b in docs, (f"docs/llama-cpp.md lacks this block of python3 scripts/llama/two-gpu-report.py {data} "
                            f"--predicted {fixtures}/predicted.jsonl:\n{b}")
+
+
+@pytest.mark.parametrize("data,fixtures", TWO_GPU_RUNS)
+def test_the_two_gpu_terms_in_replan_json_are_the_models_and_the_fixtures(data, fixtures):
+    """replan.json's per-device terms are two_gpu_terms.py's formulas (the copy of the Rust
+    models that the Rust tests hold to them through the fixtures' buffers.json) and the same
+    as buffers.json: rerunning two-gpu-replan.py after a model change updates both."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts", "llama"))
+    import two_gpu_terms as tt
+    replan = json.load(open(os.path.join(ROOT, data, "replan.json")))
+    buffers = json.load(open(os.path.join(ROOT, fixtures, "buffers.json")))
+    assert replan["devices"] == buffers["devices"] and replan["engine"] == buffers["engine"]
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("two_gpu_replan", os.path.join(ROOT, "scripts", "llama",
+                                                                                 "two-gpu-replan.py"))
+    replan_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replan_py)
+    presets = replan_py.gen_model().PRESETS  # gen_model.py's shapes, numpy and gguf not needed
+    for r in replan["devices"].values():
+        m = tt.shape(presets, r["model"])
+        for d, x in r["devices"].items():
+            assert x["nccl_model_bytes"] == tt.nccl_bytes(replan["engine"], int(d), len(r["devices"]))
+            if replan["engine"] == "mainline":
+                want = tt.device_compute_bytes(m, r["fa_kv"] == "pool", True, x["n_ctx"], r["n_ubatch"],
+                                               x["sched_copies"], x["last_layer"], x["output"])
+                assert x["compute_model_bytes"] == want

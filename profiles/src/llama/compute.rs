@@ -16,6 +16,23 @@
 //! ggml-alloc places tensors best-fit and leaves holes; where a stage's block lands above a
 //! hole the buffer is larger than the stage's live bytes. This is therefore a lower bound,
 //! exact where no hole lies under the peak (see `profiles/tests/mainline.rs`).
+//!
+//! **Several devices** (`-sm layer`, every layer and the output offloaded): llama.cpp then runs
+//! the layers as a pipeline (`llama_context`'s `pipeline_parallel`, `src/llama-context.cpp`),
+//! and `ggml_backend_sched_new(..., parallel = true, ...)` keeps `GGML_SCHED_MAX_COPIES` (4)
+//! copies of every split's inputs (`ggml-backend.cpp`, `ggml_backend_sched_split_graph`: the
+//! `tensor_id_copy` loop of pass 5), so that the next ubatch's inputs can be copied in while
+//! this one still runs. Each copy is flagged input and output, which ggml-alloc never frees,
+//! and the copies are added as leafs, allocated before any node. A device's split reads from
+//! other backends the hidden state (from the CPU's token-embedding row lookup on the first
+//! device, from the previous device's last layer on the next), the mask, the positions, the K
+//! and V row indices, the Hadamard matrices of a rotated cache, and on the device of the last
+//! layer the output ids; so its buffer holds 4 copies of them, never reused, under the largest
+//! of its own stages: attention, the feed-forward network (the layer's input, the hole its
+//! norm leaves, gate and up, the GLU's output: `2 × n_embd + 3 × n_ff` f32 rows; on one device
+//! the output stage is the larger), and the output stage where the output layer lives
+//! ([`device_compute_buffer_bytes`]). The CPU's copies of the graph inputs go to the
+//! `CUDA_Host` buffer, not the device's.
 
 use super::Version;
 use crate::model::EngineModel;
@@ -53,14 +70,22 @@ fn attention_stage(
     n_ctx: usize,
     n_ubatch: usize,
 ) -> usize {
+    graph_inputs(m, kv, n_ctx, n_ubatch, true) + attention_nodes(v, m, kv, n_ctx, n_ubatch)
+}
+
+/// The graph inputs a device's layers read, each 128-byte aligned: `build_attn_inp_kq_mask`
+/// (f16 with flash attention), `inp_pos` (i32), the K and V row indices (i64, V's per row:
+/// flash attention keeps V untransposed), the Hadamard matrices of a rotated cache and, with
+/// `out_ids`, the output ids (i32, one per row: the worst case asks for every row).
+fn graph_inputs(m: &EngineModel, kv: KvType, n_ctx: usize, n: usize, out_ids: bool) -> usize {
     let n_kv = n_ctx.div_ceil(KV_PADDING) * KV_PADDING;
-    let n = n_ubatch;
-    // `build_attn_inp_kq_mask` (f16 with flash attention), `inp_pos` (i32), the K and V row
-    // indices (i64, V's per row: flash attention keeps V untransposed) and `out_ids` (i32).
-    let mut inputs = [n_kv * n * 2, n * 4, n * 8, n * 8, n * 4]
+    let mut inputs = [n_kv * n * 2, n * 4, n * 8, n * 8]
         .into_iter()
         .map(aligned)
         .sum::<usize>();
+    if out_ids {
+        inputs += aligned(n * 4);
+    }
     // A quantized cache with heads of a multiple of 64 is rotated (`llama_kv_cache`'s
     // `attn_rot_k`/`attn_rot_v`): f32 Hadamard matrices, K's of the largest power of two that
     // divides a head, V's of 64 (`build_input_k_rot`, `build_input_v_rot`).
@@ -68,13 +93,101 @@ fn attention_stage(
         let k_rot = 1 << m.head_dim.trailing_zeros();
         inputs += aligned(k_rot * k_rot * 4) + aligned(64 * 64 * 4);
     }
+    inputs
+}
+
+/// Attention's own tensors: the layer's input, the query, the flash-attention node (its output
+/// and, before the pool took them, the f16 copies of a quantized cache).
+fn attention_nodes(v: Version, m: &EngineModel, kv: KvType, n_ctx: usize, n: usize) -> usize {
+    let n_kv = n_ctx.div_ceil(KV_PADDING) * KV_PADDING;
     let residual = aligned(m.n_embd * n * 4);
     let q = aligned(m.q_dim() * n * 4);
     let mut fa = aligned(m.q_dim() * n * 4);
     if !v.kv_f16_from_pool() && kv != KvType::F16 {
         fa += 2 * aligned(n_kv * m.kv_dim() * 2);
     }
-    inputs + residual + q + fa
+    residual + q + fa
+}
+
+/// A dense layer's feed-forward stage: the layer's input (read by the residual add after the
+/// FFN), the hole its norm leaves once gate and up have read it (the GLU's output does not fit
+/// there and goes above), gate and up (one fused `2 × n_ff` matrix in phi3, two in llama) and
+/// the GLU's output, all f32. None for a mixture of experts (not modelled: a lower bound).
+fn ffn_stage(m: &EngineModel, n: usize) -> usize {
+    if m.moe.is_some() {
+        return 0;
+    }
+    2 * aligned(m.n_embd * n * 4) + 3 * aligned(m.n_ff * n * 4)
+}
+
+/// `GGML_SCHED_MAX_COPIES` (`ggml-backend.cpp`): the copies a pipelined scheduler keeps of
+/// each split input.
+pub const SCHED_MAX_COPIES: usize = 4;
+
+/// The copies `ggml_backend_sched` keeps of each split input: [`SCHED_MAX_COPIES`] where
+/// llama.cpp enables pipeline parallelism (`llama_context::llama_context`: more than one
+/// device, every repeating layer and the output offloaded, `n_gpu_layers > n_layer`, layer
+/// split, the KV cache offloaded, no tensor overrides; CUDA devices support the async compute
+/// and events it also needs), else 1.
+pub fn sched_copies(
+    n_devices: usize,
+    n_gpu_layers: usize,
+    n_layer: usize,
+    layer_split: bool,
+) -> usize {
+    if n_devices > 1 && n_gpu_layers > n_layer && layer_split {
+        SCHED_MAX_COPIES
+    } else {
+        1
+    }
+}
+
+/// A device's place in llama.cpp's layer split.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitPlace {
+    /// Copies the scheduler keeps of each split input ([`sched_copies`]).
+    pub copies: usize,
+    /// Whether the device runs the last repeating layer (which reads the output ids).
+    pub last_layer: bool,
+    /// Whether it holds the output layer (the final norm and the logits).
+    pub output: bool,
+}
+
+impl SplitPlace {
+    /// One device running the whole model.
+    pub const WHOLE: Self = Self {
+        copies: 1,
+        last_layer: true,
+        output: true,
+    };
+}
+
+/// The CUDA compute buffer llama.cpp reserves on a device that runs some of the layers at
+/// `place` in a pipeline (see the module docs): the copies of its split's inputs, never freed,
+/// under the largest of its stages. With one copy (no pipeline) this is
+/// [`compute_buffer_bytes`], the one-device model. A lower bound as that is: checked against
+/// the buffers mainline 0c1e5709 logged on two H100s (`profiles/tests/mainline_two_gpus.rs`).
+pub fn device_compute_buffer_bytes(
+    v: Version,
+    m: &EngineModel,
+    kv: KvType,
+    n_ctx: usize,
+    n_ubatch: usize,
+    place: SplitPlace,
+) -> usize {
+    if place.copies <= 1 {
+        return compute_buffer_bytes(v, m, kv, n_ctx, n_ubatch);
+    }
+    let n = n_ubatch;
+    let hidden = aligned(m.n_embd * n * 4);
+    let inputs = hidden + graph_inputs(m, kv, n_ctx, n, place.last_layer);
+    let own = attention_nodes(v, m, kv, n_ctx, n).max(ffn_stage(m, n));
+    let own = if place.output {
+        own.max(output_stage(m, n))
+    } else {
+        own
+    };
+    place.copies * inputs + own
 }
 
 #[cfg(test)]
@@ -96,5 +209,36 @@ mod tests {
         assert_eq!(compute_buffer_bytes(v, &m, KvType::F16, 20480, 512), out);
         let old = Version::B8833;
         assert_eq!(compute_buffer_bytes(old, &m, KvType::Q8_0, 20480, 512), out);
+    }
+
+    #[test]
+    fn a_pipeline_keeps_four_copies_of_each_device_s_inputs() {
+        let m = EngineModel::preset("phi3-mini").unwrap();
+        let v = Version::B8833;
+        let mib = 1 << 20;
+        let first = SplitPlace {
+            copies: sched_copies(2, 99, 32, true),
+            last_layer: false,
+            output: false,
+        };
+        let last = SplitPlace {
+            last_layer: true,
+            output: true,
+            ..first
+        };
+        // Per copy: the hidden state (6 MiB), the mask (20 MiB), positions and K/V row indices
+        // (10 KiB), on the last device the output ids (2 KiB); then the FFN stage (60 MiB) on
+        // the first device, the output stage (68.625 MiB) on the last.
+        let inputs = 26 * mib + (10 << 10);
+        let got = device_compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512, first);
+        assert_eq!(got, 4 * inputs + 60 * mib);
+        let got = device_compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512, last);
+        assert_eq!(got, 4 * (inputs + (2 << 10)) + (32064 + 3072) * 512 * 4);
+        // No pipeline: one copy, the one-device model.
+        assert_eq!(sched_copies(1, 99, 32, true), 1);
+        assert_eq!(sched_copies(2, 32, 32, true), 1, "the output on the CPU");
+        assert_eq!(sched_copies(2, 99, 32, false), 1, "row split");
+        let whole = device_compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512, SplitPlace::WHOLE);
+        assert_eq!(whole, compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512));
     }
 }

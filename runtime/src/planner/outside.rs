@@ -18,6 +18,10 @@
 //!   before) and cuBLAS's own modules: 164 − 66 − 32 = 66 MiB.
 //! - With `GGML_POOL` set, mainline's shim holds `CUPOOL_HOLD` (auto: the workspace plus
 //!   144 MiB) from the context's creation to its first compute.
+//!
+//! With more than one GPU visible, ik_llama.cpp 8337e4cd also makes NCCL communicators at
+//! start-up ([`ik_nccl_communicators`], [`Outside::on_gpus`]); measured on two H100s (NVLink)
+//! in `data/h100x2-2026-11-26-ik-two-gpus` (the two-GPU section of docs/llama-cpp.md).
 
 use crate::engine_kind::EngineKind;
 use cupool_profiles::{EngineModel, Profile, Weights};
@@ -35,6 +39,15 @@ pub const GGML_MODULES_BYTES: usize = 66 * MIB;
 pub const CUBLAS_MODULES_BYTES: usize = (164 - 66 - 32) * MIB;
 /// What the shim's `CUPOOL_HOLD=auto` holds beside the workspace.
 pub const HOLD_ALLOWANCE_BYTES: usize = 144 * MIB;
+/// What one NCCL communicator over two GPUs takes on each of them: its rank's device memory
+/// (channel buffers, work queues) and NCCL's own kernel module. Measured in every ik_llama.cpp
+/// run on two H100s over NVLink (driver 580.159.04, CUDA 13.0, the system's NCCL): the shim's
+/// `cuda-init` line (before `ggml_cuda_init` made the communicator; 0.1 MiB) against the
+/// engine's `using device` line (after it; whole MiB, rounded down) put it in 393.2–394.2 MiB
+/// on device 0 (80,552.2 → 80,158) and 393.6–394.6 MiB on device 1 (7,156.6 → 6,762 under
+/// the ballast): 393.6–394.2 MiB on both, and the driver hands out whole 2 MiB pages, so
+/// 394 MiB. Another GPU pair, interconnect or NCCL version may take another amount.
+pub const NCCL_COMMUNICATOR_BYTES: usize = 394 * MIB;
 
 /// The terms, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,6 +67,34 @@ pub struct Outside {
     /// ik_llama.cpp keep it in pinned host memory (`CUDA_Host output buffer` in their logs)
     /// and cupool's runtime computes no logits.
     pub output_buffer: usize,
+    /// NCCL communicators the engine makes at start-up over every visible GPU, before any
+    /// buffer ([`Outside::on_gpus`]; none on one GPU).
+    pub nccl_communicators: usize,
+}
+
+/// How many NCCL communicators ik_llama.cpp 8337e4cd makes that include GPU `device` of
+/// `visible_gpus`: `ggml_cuda_init` (`ggml/src/ggml-cuda.cu`, the `#ifdef GGML_USE_NCCL`
+/// block after the device loop) runs at the backend's first use, whatever the split mode, and
+/// when it sees more than one device calls `ncclCommInitAll` over all of them (the main
+/// communicator); with 3 devices it adds the pairs {0,1} and {0,2}, with 4 the pairs {0,1},
+/// {2,3}, {0,2} and {1,3}. Only a build that found NCCL (`GGML_NCCL`, on by default) does this;
+/// `CUDA_VISIBLE_DEVICES` of one device makes none. Mainline llama.cpp 0c1e5709 makes its
+/// communicators only for `-sm tensor`'s meta backend (`ggml_backend_cuda_comm_init_nccl`),
+/// not modelled: none with `-sm layer`.
+pub fn ik_nccl_communicators(device: usize, visible_gpus: usize) -> usize {
+    if device >= visible_gpus {
+        return 0;
+    }
+    let pairs: &[(usize, usize)] = match visible_gpus {
+        3 => &[(0, 1), (0, 2)],
+        4 => &[(0, 1), (2, 3), (0, 2), (1, 3)],
+        _ => &[],
+    };
+    let main = usize::from(visible_gpus > 1);
+    main + pairs
+        .iter()
+        .filter(|&&(a, b)| a == device || b == device)
+        .count()
 }
 
 impl Outside {
@@ -64,6 +105,7 @@ impl Outside {
         kernel_modules: 0,
         shim_hold: 0,
         output_buffer: 0,
+        nccl_communicators: 0,
     };
 
     /// The terms for `engine` running `model` (when it is a preset the profiles know) with
@@ -104,26 +146,51 @@ impl Outside {
                     kernel_modules: GGML_MODULES_BYTES + cublas_modules,
                     shim_hold,
                     output_buffer: 0,
+                    nccl_communicators: 0,
                 }
             }
         }
     }
 
-    /// What must be free beside the start-up buffers while they are made: the context and the
-    /// hold.
+    /// The terms on GPU `device` when the engine sees `visible_gpus` GPUs: [`Outside::of`]'s
+    /// (which plans one) with the NCCL communicators that engine makes at start-up
+    /// ([`ik_nccl_communicators`]: ik_llama.cpp; none for mainline and cupool's runtime), each
+    /// [`NCCL_COMMUNICATOR_BYTES`]. Only the two-GPU communicator is measured: larger ones are
+    /// counted at its cost.
+    pub fn on_gpus(self, engine: EngineKind, device: usize, visible_gpus: usize) -> Self {
+        let n = match engine {
+            EngineKind::Profile {
+                profile: Profile::IkLlama,
+                ..
+            } => ik_nccl_communicators(device, visible_gpus),
+            _ => 0,
+        };
+        Self {
+            nccl_communicators: n * NCCL_COMMUNICATOR_BYTES,
+            ..self
+        }
+    }
+
+    /// What must be free beside the start-up buffers while they are made: the context, NCCL's
+    /// communicators and the hold.
     pub fn at_startup(&self) -> usize {
-        self.cuda_context + self.shim_hold
+        self.cuda_context + self.nccl_communicators + self.shim_hold
     }
 
     /// What lies beside the buffers and the pool from the first compute on.
     pub fn at_compute(&self) -> usize {
-        self.cuda_context + self.cublas_workspace + self.kernel_modules + self.output_buffer
+        self.cuda_context
+            + self.nccl_communicators
+            + self.cublas_workspace
+            + self.kernel_modules
+            + self.output_buffer
     }
 
     /// Each term with its name, for the plan's table.
-    pub fn terms(&self) -> [(&'static str, usize); 5] {
+    pub fn terms(&self) -> [(&'static str, usize); 6] {
         [
             ("CUDA context", self.cuda_context),
+            ("NCCL communicators", self.nccl_communicators),
             ("cuBLAS workspace", self.cublas_workspace),
             ("kernel modules", self.kernel_modules),
             ("start-up hold (until 1st compute)", self.shim_hold),
@@ -179,5 +246,48 @@ mod tests {
         let own = Outside::of(EngineKind::Cupool, None, Weights::F16, 900);
         assert_eq!((own.cublas_workspace, own.shim_hold), (0, 0));
         assert_eq!(Outside::NONE.at_compute() + Outside::NONE.at_startup(), 0);
+    }
+
+    #[test]
+    fn ik_llama_makes_nccl_communicators_on_more_than_one_gpu() {
+        let phi = EngineModel::preset("phi3-mini").unwrap();
+        let ik = EngineKind::Profile {
+            profile: Profile::IkLlama,
+            cc: 900,
+        };
+        let one = Outside::of(ik, Some(&phi), Weights::F16, 900);
+        assert_eq!(one.nccl_communicators, 0, "Outside::of plans one GPU");
+        assert_eq!(one.on_gpus(ik, 0, 1), one);
+        // Two GPUs: the main communicator on each, counted from start-up on.
+        for device in 0..2 {
+            let two = one.on_gpus(ik, device, 2);
+            assert_eq!(mib(two.nccl_communicators), 394);
+            assert_eq!(two.at_startup() - one.at_startup(), 394 * MIB);
+            assert_eq!(two.at_compute() - one.at_compute(), 394 * MIB);
+        }
+        // The free-memory lines of the two-GPU runs (before and after ggml_cuda_init, MiB): the
+        // term lies inside what each device lost.
+        for (before, after) in [(80_552.2, 80_158.0), (7_156.6, 6_762.0)] {
+            let lost = (before - after - 1.0 - 0.05, before - after + 0.05);
+            let term = NCCL_COMMUNICATOR_BYTES as f64 / MIB as f64;
+            assert!(lost.0 < term && term <= lost.1, "{lost:?} against {term}");
+        }
+        // Three and four GPUs add pair communicators; mainline and cupool make none.
+        let counts = |n: usize| {
+            (0..n)
+                .map(|d| ik_nccl_communicators(d, n))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counts(3), [3, 2, 2]);
+        assert_eq!(counts(4), [3, 3, 3, 3]);
+        assert_eq!(counts(8), [1; 8]);
+        assert_eq!(ik_nccl_communicators(2, 2), 0, "not a visible GPU");
+        for profile in [Profile::Llama, Profile::LlamaB8833] {
+            let e = EngineKind::Profile { profile, cc: 900 };
+            let o = Outside::of(e, Some(&phi), Weights::F16, 900).on_gpus(e, 1, 2);
+            assert_eq!(o.nccl_communicators, 0, "{profile:?}");
+        }
+        let own = Outside::of(EngineKind::Cupool, None, Weights::F16, 900);
+        assert_eq!(own.on_gpus(EngineKind::Cupool, 1, 2).nccl_communicators, 0);
     }
 }
