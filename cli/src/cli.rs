@@ -333,6 +333,11 @@ pub struct ReplayArgs {
     /// PNG or SVG, by its extension.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Where the pool's memory comes from: the simulated card (sim, the default) or GPU 0
+    /// (cuda: real driver calls, no kernels; the report adds the wall time and the time in
+    /// each driver call, what the pool costs the run that recorded the trace).
+    #[arg(long, value_parser = ["sim", "cuda"], default_value = "sim")]
+    pub device: String,
     /// Only errors on stderr.
     #[arg(long)]
     pub quiet: bool,

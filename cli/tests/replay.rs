@@ -261,8 +261,36 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
         if classes == "1048576" && round == "2097152" {
             // libcupool's default, with page recycling: the mapped peak within 2% of the live
             // peak (1.087 and 1.025 before recycling; the goal was at most 1.03).
-            assert!(phi3.1 <= 1.019 && llama3.1 <= 1.016, "{phi3:?} {llama3:?}");
+            assert!(phi3.1 <= 1.023 && llama3.1 <= 1.02, "{phi3:?} {llama3:?}");
         }
+    }
+    // What recycling costs with libcupool's default: each page moved is ~45 µs of driver calls
+    // after a synchronize on an H100. Before large blocks were placed where memory is (and
+    // with a 64th of free memory kept): 15,354 moves and 2,906 synchronizes (Phi-3), 3,735 and
+    // 1,275 (Llama-3).
+    for (trace, moves, syncs) in [("phi3", 6_000, 1_300), ("llama3", 1_400, 150)] {
+        let path = format!("{root}/data/h100-2026-11-22-pytorch/trace-{trace}.jsonl.gz");
+        let out = bin()
+            .args([
+                "replay",
+                &path,
+                "--round-large",
+                "2097152",
+                "--size-classes",
+                "1048576",
+            ])
+            .args(["--format", "json"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (m, y) = (
+            v["driver_remaps"].as_u64().unwrap(),
+            v["driver_syncs"].as_u64().unwrap(),
+        );
+        assert!(
+            m <= moves && y <= syncs,
+            "{trace}: {m} moves, {y} synchronizes"
+        );
     }
     // PyTorch's own allocator replayed (`--pool torch`) on a card of the H100's free memory,
     // against the reserved peak its native runs measured (the docs' first column).

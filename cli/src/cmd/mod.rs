@@ -6,6 +6,7 @@ pub mod plan;
 pub mod predict;
 mod predict_free;
 pub mod replay;
+mod replay_gpu;
 pub mod run;
 
 use crate::cli::RunArgs;

@@ -1,6 +1,7 @@
 //! `repro-prefill replay`: an allocation trace (JSON lines, plain or gzipped) through a pool on the simulated
-//! device; and its table, CSV and JSON.
+//! device or a GPU (`replay_gpu.rs`); and its table, CSV and JSON.
 
+use super::replay_gpu::GpuTiming;
 use super::{fail, usage};
 use crate::cli::{FormatArg, ReplayArgs};
 use crate::output::driver_calls;
@@ -57,11 +58,18 @@ pub fn replay(a: ReplayArgs) -> ExitCode {
         }
         Err(e) => return usage(e.to_string()),
     };
-    let r = match trace::replay(&ops, &config, a.purge, vram) {
-        Ok(r) => r,
-        Err(e) => return usage(format!("{}: {e}", a.trace.display())),
+    let (r, timing) = if a.device == "cuda" {
+        match super::replay_gpu::replay(&ops, &config, a.purge, vram) {
+            Ok((r, t)) => (r, Some(t)),
+            Err(e) => return fail(format!("{}: {e}", a.trace.display())),
+        }
+    } else {
+        match trace::replay(&ops, &config, a.purge, vram) {
+            Ok(r) => (r, None),
+            Err(e) => return usage(format!("{}: {e}", a.trace.display())),
+        }
     };
-    print(&a, &r);
+    print(&a, &r, timing.as_ref());
     if let Some(p) = &a.plot {
         let name = a.trace.file_name().unwrap_or_default().to_string_lossy();
         let title = format!("replay of {name} through {} / purge {}", r.pool, r.purge);
@@ -101,9 +109,15 @@ fn read_trace(path: &Path) -> Result<String, Unreadable> {
 }
 
 /// The replay's report in `--format`.
-fn print(a: &ReplayArgs, r: &ReplayReport) {
+fn print(a: &ReplayArgs, r: &ReplayReport, timing: Option<&GpuTiming>) {
     match a.format {
-        FormatArg::Json => outln!("{}", serde_json::to_string_pretty(r).unwrap_or_default()),
+        FormatArg::Json => {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let (Some(t), Some(o)) = (timing, v.as_object_mut()) {
+                o.insert("gpu".into(), serde_json::to_value(t).unwrap_or_default());
+            }
+            outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())
+        }
         FormatArg::Csv => {
             outln!("pool,purge,events,peak_live_bytes,peak_reserved_bytes,end_reserved_bytes,driver_mallocs,driver_frees,driver_maps,driver_unmaps,ooms");
             outln!(
@@ -141,6 +155,9 @@ fn print(a: &ReplayArgs, r: &ReplayReport) {
                 );
             }
             outln!("  OOMs           {}", r.ooms);
+            for l in timing.map(super::replay_gpu::lines).unwrap_or_default() {
+                outln!("{l}");
+            }
         }
     }
 }

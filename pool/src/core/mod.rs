@@ -162,7 +162,17 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
         if g.asleep {
             return Err(self.ctx.asleep(&g));
         }
-        if let Some(fit) = g.placement.take(size) {
+        let fit = if size > crate::placement::bump::LARGE && g.upstream.recycles() {
+            let State {
+                placement,
+                upstream,
+                ..
+            } = &mut *g;
+            placement.take_backed(size, &|a, l| upstream.unbacked(a, l))
+        } else {
+            g.placement.take(size)
+        };
+        if let Some(fit) = fit {
             if !g.upstream.backed(fit.addr, fit.capacity) {
                 return self.ctx.back_taken(&mut g, fit, size);
             }

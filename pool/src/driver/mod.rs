@@ -4,8 +4,8 @@
 //! device: [`sim::SimDevice`] (host memory behind the addresses, a capacity and a ledger) and
 //! [`cuda::CudaDriver`] (cudarc with dynamic loading). Anything else that changes driver
 //! behaviour wraps a driver, and works over either: a memory limit on a large card
-//! ([`limit::LimitedDriver`]), fault injection ([`fault::FaultInjector`]) and opening a device
-//! on its first use ([`lazy::LazyDriver`]).
+//! ([`limit::LimitedDriver`]), fault injection ([`fault::FaultInjector`]), opening a device
+//! on its first use ([`lazy::LazyDriver`]) and timing each call ([`timed::TimedDriver`]).
 
 pub mod cuda;
 mod error;
@@ -15,6 +15,7 @@ pub mod lazy;
 pub mod limit;
 mod shared;
 pub mod sim;
+pub mod timed;
 
 pub use error::{CallKind, DriverError, ErrorCode};
 pub use host::{HostBuffer, HostMemory};

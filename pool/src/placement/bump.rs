@@ -49,6 +49,9 @@ pub struct Bump {
     large_rounding: usize,
 }
 
+/// Holes [`Placement::take_backed`] looks at, smallest first.
+const SCAN: usize = 64;
+
 /// Requests above this size are *large*: see [`Bump::with_large_rounding`].
 pub const LARGE: usize = 1 << 20;
 
@@ -185,6 +188,53 @@ impl Placement for Bump {
         let addr = self.top;
         self.top += n as u64;
         Some(Fit { addr, capacity: n })
+    }
+
+    fn take_backed(&mut self, size: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<Fit> {
+        let n = self.rounded(size);
+        // The holes that fit, smallest first, and the top: the first with memory behind all
+        // of it wins; else the one that needs the least. Bounded, so a pool with many holes
+        // pays a bounded scan.
+        // (unbacked, hole address, hole length, block address)
+        let mut best: Option<(usize, u64, usize, u64)> = None;
+        'holes: for &(len, at) in self.by_size.range((n, 0)..).take(SCAN) {
+            // At the hole's start or its end: a hole whose memory lies at one end (the rest
+            // moved away) serves the block there.
+            let last = at + (len - n) as u64;
+            for place in [at, last] {
+                let need = unbacked(place, n);
+                if best.is_none_or(|b| need < b.0) {
+                    best = Some((need, at, len, place));
+                    if need == 0 {
+                        break 'holes;
+                    }
+                }
+            }
+        }
+        if self.top + n as u64 <= self.end && best.is_none_or(|b| b.0 > 0) {
+            let need = unbacked(self.top, n);
+            if best.is_none_or(|b| need < b.0) {
+                best = Some((need, self.top, 0, self.top));
+            }
+        }
+        let (_, at, len, place) = best?;
+        if len == 0 {
+            self.top += n as u64;
+        } else {
+            self.remove_hole(at);
+            if place > at {
+                self.insert_hole(at, (place - at) as usize);
+            }
+            let end = at + len as u64;
+            let after = place + n as u64;
+            if end > after {
+                self.insert_hole(after, (end - after) as usize);
+            }
+        }
+        Some(Fit {
+            addr: place,
+            capacity: n,
+        })
     }
 
     fn grow_request(&self, size: usize) -> usize {

@@ -63,6 +63,15 @@ pub trait Placement: Send + fmt::Debug + 'static {
     /// Places `size` bytes (1 to [`crate::MAX_REQUEST`]) in memory already held, if it fits.
     fn take(&mut self, size: usize) -> Option<Fit>;
 
+    /// Like [`Placement::take`], where the upstream backs memory behind only part of its
+    /// segments: among the free ranges that fit `size`, one where `unbacked(addr, len)` (the
+    /// bytes of `[addr, addr+len)` with no memory behind them) is least, the best fit among
+    /// those. The default ignores `unbacked`.
+    fn take_backed(&mut self, size: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<Fit> {
+        let _ = unbacked;
+        self.take(size)
+    }
+
     /// Bytes to ask the upstream for when [`Placement::take`] found no room for `size`, for a
     /// segment that starts where the last one ends.
     fn grow_request(&self, size: usize) -> usize;

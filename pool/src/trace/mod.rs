@@ -22,7 +22,7 @@ pub use error::TraceError;
 pub use event::TraceEvent;
 pub use parse::parse;
 pub use recorder::Recorder;
-pub use replay::{replay, ReplayReport};
+pub use replay::{replay, replay_on, ReplayReport};
 pub use timeline::Point;
 
 /// The parser's and the replay's name for an event.

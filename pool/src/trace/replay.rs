@@ -135,6 +135,18 @@ pub fn replay(
     let mut sim = SimConfig::gib(0.0).backed(false).record_calls(false);
     sim.capacity = vram.map_or(MAX_CAPACITY, |v| v.min(MAX_CAPACITY));
     let driver: Arc<dyn Driver> = Arc::new(SimDevice::new(sim).map_err(PoolError::from)?);
+    replay_on(driver, ops, config, purge)
+}
+
+/// Replays `ops` as [`replay`] does, on `driver`: a GPU's, to measure what the pool's driver
+/// calls cost there (wrap it in [`crate::driver::timed::TimedDriver`]). The blocks are never
+/// touched, so no kernel runs.
+pub fn replay_on(
+    driver: Arc<dyn Driver>,
+    ops: &[Op],
+    config: &PoolConfig,
+    purge: PurgePolicy,
+) -> Result<ReplayReport, TraceError> {
     let kind = config.resolve(true)?;
     let mut pools: HashMap<u64, Arc<dyn Pool>> = HashMap::new();
     let mut live: HashMap<u64, (u64, Block)> = HashMap::new();

@@ -88,6 +88,13 @@ pub trait Upstream: Send + fmt::Debug + 'static {
         false
     }
 
+    /// Bytes of `[addr, addr+len)` with no memory behind them (0 where segments are held
+    /// whole).
+    fn unbacked(&self, addr: u64, len: usize) -> usize {
+        let _ = (addr, len);
+        0
+    }
+
     /// Whether [`Upstream::back`] recycles pages from free ranges at all.
     fn recycles(&self) -> bool {
         false

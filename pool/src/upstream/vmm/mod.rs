@@ -291,6 +291,10 @@ impl Upstream for VmmReserve {
         self.config.recycle
     }
 
+    fn unbacked(&self, addr: u64, len: usize) -> usize {
+        self.space.unbacked(addr, len)
+    }
+
     fn movable(&mut self, donors: &[(u64, usize)]) -> bool {
         if !self.config.recycle || self.granularity == 0 {
             return false;

@@ -106,6 +106,21 @@ impl AddressSpace {
         }
     }
 
+    /// Bytes of `[at, at+len)` with no memory behind them.
+    pub fn unbacked(&self, at: DevicePtr, len: usize) -> usize {
+        let end = at + len as u64;
+        let mut n = 0;
+        // The vacant range that starts before `at` may reach into it; the rest start inside.
+        let first = self.vacant.range(..at).next_back().map(|(&s, &e)| (s, e));
+        for (s, e) in first
+            .into_iter()
+            .chain(self.vacant.range(at..end).map(|(&s, &e)| (s, e)))
+        {
+            n += (e.min(end).saturating_sub(s.max(at))) as usize;
+        }
+        n
+    }
+
     /// Live reservations.
     pub fn reservations(&self) -> usize {
         self.reservations.len()
