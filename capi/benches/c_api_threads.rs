@@ -8,9 +8,14 @@
 //!   (a block freed by another thread than the one that allocated it), two barriers a batch.
 //!
 //! `BENCH_DEVICE` picks the device (`sim`, the default, runs anywhere; `cuda` on a GPU
-//! machine); `BENCH_POOL` the pool (`vmm`, the default, or `legacy`).
+//! machine); `BENCH_POOL` the pool (`vmm`, the default, or `legacy`). `BENCH_HISTORY=N` keeps
+//! the memory history on (the last N events per device) to measure what it costs; off by
+//! default, as in use.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use cupool::{cupool_init, cupool_shutdown, cupool_torch_alloc, cupool_torch_free, CupoolStatus};
+use cupool::{
+    cupool_init, cupool_memory_history, cupool_shutdown, cupool_torch_alloc, cupool_torch_free,
+    CupoolStatus,
+};
 use std::ffi::{c_void, CString};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -24,7 +29,16 @@ fn open() -> String {
     let config = CString::new(format!("CUPOOL_DEVICE={device} GGML_POOL={pool}")).unwrap();
     // SAFETY: a NUL-terminated string.
     assert_eq!(unsafe { cupool_init(config.as_ptr()) }, CupoolStatus::Ok);
-    format!("{device}/{pool}")
+    match std::env::var("BENCH_HISTORY") {
+        Ok(n) => {
+            let n: u64 = n
+                .parse()
+                .expect("BENCH_HISTORY: the events to keep, a number");
+            assert_eq!(cupool_memory_history(1, n), CupoolStatus::Ok);
+            format!("{device}/{pool}/history")
+        }
+        Err(_) => format!("{device}/{pool}"),
+    }
 }
 
 #[inline]

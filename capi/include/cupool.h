@@ -167,6 +167,36 @@ enum cupool_status cupool_phase_begin(const char *name);
 // boundary for the replay (as a prefill ubatch is).
 enum cupool_status cupool_phase_end(int32_t prefill);
 
+// Turns the memory history on (`enabled` nonzero) or off, as PyTorch's
+// `torch.cuda.memory._record_memory_history`: while on, the last `max_entries` events of each
+// device (allocations, frees, segments mapped or allocated from the driver and given back,
+// out-of-memory failures, with address, size, stream and time) are kept for
+// `cupool_memory_snapshot_json`. Turning it on while on keeps the history and sets the new
+// bound; turning it off forgets it. Needs no `cupool_init` and outlives `cupool_shutdown`.
+// `max_entries` is at least 1 when turning it on (ignored when turning it off). While off,
+// the cost is one atomic load per allocation and free.
+enum cupool_status cupool_memory_history(int32_t enabled, uint64_t max_entries);
+
+// Writes the memory snapshot of `device` (every device when -1) as a NUL-terminated JSON object
+// into `buf` (`cap` bytes) and returns the JSON's length without the NUL; a call with a null
+// `buf` asks for the size. When the return is `cap` or more, `buf` holds a truncated prefix:
+// the snapshot grew since the size was asked, so call again with a larger buffer. Returns 0
+// on failure.
+//
+// The JSON is PyTorch's `torch.cuda.memory._snapshot()`: `{"segments": [...],
+// "device_traces": [[...], ...]}`. Each segment (`device`, `address`, `total_size`,
+// `allocated_size`, `active_size`, `requested_size`, `stream`, `segment_type`,
+// `segment_pool_id`, `is_expandable`, `frames`, `blocks`) is memory a pool holds from the
+// driver (mapped VMM memory is `is_expandable`), its `blocks` (`address`, `size`,
+// `requested_size`, `state`: `active_allocated` or `inactive`, `frames`) tiling it. The traces
+// hold one list per device of the history's events (`action`, `addr`, `size`, `stream`,
+// `time_us`, `frames`; an `oom` has `device_free` instead of `addr`), oldest first, empty
+// while the history is off. Frames name what `cupool_alloc_named` named and the tag in force.
+//
+// # Safety
+// `buf` is null or points to `cap` writable bytes.
+size_t cupool_memory_snapshot_json(int32_t device, char *buf, size_t cap);
+
 // Sets the tag of this thread's later allocations: a name of 1 to 64 bytes ("weights",
 // "kv_cache"), or null or "" for none. Each tag's memory lies in pools of its own, so
 // `cupool_sleep` can release it alone. Frees need no tag: a block is found under any.

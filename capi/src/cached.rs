@@ -39,9 +39,10 @@ pub(crate) struct Cached<P> {
 }
 
 impl<P> Cached<P> {
-    pub(crate) fn new(inner: Arc<dyn Pool>, shared: Arc<Local<P>>) -> Self {
+    /// `at`: the stream and tag of the pool.
+    pub(crate) fn new(inner: Arc<dyn Pool>, shared: Arc<Local<P>>, at: (u64, u32)) -> Self {
         Self {
-            front: Front::new(inner),
+            front: Front::new(inner, at),
             locals: Mutex::new(vec![shared]),
             gone: Mutex::new(Gone::default()),
         }
@@ -88,6 +89,22 @@ impl<P> Cached<P> {
             .live
             .get(&ptr)
             .map(|(asked, b)| (*asked, b.capacity()))
+    }
+
+    /// Every live block (not those a thread keeps for reuse): its address, the size asked for
+    /// and its usable size, for the memory snapshot.
+    pub(crate) fn live(&self) -> Vec<(u64, usize, usize)> {
+        let mut out = Vec::new();
+        for l in self.locals() {
+            let st = l.lock();
+            out.extend(
+                st.held
+                    .live
+                    .iter()
+                    .map(|(&ptr, (asked, b))| (ptr, *asked, b.capacity())),
+            );
+        }
+        out
     }
 
     /// Drops `l` from the list if its thread exited and nothing of it is live; what it counted

@@ -19,15 +19,18 @@ pub(crate) struct Front<T> {
     asleep: AtomicBool,
     /// Which state holds each block taken from the pool.
     pub owners: Owners<T>,
+    /// The stream and tag of the pool (what the memory history and the segments name).
+    pub at: (u64, u32),
 }
 
 impl<T> Front<T> {
-    pub(crate) fn new(inner: Arc<dyn Pool>) -> Self {
+    pub(crate) fn new(inner: Arc<dyn Pool>, at: (u64, u32)) -> Self {
         Self {
             inner,
             config: ThreadCacheConfig::default(),
             asleep: AtomicBool::new(false),
             owners: Owners::default(),
+            at,
         }
     }
 
@@ -54,7 +57,8 @@ impl<T> Front<T> {
         size: usize,
         peaks: &Peaks,
     ) -> Result<Block, Failure> {
-        let b = self.inner.alloc(size)?;
+        // Memory the pool takes from the driver for this block is this stream's segment.
+        let b = crate::segments::on_stream(self.at.0, self.at.1, || self.inner.alloc(size))?;
         self.owners.insert(b.ptr(), owner.clone());
         peaks.note(self.inner.reserved_bytes());
         Ok(b)

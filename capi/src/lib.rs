@@ -20,7 +20,9 @@
 //! `CUDAPluggableAllocator` entry points), `stats.rs` (statistics as JSON), `record.rs` (traces for
 //! `repro-prefill replay`), `boundary.rs` (an engine's ubatch boundary: `CUPOOL_PURGE`, per-ubatch
 //! peaks), `tags.rs` (the names a caller gives what it allocates, for sleep and wake), `registered.rs` (ranges
-//! registered with NCCL: kept mapped until deregistered).
+//! registered with NCCL: kept mapped until deregistered), `history.rs`, `segments.rs` and
+//! `snapshot.rs` (the memory history, what the pools hold from the driver, and the snapshot of
+//! both in PyTorch's format).
 
 mod api;
 mod boundary;
@@ -28,6 +30,7 @@ mod cached;
 mod config;
 mod front;
 mod hash;
+mod history;
 mod local;
 mod log;
 mod owned_lock;
@@ -35,6 +38,8 @@ mod owners;
 mod peaks;
 mod record;
 mod registered;
+mod segments;
+mod snapshot;
 mod state;
 mod stats;
 mod status;

@@ -123,6 +123,7 @@ impl Held {
         self.usage.alloc(size);
         self.live.insert(ptr, (size, b));
         crate::record::alloc(device, stream, ptr, size, name);
+        crate::history::alloc(device, stream, ptr, size, name);
         Ok((ptr, capacity))
     }
 
@@ -149,6 +150,7 @@ impl Held {
         let (asked, b) = e.remove();
         self.usage.free(asked);
         crate::record::free(device, ptr);
+        crate::history::free(device, front.at.0, ptr, asked);
         Some(self.put_back(front, b))
     }
 

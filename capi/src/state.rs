@@ -8,6 +8,7 @@
 use crate::cached::Cached;
 use crate::config::{Config, Devices};
 use crate::local::{Held, Local};
+use crate::segments::Tracked;
 use crate::status::{CupoolStatus, Failure};
 use cupool_pool::driver::cuda::device_count;
 use cupool_pool::driver::lazy::LazyDriver;
@@ -90,6 +91,8 @@ pub(crate) struct Lib {
     /// `CUPOOL_AUTO_HEADROOM`: the free memory below which `auto` purges at a boundary.
     pub headroom: cupool_pool::AutoHeadroom,
     pub devices: usize,
+    /// What each device's pools hold from the driver (the memory snapshot's segments).
+    pub segments: Vec<Arc<Tracked>>,
     streams: RwLock<HashMap<(usize, u64, u32), Arc<StreamPool>>>,
 }
 
@@ -133,8 +136,19 @@ impl Lib {
                 .map(|d| Arc::new(LimitedDriver::new(d, limit)) as Arc<dyn Driver>)
                 .collect(),
         };
+        // Outermost: only what the device (and the limit) granted is a segment.
+        let segments: Vec<Arc<Tracked>> = drivers
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| Arc::new(Tracked::new(d, i)))
+            .collect();
+        let drivers = segments
+            .iter()
+            .map(|t| t.clone() as Arc<dyn Driver>)
+            .collect();
         Ok(Self {
-            devices: drivers.len(),
+            devices: segments.len(),
+            segments,
             purge: config.purge,
             headroom: config.headroom,
             registry: Registry::new(config.pool, drivers),
@@ -159,7 +173,10 @@ impl Lib {
                 format!("cupool handed out nothing on device {device}, stream {stream:#x}"),
             ));
         }
-        let inner = self.registry.pool_tagged(device, StreamId(stream), tag)?;
+        // A pool may reserve its address space as it is built: that range is this stream's.
+        let inner = crate::segments::on_stream(stream, tag, || {
+            self.registry.pool_tagged(device, StreamId(stream), tag)
+        })?;
         let s = self
             .streams
             .write()
@@ -170,7 +187,7 @@ impl Lib {
                     device,
                     stream,
                     tag,
-                    pool: Cached::new(inner, shared.clone()),
+                    pool: Cached::new(inner, shared.clone(), (stream, tag)),
                     shared,
                     peaks: crate::peaks::Peaks::default(),
                 })

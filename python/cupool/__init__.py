@@ -11,7 +11,9 @@ cupy::
 
 ``cupool.torch.mempool()`` gives a ``torch.cuda.MemPool`` over cupool instead, and
 ``cupool.cupy.install()`` makes cupool CuPy's allocator. ``cupool.tag``, ``cupool.sleep`` and
-``cupool.wake`` free a tagged part of the memory between phases (see ``cupool.tags``). See docs/pytorch.md.
+``cupool.wake`` free a tagged part of the memory between phases (see ``cupool.tags``);
+``cupool.record_memory_history`` and ``cupool.dump_snapshot`` write what PyTorch's memory viewer
+reads (see ``cupool.history``). See docs/pytorch.md.
 """
 
 import contextlib
@@ -22,11 +24,13 @@ from ._lib import CupoolError, LibraryNotFound, load
 from . import _lib
 from .tags import asleep_bytes, current_tag, sleep, tag, wake
 from .registered import deregister, register, registered_bytes
+from .history import dump_snapshot, memory_snapshot, record_memory_history
 
 __all__ = ["CupoolError", "LibraryNotFound", "init", "is_initialized", "shutdown", "stats",
            "trim", "purge", "reset_peaks", "record", "phase", "device_count", "library_path",
            "config_string", "with_environment", "ensure_open", "ubatch_end", "tag", "current_tag", "sleep", "wake",
-           "asleep_bytes", "register", "deregister", "registered_bytes"]
+           "asleep_bytes", "register", "deregister", "registered_bytes", "record_memory_history",
+           "memory_snapshot", "dump_snapshot"]
 
 #: The configuration names ``init`` takes as keywords, and the C API's names for them.
 OPTIONS = {

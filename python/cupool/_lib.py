@@ -74,6 +74,8 @@ _SIGNATURES = {
     "cupool_trim": (ctypes.c_int, [ctypes.c_int32, ctypes.POINTER(ctypes.c_size_t)]),
     "cupool_reset_peaks": (ctypes.c_int, [ctypes.c_int32]),
     "cupool_stats_json": (ctypes.c_size_t, [ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]),
+    "cupool_memory_history": (ctypes.c_int, [ctypes.c_int32, ctypes.c_uint64]),
+    "cupool_memory_snapshot_json": (ctypes.c_size_t, [ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]),
     "cupool_last_error": (ctypes.c_char_p, []),
     "cupool_record_start": (ctypes.c_int, [ctypes.c_char_p]),
     "cupool_record_stop": (ctypes.c_int, [ctypes.POINTER(ctypes.c_uint64)]),
@@ -165,3 +167,20 @@ def stats_json(device):
     buf = ctypes.create_string_buffer(n + 1)
     lib.cupool_stats_json(device, buf, n + 1)
     return json.loads(buf.value)
+
+
+def snapshot_json(device):
+    """``cupool_memory_snapshot_json`` as a dict. The snapshot may grow between asking its size
+    and fetching it (another thread allocates): a truncated one is fetched again, larger."""
+    lib = load()
+    n = lib.cupool_memory_snapshot_json(device, None, 0)
+    while True:
+        if n == 0:
+            text = last_error()
+            raise CupoolError(NOT_INITIALIZED if "cupool_init" in text else INVALID_ARGUMENT, text)
+        cap = n + n // 8 + 4096
+        buf = ctypes.create_string_buffer(cap)
+        m = lib.cupool_memory_snapshot_json(device, buf, cap)
+        if 0 < m < cap:
+            return json.loads(buf.raw[:m])
+        n = m

@@ -14,6 +14,10 @@ Two modes:
   ``torch.cuda.use_mem_pool(p)``. PyTorch's caching runs on top; its statistics keep working and
   an out-of-memory is PyTorch's usual ``torch.OutOfMemoryError``.
 
+``record_memory_history()``, ``memory_snapshot()`` and ``dump_snapshot(path)`` stand in for
+``torch.cuda.memory``'s ``_record_memory_history``, ``_snapshot`` and ``_dump_snapshot`` (which see
+no plug-in): the pickle opens in PyTorch's memory viewer.
+
 For NCCL, ``mempool(pool="nccl")`` makes every segment its own allocation as ``ncclMemAlloc``
 makes it, and ``register_mem_pool(pool)`` registers the pool with the process group's NCCL
 communicator (zero-copy collectives between GPUs) while cupool keeps its memory mapped until
@@ -29,6 +33,7 @@ import warnings
 import cupool
 from . import _lib
 from .tags import asleep_bytes, tag, wake  # noqa: F401 (cupool.torch.tag etc.)
+from . import history as _history
 from .tags import sleep as _sleep
 
 _allocator = None
@@ -179,6 +184,27 @@ def memory_reserved(device=None):
 def max_memory_reserved(device=None):
     """The highest ``memory_reserved()`` since the last ``reset_peak_memory_stats()``."""
     return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def record_memory_history(enabled="all", context=None, stacks=None, max_entries=None, device=None,
+                          clear_history=False):
+    """``torch.cuda.memory._record_memory_history`` for what cupool serves (``cupool.history``):
+    "all" (or True) keeps the last ``max_entries`` allocator events of each device (no bound when
+    None, PyTorch's default), None (or False) stops and forgets them."""
+    _history.record_memory_history(enabled, context, stacks, max_entries, device, clear_history)
+
+
+def memory_snapshot(device=None):
+    """``torch.cuda.memory._snapshot()`` for what cupool serves: a dict with ``segments`` (what
+    cupool holds from the driver, tiled by blocks) and ``device_traces`` (the history), in
+    PyTorch's format; every device unless ``device`` names one."""
+    return _history.memory_snapshot(None if device is None else _index(device))
+
+
+def dump_snapshot(filename="dump_snapshot.pickle", device=None):
+    """``torch.cuda.memory._dump_snapshot``: ``memory_snapshot()`` pickled to ``filename``, for
+    pytorch.org/memory_viz and ``python -m torch.cuda._memory_viz trace_plot|segment_plot``."""
+    return _history.dump_snapshot(filename, None if device is None else _index(device))
 
 
 def sleep(tags, offload=(), device=None):

@@ -65,6 +65,14 @@ def test_torch_graph_capture_through_a_mempool(pool):
     assert "graph replayed through a cupool MemPool" in p.stdout, p.stdout
 
 
+@pytest.mark.parametrize("pool", ["vmm", "legacy"])
+def test_torch_memory_snapshot_opens_in_pytorchs_viewer(tmp_path, pool):
+    p = run("torch_memory_viz.py", str(tmp_path), pool=pool)
+    assert "memory snapshot through torch: ok" in p.stdout, p.stdout
+    for html in ("trace_plot.html", "segment_plot.html"):
+        assert (tmp_path / html).stat().st_size > 0
+
+
 def test_torch_install_after_cuda_work_is_refused():
     p = run("torch_install_too_late.py")
     assert "refused" in p.stdout

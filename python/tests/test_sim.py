@@ -460,3 +460,124 @@ def test_register_mem_pool_says_what_is_missing(monkeypatch):
     _torch_with_a_process_group(monkeypatch, _Backend(), initialized=False)
     with pytest.raises(RuntimeError, match="init_process_group"):
         ct.register_mem_pool(_Pool([]))
+
+
+SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+                "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"}
+BLOCK_KEYS = {"address", "size", "requested_size", "state", "frames"}
+TRACE_KEYS = {"action", "addr", "size", "stream", "time_us", "frames"}
+
+
+def snapshot_workload(lib):
+    """Allocations on two streams and both devices, one named, one freed; returns the live ones."""
+    cupool.record_memory_history(max_entries=1000)
+    a, _ = alloc(lib, 3 * MIB)
+    b, _ = alloc(lib, 4096, stream=7)
+    name = ctypes.c_char_p(b"kv cache")
+    c = lib.cupool_alloc_named(0, 0, 5 * MIB, None, name)
+    assert c, _lib.last_error()
+    d, _ = alloc(lib, MIB, device=1)
+    _lib.check(lib.cupool_free(0, 0, a, 3 * MIB))
+    return [(0, 7, b, 4096), (0, 0, c, 5 * MIB), (1, 0, d, MIB)]
+
+
+def free_all(lib, live):
+    for device, stream, p, n in live:
+        _lib.check(lib.cupool_free(device, stream, p, n))
+    cupool.record_memory_history(None)
+
+
+@pytest.mark.parametrize("pool", ["vmm", "legacy"])
+def test_memory_snapshot_is_pytorchs_format_and_pickles(tmp_path, pool):
+    cupool.init(pool=pool, device="sim", sim_gib=1, sim_devices=2)
+    lib = _lib.load()
+    live = snapshot_workload(lib)
+    try:
+        from cupool import torch as cupool_torch  # the torch module's stand-ins need no torch
+        snap = cupool_torch.dump_snapshot(str(tmp_path / "snap.pickle"))
+        import pickle
+        with open(tmp_path / "snap.pickle", "rb") as f:
+            assert pickle.load(f) == snap
+        assert len(snap["device_traces"]) == 2
+        active = {}
+        for seg in snap["segments"]:
+            assert set(seg) == SEGMENT_KEYS, seg
+            assert seg["is_expandable"] == (pool == "vmm")
+            assert seg["segment_type"] in ("small", "large") and isinstance(seg["segment_pool_id"], tuple)
+            at = seg["address"]
+            for blk in seg["blocks"]:
+                assert set(blk) == BLOCK_KEYS and blk["address"] == at, blk
+                assert blk["state"] in ("active_allocated", "inactive")
+                if blk["state"] == "active_allocated":
+                    active[(seg["device"], blk["address"])] = (blk["requested_size"], blk["frames"])
+                at += blk["size"]
+            assert at == seg["address"] + seg["total_size"], "the blocks tile the segment"
+        assert {k: v[0] for k, v in active.items()} == {(dev, p): n for dev, _, p, n in live}
+        assert active[(0, live[1][2])][1] == [{"filename": "cupool", "line": 0, "name": "kv cache"}]
+        trace = snap["device_traces"][0]
+        assert all(set(e) == TRACE_KEYS for e in trace), trace
+        actions = [e["action"] for e in trace]
+        assert actions.count("alloc") == 3 and actions.count("free_completed") == 1, actions
+        assert ("segment_map" if pool == "vmm" else "segment_alloc") in actions, actions
+        assert {e["stream"] for e in trace if e["action"] == "alloc"} == {0, 7}
+        times = [e["time_us"] for e in trace]
+        assert times == sorted(times) and times[0] > 1_600_000_000_000_000, "µs since the epoch"
+        one = cupool.memory_snapshot(1)
+        assert {s["device"] for s in one["segments"]} == {1} and one["device_traces"][0] == []
+    finally:
+        free_all(lib, live)
+        cupool.shutdown()
+    assert cupool.record_memory_history is cupool.history.record_memory_history
+
+
+def test_memory_history_settings_are_checked(sim):
+    with pytest.raises(ValueError, match="accepted are"):
+        cupool.record_memory_history("everything")
+    with pytest.raises(ValueError, match="1 or more"):
+        cupool.record_memory_history(max_entries=0)
+    cupool.record_memory_history(max_entries=2)
+    p, _ = alloc(sim, 4096)
+    _lib.check(sim.cupool_free(0, 0, p, 4096))
+    assert [e["action"] for e in cupool.memory_snapshot()["device_traces"][0]] == ["free_requested", "free_completed"]
+    cupool.record_memory_history(max_entries=5, clear_history=True)
+    assert cupool.memory_snapshot()["device_traces"][0] == []
+    cupool.record_memory_history("state")  # PyTorch's "live blocks only": the history is off
+    p, _ = alloc(sim, 4096)
+    snap = cupool.memory_snapshot()
+    assert snap["device_traces"][0] == [] and snap["segments"], snap
+    _lib.check(sim.cupool_free(0, 0, p, 4096))
+    with pytest.raises(cupool.CupoolError, match="device 5 does not exist"):
+        cupool.memory_snapshot(5)
+
+
+def test_memory_snapshot_needs_the_library_open():
+    with pytest.raises(cupool.CupoolError, match="cupool_init") as e:
+        cupool.memory_snapshot()
+    assert e.value.status == _lib.NOT_INITIALIZED
+
+
+@pytest.mark.parametrize("pool", ["vmm", "legacy"])
+def test_pytorchs_memory_viz_reads_the_snapshot(tmp_path, pool):
+    # PyTorch's own tools over a snapshot made on simulated cards (no GPU needed): its text
+    # summaries check that the blocks add up, and its plots embed the snapshot for the viewer.
+    pytest.importorskip("torch.cuda._memory_viz")
+    cupool.init(pool=pool, device="sim", sim_gib=1, sim_devices=2)
+    lib = _lib.load()
+    live = snapshot_workload(lib)
+    path = str(tmp_path / "snap.pickle")
+    try:
+        cupool.dump_snapshot(path)
+    finally:
+        free_all(lib, live)
+        cupool.shutdown()
+    for cmd in ("trace_plot", "segment_plot"):
+        out = str(tmp_path / f"{cmd}.html")
+        subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", cmd, path, "-o", out], check=True)
+        with open(out) as f:
+            assert "snapshot.pickle" in f.read()
+    stats = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", path], check=True,
+                           capture_output=True, text=True).stdout
+    assert "total_reserved" in stats, stats
+    trace = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace", path], check=True,
+                           capture_output=True, text=True).stdout
+    assert "Device 0" in trace and "del " in trace, trace

@@ -20,25 +20,60 @@ pub(crate) fn alloc_on(
     name: Option<&str>,
 ) -> Result<(u64, usize), Failure> {
     match try_alloc(device, stream, size, name) {
-        Err(mut f) if f.status == CupoolStatus::OutOfMemory => {
-            if state::lib()?.purge == PurgePolicy::Never {
-                f.text.push_str("\n(CUPOOL_PURGE=never: the cache was neither purged at ubatch boundaries nor before this failure; CUPOOL_PURGE=auto, the default, returns what a growing request outgrew)");
-                return Err(f);
+        Err(f) if f.status == CupoolStatus::OutOfMemory => {
+            let r = purge_and_retry(device, stream, size, name, f);
+            if let Err(f) = &r {
+                if f.status == CupoolStatus::OutOfMemory && crate::history::on() {
+                    note_oom(device, stream, size);
+                }
             }
-            let released = super::release::purge_device(device, &Purge::All)?;
-            if released == 0 {
-                return Err(f);
-            }
-            tracing::info!(
-                device,
-                size,
-                released,
-                "out of memory: trimmed every pool of the device and retrying"
-            );
-            try_alloc(device, stream, size, name)
+            r
         }
         r => r,
     }
+}
+
+/// The out-of-memory path of `alloc_on`: out of line, so the served path stays as short as it
+/// can be.
+#[cold]
+#[inline(never)]
+fn purge_and_retry(
+    device: i32,
+    stream: u64,
+    size: usize,
+    name: Option<&str>,
+    mut f: Failure,
+) -> Result<(u64, usize), Failure> {
+    if state::lib()?.purge == PurgePolicy::Never {
+        f.text.push_str("\n(CUPOOL_PURGE=never: the cache was neither purged at ubatch boundaries nor before this failure; CUPOOL_PURGE=auto, the default, returns what a growing request outgrew)");
+        return Err(f);
+    }
+    let released = super::release::purge_device(device, &Purge::All)?;
+    if released == 0 {
+        return Err(f);
+    }
+    tracing::info!(
+        device,
+        size,
+        released,
+        "out of memory: trimmed every pool of the device and retrying"
+    );
+    try_alloc(device, stream, size, name)
+}
+
+/// Notes a failed allocation in the memory history, with what the device has free.
+#[cold]
+fn note_oom(device: i32, stream: u64, size: usize) {
+    let Ok(lib) = state::lib() else { return };
+    let Ok(d) = lib.check_device(device) else {
+        return;
+    };
+    let free = lib
+        .registry
+        .driver(d)
+        .and_then(|dr| dr.mem_info().ok())
+        .map_or(0, |m| m.free);
+    crate::history::oom(d, stream, size, free);
 }
 
 fn try_alloc(

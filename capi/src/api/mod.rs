@@ -3,8 +3,9 @@
 //!
 //! Here: the library's version, opening and closing it, and its settings; by idea beside it:
 //! `memory.rs` (alloc and free), `release.rs` (purges, trims, ubatch boundaries, the release
-//! count), `stats.rs` (statistics), `record.rs` (traces), `sleep.rs` (tags, sleep and wake) and
-//! `register.rs` (ranges registered with NCCL).
+//! count), `stats.rs` (statistics), `record.rs` (traces), `history.rs` (the memory history and
+//! snapshot, in PyTorch's format), `sleep.rs` (tags, sleep and wake) and `register.rs` (ranges
+//! registered with NCCL).
 
 // In the header's order: cbindgen follows the declarations.
 mod memory;
@@ -15,10 +16,13 @@ mod stats;
 
 mod record;
 
+mod history;
+
 mod sleep;
 
 mod register;
 
+pub use history::{cupool_memory_history, cupool_memory_snapshot_json};
 pub(crate) use memory::{alloc_on, free_on};
 pub use memory::{cupool_alloc, cupool_alloc_named, cupool_free};
 pub use record::{cupool_phase_begin, cupool_phase_end, cupool_record_start, cupool_record_stop};

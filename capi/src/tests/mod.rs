@@ -3,6 +3,7 @@
 
 mod api;
 mod header;
+mod history;
 mod registered;
 mod settings;
 mod sleep;
