@@ -292,31 +292,23 @@ fn the_replayed_peak_reserve_equals_the_run_s() {
 
 /// The compute buffer `llama::compute_buffer_bytes` predicts for each run's context and ubatch
 /// against the one llama.cpp logged at teardown (`~llama_context: CUDA0 compute buffer size is
-/// … MiB`), to the precision llama.cpp prints it: 4 decimals of MiB. Equal where the peak is
-/// one of the two stages the profile counts with nothing under it: llama3-8b's logits and
-/// final norm (258.5000 MiB at both contexts: its attention stage, f16 copies of K and V
-/// included, stays below), and phi3-mini's attention at 20,480 positions (278.0117 MiB: the
-/// f16 copies, the mask, the layer's input, query and output, and 12 KiB of positions and row
-/// indices). Elsewhere the prediction is a lower bound: ggml-alloc placed the peak's block above
-/// a hole, which the profile does not model (it does not replay ggml-alloc's best fit over the
-/// graph's nodes): phi3-mini at 5,120 positions logged 85.6367 MiB for an attention stage of
-/// 83.0117 (2.625 MiB over it), at `-ub 2048` 298.5000 for an output stage of 274.5000 (24 MiB,
-/// one f32 row of `n_embd` per token, over it), and Qwen3-30B-A3B's shape 341.5352 for an
-/// output stage of 300.7500 (40.79 MiB over it, at 5,120 and at 4,352 positions). The `-pg`
-/// runs (4,352 positions): llama3-8b's 258.5000 exactly with the copies in the buffer and in the
-/// pool; phi3-mini logged 84.8867 MiB both ways, above its attention stage with the copies
-/// (73.2617) and its output stage (68.6250).
+/// … MiB`), to the precision llama.cpp prints it: 4 decimals of MiB. For the dense models it
+/// replays ggml-alloc over the reserve graph, and every run is exact: llama3-8b 258.5000 MiB
+/// (the logits and final norm), phi3-mini 278.0117 at 20,480 positions, 85.6367 at 5,120 (the
+/// flash-attention node above the hole the layer's norm leaves), 298.5000 at `-ub 2048`, 84.8867
+/// in the `-pg` runs. Qwen3-30B-A3B's shape (a mixture of experts, its graph not replayed) stays
+/// the stage model's lower bound: 300.7500 MiB, 40.7852 below the logged 341.5352 (at 5,120
+/// and 4,352 positions alike).
 #[test]
-fn the_compute_buffer_equals_the_logged_one_where_no_hole_lies_under_its_peak() {
+fn the_compute_buffer_equals_the_logged_one() {
     const MIB: f64 = 1048576.0;
-    const EXACT: [&str; 6] = [
-        "llama3-q8-p5000-ub512",
-        "llama3-q8-p20480-ub512",
-        "phi3-f16-p20480-ub512",
-        "llama3-q8-fapool-p5000-ub512",
-        "llama3-q8-pg4064-64-ub512",
-        "llama3-q8-fapool-pg4064-64-ub512",
+    // The runs not replayed, with what the stage model leaves out (MiB).
+    const SHORT: [(&str, f64); 3] = [
+        ("qwen3-q8-p5000-ub512", 40.7852),
+        ("qwen3-q8-pg4064-64-ub512", 40.7852),
+        ("qwen3-q8-fapool-pg4064-64-ub512", 40.7852),
     ];
+    let mut exact = 0;
     for r in &RUNS {
         let log = r.logged();
         let s = r.setup();
@@ -325,18 +317,10 @@ fn the_compute_buffer_equals_the_logged_one_where_no_hole_lies_under_its_peak() 
             _ => Version::D99724f2,
         };
         let bytes = compute_buffer_bytes(version, &s.model, s.kv, log.n_ctx, log.ubatch);
-        let predicted = format!("{:.4}", bytes as f64 / MIB);
-        if EXACT.contains(&r.name) {
-            assert_eq!(predicted, log.compute_mib, "{}: MiB", r.name);
-        } else {
-            // Within the 4 decimals' rounding, below what llama.cpp reserved.
-            let logged: f64 = log.compute_mib.parse().unwrap();
-            assert!(
-                bytes as f64 / MIB < logged + 0.00005,
-                "{}: {predicted} MiB predicted, {} logged",
-                r.name,
-                log.compute_mib
-            );
-        }
+        let gap = SHORT.iter().find(|x| x.0 == r.name).map_or(0.0, |x| x.1);
+        let predicted = format!("{:.4}", bytes as f64 / MIB + gap);
+        assert_eq!(predicted, log.compute_mib, "{}: MiB (gap {gap})", r.name);
+        exact += usize::from(gap == 0.0);
     }
+    assert_eq!(exact, RUNS.len() - SHORT.len());
 }

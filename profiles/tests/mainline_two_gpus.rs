@@ -53,7 +53,9 @@ use common::two_gpus::{
     compare_runs, data_dir, peak_lines, runs, streams_are_devices, summary, Run,
 };
 use cupool_kernels::KvType;
-use cupool_profiles::llama::{device_compute_buffer_bytes, sched_copies, SplitPlace, Version};
+use cupool_profiles::llama::{
+    device_compute_buffer_bytes, pipeline_compute_buffer_bytes, sched_copies, SplitPlace, Version,
+};
 use cupool_profiles::{EngineModel, KV_PADDING};
 
 /// The fixtures' folder (relative to this crate), or `CUPOOL_TWO_GPUS_DATA`.
@@ -176,6 +178,19 @@ fn the_placement_is_llama_cpp_s() {
     assert_eq!(placement(1, 99, &[1.0, 1.0]), [Some(0), Some(1)]);
 }
 
+/// The device of each layer in a run of `buffers.json` (two devices: the layers not listed
+/// under one are the other's).
+fn layer_devices(r: &serde_json::Value) -> Vec<usize> {
+    let mut out = vec![usize::MAX; 32];
+    for (d, x) in r["devices"].as_object().unwrap() {
+        for l in x["layers"].as_array().unwrap() {
+            out[l.as_u64().unwrap() as usize] = d.parse().unwrap();
+        }
+    }
+    assert!(out.iter().all(|&d| d < 2), "every layer placed");
+    out
+}
+
 /// Each device's compute buffer in every `-sm layer` run, the pipeline model's
 /// (`llama::device_compute_buffer_bytes`: the scheduler's 4 copies of the device's inputs, never
 /// freed, under its largest stage) against the one llama.cpp logged at teardown (`~llama_context:
@@ -197,7 +212,7 @@ fn each_device_s_compute_buffer_is_the_pipeline_s() {
     let all: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(all["engine"], "mainline", "{path}");
     let runs = all["devices"].as_object().expect("devices");
-    let (mut exact, mut checked) = (0, 0);
+    let (mut exact, mut checked, mut replayed) = (0, 0, 0);
     for (name, r) in runs {
         let mut m = EngineModel::preset(r["model"].as_str().unwrap()).unwrap();
         m.n_layer = 32;
@@ -247,8 +262,29 @@ fn each_device_s_compute_buffer_is_the_pipeline_s() {
             );
             exact += usize::from(gap == 0.0);
             checked += 1;
+            // The replay of ggml-alloc over the scheduler's copy of the reserve graph, with the
+            // layers where the fixture says they ran: every device to the 4 decimals.
+            let dev: usize = d.parse().unwrap();
+            let replay = pipeline_compute_buffer_bytes(
+                v,
+                &m,
+                KvType::Q8_0,
+                n_ctx,
+                n("n_ubatch"),
+                &layer_devices(r),
+                if place.output { dev } else { 1 - dev },
+                n_devices,
+            )
+            .unwrap();
+            assert_eq!(
+                format!("{:.4}", replay[dev] as f64 / MIB),
+                format!("{logged:.4}"),
+                "{what}: the replayed buffer against the logged one"
+            );
+            replayed += 1;
         }
     }
+    assert_eq!(replayed, 14, "{path}");
     // 7 runs on two devices; every device 0 but one, and llama3-8b's device 1, to the 4 decimals
     assert_eq!((exact, checked), (8, 14), "{path}");
 }

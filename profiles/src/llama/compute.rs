@@ -14,8 +14,13 @@
 //!   each 128-byte aligned after the output).
 //!
 //! ggml-alloc places tensors best-fit and leaves holes; where a stage's block lands above a
-//! hole the buffer is larger than the stage's live bytes. This is therefore a lower bound,
-//! exact where no hole lies under the peak (see `profiles/tests/mainline.rs`).
+//! hole the buffer is larger than the stage's live bytes, so the stages are a lower bound. For
+//! a dense model [`compute_buffer_bytes`] and [`pipeline_compute_buffer_bytes`] therefore replay
+//! the allocator itself (`galloc.rs`) over the scheduler's copy (`sched.rs`) of the reserve
+//! graph (`reserve.rs`): every buffer mainline logged on one and on two H100s, to the byte
+//! printed (`profiles/tests/mainline.rs`, `mainline_two_gpus.rs`). The stage model below stays
+//! for a mixture of experts (a lower bound) and in [`device_compute_buffer_bytes`], which
+//! `scripts/llama/two_gpu_terms.py` mirrors for the two-GPU replan.
 //!
 //! **Several devices** (`-sm layer`, every layer and the output offloaded): llama.cpp then runs
 //! the layers as a pipeline (`llama_context`'s `pipeline_parallel`, `src/llama-context.cpp`),
@@ -47,7 +52,9 @@ fn aligned(bytes: usize) -> usize {
 }
 
 /// The CUDA compute buffer llama.cpp reserves for ubatches of `n_ubatch` tokens over a context
-/// of `n_ctx` (a lower bound; see the module docs).
+/// of `n_ctx` on one device: for a dense model ggml-alloc's placement of the reserve graph
+/// replayed ([`pipeline_compute_buffer_bytes`] with one device); for a mixture of experts,
+/// whose graph is not modelled, the larger of the stages (a lower bound; see the module docs).
 pub fn compute_buffer_bytes(
     v: Version,
     m: &EngineModel,
@@ -55,7 +62,52 @@ pub fn compute_buffer_bytes(
     n_ctx: usize,
     n_ubatch: usize,
 ) -> usize {
+    if m.moe.is_none() && m.n_layer > 0 && n_ubatch > 0 {
+        let layers = vec![0; m.n_layer];
+        if let Some(b) = pipeline_compute_buffer_bytes(v, m, kv, n_ctx, n_ubatch, &layers, 0, 1) {
+            return b[0];
+        }
+    }
+    stages(v, m, kv, n_ctx, n_ubatch)
+}
+
+/// The stage model: the larger of the output and attention stages' live bytes.
+fn stages(v: Version, m: &EngineModel, kv: KvType, n_ctx: usize, n_ubatch: usize) -> usize {
     output_stage(m, n_ubatch).max(attention_stage(v, m, kv, n_ctx, n_ubatch))
+}
+
+/// Each CUDA device's compute buffer when the repeating layers run on `layer_dev` (one device
+/// index per layer, below `n_gpus`) and the output layer on `output_dev`, with `copies` copies
+/// of each split input ([`sched_copies`]): the reserve graph of a dense llama or phi3 model
+/// (`reserve.rs`) through the scheduler's splits (`sched.rs`) and ggml-alloc (`galloc.rs`).
+/// `None` for a mixture of experts (not modelled) or a placement naming no such device.
+#[allow(clippy::too_many_arguments)]
+pub fn pipeline_compute_buffer_bytes(
+    v: Version,
+    m: &EngineModel,
+    kv: KvType,
+    n_ctx: usize,
+    n_ubatch: usize,
+    layer_dev: &[usize],
+    output_dev: usize,
+    n_gpus: usize,
+) -> Option<Vec<usize>> {
+    let copies = if n_gpus > 1 { SCHED_MAX_COPIES } else { 1 };
+    if m.moe.is_some() || layer_dev.len() != m.n_layer || n_ubatch == 0 || n_gpus == 0 {
+        return None;
+    }
+    if layer_dev.iter().chain([&output_dev]).any(|&d| d >= n_gpus) {
+        return None;
+    }
+    let p = super::reserve::Placement {
+        n_gpus,
+        layer_dev: layer_dev.to_vec(),
+        output_dev,
+    };
+    let g = super::reserve::build(v, m, kv, n_ctx, n_ubatch, &p);
+    let mut sizes = super::sched::buffer_sizes(&g, n_gpus, copies, ALIGN);
+    sizes.truncate(n_gpus);
+    Some(sizes)
 }
 
 /// `result_norm` and the logits, f32, for every row of the ubatch.
@@ -176,7 +228,7 @@ pub fn device_compute_buffer_bytes(
     place: SplitPlace,
 ) -> usize {
     if place.copies <= 1 {
-        return compute_buffer_bytes(v, m, kv, n_ctx, n_ubatch);
+        return stages(v, m, kv, n_ctx, n_ubatch);
     }
     let n = n_ubatch;
     let hidden = aligned(m.n_embd * n * 4);
@@ -200,15 +252,29 @@ mod tests {
         let v = Version::D99724f2;
         // A short context: the logits of 512 rows and the norm beside them.
         let out = (32064 + 3072) * 512 * 4;
-        assert_eq!(compute_buffer_bytes(v, &m, KvType::Q8_0, 512, 512), out);
+        assert_eq!(stages(v, &m, KvType::Q8_0, 512, 512), out);
         // 20k positions: attention's f16 copies of K and V (120 MiB each), the mask (20 MiB),
         // the output, query and residual (6 MiB each) and 12 KiB of positions and indices.
         let attn = 2 * 20480 * 3072 * 2 + 20480 * 512 * 2 + 3 * (6 << 20) + (12 << 10);
-        assert_eq!(compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512), attn);
+        assert_eq!(stages(v, &m, KvType::Q8_0, 20480, 512), attn);
         // Without the copies (an f16 cache, or before PR #23907) the output stage is the peak.
-        assert_eq!(compute_buffer_bytes(v, &m, KvType::F16, 20480, 512), out);
+        assert_eq!(stages(v, &m, KvType::F16, 20480, 512), out);
         let old = Version::B8833;
-        assert_eq!(compute_buffer_bytes(old, &m, KvType::Q8_0, 20480, 512), out);
+        assert_eq!(stages(old, &m, KvType::Q8_0, 20480, 512), out);
+        // The replay: equal where nothing lies under the peak, above by ggml-alloc's holes
+        // elsewhere (5,120 positions: the flash-attention node lands above the hole the
+        // layer's norm leaves, 2.625 MiB over the attention stage).
+        assert_eq!(compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512), attn);
+        let hole = compute_buffer_bytes(v, &m, KvType::Q8_0, 5120, 512);
+        assert_eq!(hole - stages(v, &m, KvType::Q8_0, 5120, 512), 2752512);
+        // A mixture of experts stays on the stage model.
+        let moe = EngineModel::preset("qwen3-30b-a3b").unwrap();
+        let s = stages(v, &moe, KvType::Q8_0, 5120, 512);
+        assert_eq!(compute_buffer_bytes(v, &moe, KvType::Q8_0, 5120, 512), s);
+        let p = pipeline_compute_buffer_bytes(v, &moe, KvType::Q8_0, 5120, 512, &[0; 48], 0, 1);
+        assert!(p.is_none());
+        let bad = pipeline_compute_buffer_bytes(v, &m, KvType::Q8_0, 5120, 512, &[0; 32], 2, 2);
+        assert!(bad.is_none(), "an output device past the devices");
     }
 
     #[test]
@@ -239,6 +305,6 @@ mod tests {
         assert_eq!(sched_copies(2, 32, 32, true), 1, "the output on the CPU");
         assert_eq!(sched_copies(2, 99, 32, false), 1, "row split");
         let whole = device_compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512, SplitPlace::WHOLE);
-        assert_eq!(whole, compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512));
+        assert_eq!(whole, stages(v, &m, KvType::Q8_0, 20480, 512));
     }
 }

@@ -48,7 +48,7 @@
 //! One column's fused groups (gate, up and the GLU; a multiply and the residual add after it)
 //! run from `ggml_cuda_graph_evaluate_and_capture`, outside the op dispatch that names pool
 //! requests: their requests have no name. [`compute_buffer_bytes`] gives the CUDA compute
-//! buffer's two largest stages; [`device_compute_buffer_bytes`] a device's in a pipeline over
+//! buffer (ggml-alloc replayed over the reserve graph of a dense model); [`device_compute_buffer_bytes`] a device's in a pipeline over
 //! several GPUs (`-sm layer`: the scheduler's 4 copies of the device's inputs beside them). Checked against mainline 0c1e5709 on an H100 (its ggml matches
 //! d99724f2's in what this models), prompts and generated tokens: `profiles/tests/mainline.rs`.
 //!
@@ -57,11 +57,16 @@
 //! before Ampere.
 
 mod attention;
+mod cgraph;
 mod compute;
+pub mod galloc;
 mod mat_mul;
+mod reserve;
+mod sched;
 
 pub use compute::{
-    compute_buffer_bytes, device_compute_buffer_bytes, sched_copies, SplitPlace, SCHED_MAX_COPIES,
+    compute_buffer_bytes, device_compute_buffer_bytes, pipeline_compute_buffer_bytes, sched_copies,
+    SplitPlace, SCHED_MAX_COPIES,
 };
 
 use crate::error::ProfileError;
