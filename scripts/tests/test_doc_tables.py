@@ -59,6 +59,11 @@ def test_the_recycling_on_and_off_table_is_its_runs():
     check("data/h100-2026-11-25-recycle-off/prefill.jsonl")
 
 
+def test_the_backing_aware_placement_tables_are_their_runs():
+    check("data/h100-2026-11-26-recycle-placement-phi3/prefill.jsonl")
+    check("data/h100-2026-11-26-recycle-placement-llama3-moe/prefill.jsonl")
+
+
 # Two GPUs (scripts/torch/two-gpu.sh): docs/pytorch.md's section between the dist-tables markers
 # is scripts/torch/dist-report.py's output on the run's folder, once that folder is there.
 DIST_DATA = "data/h100x2-2026-11-26-distributed"

@@ -12,7 +12,7 @@ from collections import defaultdict
 MICRO = len(sys.argv) == 3 and sys.argv[1] == "--micro"
 SLEEP = len(sys.argv) == 3 and sys.argv[1] == "--sleep"
 THREADS = len(sys.argv) == 3 and sys.argv[1] == "--threads"
-ORDER = ["native", "expandable", "async", "cupool", "cupool-before", "cupool-norecycle", "cupool-mempool"]
+ORDER = ["native", "expandable", "async", "cupool", "cupool-before", "cupool-base", "cupool-norecycle", "cupool-mempool"]
 runs = defaultdict(list)
 for path in ([] if MICRO or SLEEP or THREADS else sys.argv[1:]):
     for line in open(path):
@@ -41,7 +41,9 @@ for model in sorted({m for m, _ in runs}):
         if not rs:
             continue
         if not ok:
-            print(f"| {a} | {len(rs)} | out of memory | | | | |")
+            # Runs recorded before failures said why were out-of-memory failures.
+            why = next((r["error"] for r in rs if r.get("error")), "out of memory")
+            print(f"| {a} | {len(rs)} | {'out of memory' if 'OutOfMemory' in why else why} | | | | |")
             continue
         for r in ok:
             r["reserved"] = r.get("cupool_peak_reserved_mib") if a.startswith("cupool") else r.get("peak_reserved_mib")

@@ -7,6 +7,9 @@
 # REPS=2 runs every allocator twice, the second time in reverse order (a GPU warming up or a
 # neighbour's load then favours none); RECORD=1 records cupool's trace (its own run).
 # A short warm-up run comes first and is discarded.
+# Two labels run cupool in a variant, relabelled in the results: cupool-norecycle (page
+# recycling off: CUPOOL_VMM_RECYCLE=off) and cupool-base (the libcupool at $BASE_LIB, such as
+# the previous commit's, to compare two builds in one call).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -20,8 +23,20 @@ if [ "$what" = prefill ]; then
     for rep in $(seq 1 "${REPS:-1}"); do
       for a in $order; do
         echo "== prefill $m $a rep $rep" >>"$out/bench.log"
-        timeout 400 python3 scripts/torch/prefill.py --allocator "$a" --model "$m" ${PREFILL_ARGS:-} \
-          >>"$out/prefill.jsonl" 2>>"$out/bench.log" || echo "{\"allocator\":\"$a\",\"model\":\"$m\",\"failed\":$?}" >>"$out/prefill.jsonl"
+        case $a in
+          cupool-norecycle) run=cupool; env=(CUPOOL_VMM_RECYCLE=off) ;;
+          cupool-base) run=cupool; env=(CUPOOL_LIB="${BASE_LIB:?cupool-base needs BASE_LIB}") ;;
+          *) run=$a; env=() ;;
+        esac
+        err=$(mktemp)
+        env "${env[@]}" timeout 400 python3 scripts/torch/prefill.py --allocator "$run" --model "$m" ${PREFILL_ARGS:-} \
+          2>"$err" | sed "s/\"allocator\": \"$run\"/\"allocator\": \"$a\"/" >>"$out/prefill.jsonl"
+        rc=${PIPESTATUS[0]}
+        cat "$err" >>"$out/bench.log"
+        # A failed run says why: its last line of stderr (an out-of-memory, a library that
+        # would not load, ...), which the report prints.
+        why=$(tail -n 1 "$err" | tr -d '"\\|' | cut -c1-200); rm -f "$err"
+        [ "$rc" = 0 ] || echo "{\"allocator\":\"$a\",\"model\":\"$m\",\"failed\":$rc,\"error\":\"$why\"}" >>"$out/prefill.jsonl"
       done
       order=$(reversed "$order")
     done
