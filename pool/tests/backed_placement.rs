@@ -6,23 +6,11 @@ mod common;
 use common::*;
 use cupool_pool::driver::Driver;
 use cupool_pool::pools::VmmPool;
-use cupool_pool::upstream::vmm::VmmConfig;
 use cupool_pool::Pool;
 use std::sync::Arc;
 
 fn vmm(dev: Arc<dyn Driver>) -> VmmPool {
-    VmmPool::with_config(
-        dev,
-        VmmConfig {
-            recycle_page: 2 * MIB,
-            min_grow: 0,
-            max_grow: 0,
-            large_rounding: 2 * MIB,
-            recycle: true,
-            ..VmmConfig::default()
-        },
-    )
-    .unwrap()
+    recycling_vmm(dev, 2 * MIB)
 }
 
 /// Two holes fit an 8 MiB block: b's, exactly 8 MiB but vacant (its pages moved behind d), and

@@ -18,18 +18,7 @@ fn vmm(dev: Arc<dyn Driver>) -> VmmPool {
 }
 
 fn vmm_pages(dev: Arc<dyn Driver>, page: usize) -> VmmPool {
-    VmmPool::with_config(
-        dev,
-        VmmConfig {
-            recycle_page: page,
-            min_grow: 0,
-            max_grow: 0,
-            large_rounding: 2 * MIB,
-            recycle: true,
-            ..VmmConfig::default()
-        },
-    )
-    .unwrap()
+    recycling_vmm(dev, page)
 }
 
 /// The KV-cache pattern: a block freed between two live ones leaves a hole just too small for

@@ -20,6 +20,23 @@ pub fn as_driver(d: &Arc<SimDevice>) -> Arc<dyn Driver> {
     d.clone()
 }
 
+/// A recycling VMM pool with pages of `page` bytes, every growth exactly what it needs, and
+/// requests above 1 MiB rounded to the 2 MiB granule (libcupool's rounding).
+pub fn recycling_vmm(dev: Arc<dyn Driver>, page: usize) -> cupool_pool::pools::VmmPool {
+    cupool_pool::pools::VmmPool::with_config(
+        dev,
+        cupool_pool::upstream::vmm::VmmConfig {
+            recycle_page: page,
+            min_grow: 0,
+            max_grow: 0,
+            large_rounding: 2 * MIB,
+            recycle: true,
+            ..Default::default()
+        },
+    )
+    .expect("valid settings")
+}
+
 /// True, after saying why, on a machine without a CUDA GPU: the test then returns. With
 /// `CUPOOL_REQUIRE_GPU=1` (the GPU machine's script sets it) a missing GPU fails instead.
 pub fn no_gpu() -> bool {
