@@ -62,6 +62,7 @@ def test_the_recycling_on_and_off_table_is_its_runs():
 def test_the_backing_aware_placement_tables_are_their_runs():
     check("data/h100-2026-11-26-recycle-placement-phi3/prefill.jsonl")
     check("data/h100-2026-11-26-recycle-placement-llama3-moe/prefill.jsonl")
+    check("data/h100-2026-11-26-recycle-onoff/prefill.jsonl")
 
 
 # Two GPUs (scripts/torch/two-gpu.sh): docs/pytorch.md's section between the dist-tables markers
