@@ -15,13 +15,11 @@
 //! the first when the pool closes (`space.rs`).
 //!
 //! A growth hands out address space only; the pool core then asks for memory behind the block
-//! it placed ([`Upstream::back`]), which recycles free pages from holes before it creates any
-//! (`recycle.rs`). Growth adapts like TCP's slow start: each growth covers at least
-//! `min_grow`, doubling while the pool keeps growing with no free in between, up to
-//! `max_grow`, and memory created for a growth covers the whole new segment; a free starts it
-//! small again. A burst of growth amortises the ~45 µs cost of a map over large chunks, while a
-//! pool that grows once per ubatch stays within a granule or two of its need. If the
-//! amortised part does not fit on the device, the block alone is backed.
+//! it placed ([`Upstream::back`]), which recycles free pages from holes first (`recycle.rs`).
+//! Growth adapts like TCP's slow start: at least `min_grow`, doubling while the pool grows with
+//! no free in between, up to `max_grow`; memory made for a growth covers its whole segment (the
+//! block alone where that does not fit), and a free starts it small again: a burst amortises a
+//! map's ~45 µs over large chunks, and a pool that grows once per ubatch stays near its need.
 
 mod config;
 mod recycle;
