@@ -190,15 +190,7 @@ MODELS = [
 @pytest.mark.parametrize("preset,qtype,want,count", MODELS)
 def test_generated_models_read_back(tmp_path, preset, qtype, want, count):
     pytest.importorskip("numpy")
-    try:
-        import gguf  # noqa: F401  (PyPI's, from pip install './python[tools]')
-        env = dict(os.environ)
-    except ImportError:
-        src = tarball()
-        with tarfile.open(src) as t:
-            members = [m for m in t.getmembers() if m.name.lstrip("./").startswith("gguf-py/")]
-            t.extractall(tmp_path, members=members, filter="data")
-        env = dict(os.environ, PYTHONPATH=str(tmp_path / "gguf-py"))
+    env = gguf_env(tmp_path)
     out = tmp_path / f"{preset}-{qtype}.gguf"
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "gen_model.py"), "--preset", preset,
                     "--type", qtype, "--layers", "1", "--out", str(out)], env=env, check=True, capture_output=True)
@@ -422,25 +414,76 @@ def test_the_plan_still_gives_the_recorded_predictions():
     assert checked == 4
 
 
-def test_the_plan_still_gives_the_recorded_oom_tokens():
-    """As above for the out-of-memory check of data/h100-2026-11-25-mainline-oom: today's plan of
-    each case (legacy pool never purged, `--engine llama-b8833`) gives the token, pool reserve
-    and largest context recorded beside the engine's runs, or the check must be run again (a plan
-    that counts the driver's 2 MiB pages, say, changes them)."""
+OOM_FOLDERS = ["data/h100-2026-11-25-mainline-oom", "data/h100-2026-11-26-mainline-oom-moe"]
+
+
+def gguf_env(tmp_path):
+    """The environment in which gen_model.py imports gguf: PyPI's (pip install './python[tools]'),
+    else the engine tarball's gguf-py."""
+    try:
+        import gguf  # noqa: F401
+        return dict(os.environ)
+    except ImportError:
+        with tarfile.open(tarball()) as t:
+            members = [m for m in t.getmembers() if m.name.lstrip("./").startswith("gguf-py/")]
+            t.extractall(tmp_path, members=members, filter="data")
+        return dict(os.environ, PYTHONPATH=str(tmp_path / "gguf-py"))
+
+
+def gen_model(tmp_path, env, *args):
+    out = tmp_path / ("-".join(a.lstrip("-") for a in args) + ".gguf")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "gen_model.py"), *args, "--out", str(out)],
+                   env=env, check=True, capture_output=True)
+    return out
+
+
+@pytest.mark.parametrize("preset,qtype", [("phi3-mini", "f16"), ("qwen3-30b-a3b", "q8_0")])
+def test_a_header_only_model_is_the_whole_file_s_header(tmp_path, preset, qtype):
+    """gen_model.py --header-only writes the bytes the whole file starts with, up to its tensor
+    data, and the whole file's length (the data a hole): `plan --gguf` reads it as the model."""
+    pytest.importorskip("numpy")
+    env = gguf_env(tmp_path)
+    args = ["--preset", preset, "--type", qtype, "--layers", "1"]
+    whole = gen_model(tmp_path, env, *args).read_bytes()
+    head = gen_model(tmp_path, env, *args, "--header-only").read_bytes()
+    assert len(head) == len(whole)
+    # the data section: after the last non-zero byte of the header (random weights are not all zero)
+    data = len(head.rstrip(b"\0"))
+    assert 0 < data < len(whole) // 100 and head[:data] == whole[:data] and not head[data:].strip(b"\0")
+
+
+def test_the_plan_still_gives_the_recorded_oom_tokens(tmp_path):
+    """As above for the out-of-memory checks of data/h100-2026-11-25-mainline-oom and
+    data/h100-2026-11-26-mainline-oom-moe: today's plan of each case (legacy pool never purged,
+    `--engine llama-b8833`) gives the token, pool reserve and largest context recorded beside the
+    engine's runs, or the check must be run again (a plan that counts the driver's 2 MiB pages,
+    say, changes them). The dense models are their presets; the MoE, Qwen3-30B-A3B's shape with 12
+    of its 48 layers, is no preset (an engine profile refuses `--n-layer` beside one), so it is
+    planned from its GGUF header as the run was (`--gguf`), written by gen_model.py --header-only."""
     lib = os.environ.get("CUPOOL_LIB") or os.path.join(ROOT, "target", "release")
     repro = os.path.join(lib if os.path.isdir(lib) else os.path.dirname(lib), "repro-prefill")
     if not os.path.exists(repro):
         pytest.skip(f"no {repro}: cargo build --release -p cupool-cli")
     presets = {"phi3-f16": ("phi3-mini", "f16"), "llama3-q8": ("llama3-8b", "q8_0")}
+    files = {}
     checked = 0
-    for path in sorted(glob.glob(os.path.join(ROOT, "data", "h100-2026-11-25-mainline-oom", "*.plan.json"))):
+    for path in sorted(p for f in OOM_FOLDERS for p in glob.glob(os.path.join(ROOT, f, "*.plan.json"))):
         want = json.load(open(path))
         shape, free = os.path.basename(path).split(".")[0].rsplit("-", 1)
-        model, wtype = presets[shape]
+        if shape in presets:
+            model, wtype = presets[shape]
+            what = ["--model", model, "--weight-type", wtype]
+        else:
+            assert shape == "qwen3-q8" and want["scenario"]["n_layer"] == 12, shape
+            if shape not in files:
+                pytest.importorskip("numpy")
+                files[shape] = gen_model(tmp_path, gguf_env(tmp_path), "--preset", "qwen3-30b-a3b", "--type", "q8_0",
+                                         "--layers", "12", "--header-only")
+            what = ["--gguf", str(files[shape])]
         out = subprocess.run(
-            [repro, "plan", "--device", "sim", "--model", model, "--weight-type", wtype, "--free", free, "--engine",
-             "llama-b8833", "-b", "2048", "-ub", "512", "-c", str(want["scenario"]["ctx"]), "--kv-type", "q8_0",
-             "--pool", want["pool"], "--purge", want["purge"], "--format", "json", "--quiet"],
+            [repro, "plan", "--device", "sim", *what, "--free", free, "--engine", "llama-b8833", "-b", "2048",
+             "-ub", "512", "-c", str(want["scenario"]["ctx"]), "--kv-type", "q8_0", "--pool", want["pool"],
+             "--purge", want["purge"], "--format", "json", "--quiet"],
             capture_output=True, text=True)
         assert out.returncode == (0 if want["fits"] else 3), out.stderr
         got = json.loads(out.stdout)
@@ -448,7 +491,7 @@ def test_the_plan_still_gives_the_recorded_oom_tokens():
                     "pool_peak_reserved_bytes", "pool_driver_mallocs", "peak_device_bytes"):
             assert got[key] == want[key], f"{os.path.basename(path)}: {key} {got[key]} != recorded {want[key]}"
         checked += 1
-    assert checked == 6
+    assert checked == 12 and len(files) == 1
 
 def test_the_oom_token_report_reads_sweeps_and_prompts(tmp_path):
     """predict-check.py's report-oom: a sweep's last KV length plus a ubatch, or a prompt's ubatch
@@ -482,29 +525,27 @@ def test_the_oom_token_report_reads_sweeps_and_prompts(tmp_path):
 
 def test_the_mainline_oom_tables_in_the_docs_are_their_data_s():
     """docs/repro-prefill.md's tables of where mainline runs die (plan against engine, the room
-    behind it, the largest context) are what predict-check.py makes of the kept run, and the
-    prose around them says what the data says: with the driver's 2 MiB pages counted, every real
-    token is the plan's, every fix completes, every largest context completes and one ubatch
-    above it dies, the pool's reserve at the end is the engine's to the byte, the room within
-    8 MiB, each later drop of the free memory whole 2 MiB pages."""
-    folder = "data/h100-2026-11-25-mainline-oom"
+    behind it, the largest context) are what predict-check.py makes of the kept runs (both days'
+    folders in one table), and the prose around them says what the data says: with the driver's
+    2 MiB pages counted, every real token is the plan's, every fix completes, every largest
+    context completes and one ubatch above it dies, the pool's reserve at the end is the engine's
+    to the byte, the room within 8 MiB, each later drop of the free memory whole 2 MiB pages."""
     pc = module("scripts/llama/predict-check.py")
     docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
     for cmd, markers in (("report-oom", ["predict-oom", "predict-oom-room"]), ("report", ["predict-check"])):
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "predict-check.py"), cmd, folder],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "predict-check.py"), cmd,
+                              *OOM_FOLDERS], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         for marker in markers:
             block = re.search(rf"<!-- {marker}: begin.*?<!-- {marker}: end -->", out, re.S).group(0)
-            assert block in docs, f"docs/repro-prefill.md's {marker} table differs from {folder}: " \
-                                  f"python3 scripts/llama/predict-check.py {cmd} {folder}"
-            assert block.count("\n| ") == {"predict-oom-room": 7}.get(marker, 4), f"{marker}: a header and the runs"
-    data = os.path.join(ROOT, folder)
+            assert block in docs, f"docs/repro-prefill.md's {marker} table differs from the data: " \
+                                  f"python3 scripts/llama/predict-check.py {cmd} {' '.join(OOM_FOLDERS)}"
+            assert block.count("\n| ") == {"predict-oom-room": 13}.get(marker, 7), f"{marker}: a header and the runs"
     exact, same_reserve, rounding, rooms = 0, 0, [], []
-    for path in sorted(glob.glob(os.path.join(data, "*.plan.json"))):
+    for path in sorted(p for f in OOM_FOLDERS for p in glob.glob(os.path.join(ROOT, f, "*.plan.json"))):
         ctx = path.endswith(".ctx.plan.json")
         case = os.path.basename(path).split(".")[0]
         plan = json.load(open(path))
-        runs = [json.loads(x) for x in open(os.path.join(data, case, "runs.jsonl"))]
+        runs = [json.loads(x) for x in open(os.path.join(os.path.dirname(path), case, "runs.jsonl"))]
         run = next(r for r in runs if ("-ctx-" if ctx else "-fits-") in r["name"])
         if ctx:
             exact += pc.real_oom_token(run) == plan["oom_at_token"]
@@ -513,13 +554,14 @@ def test_the_mainline_oom_tables_in_the_docs_are_their_data_s():
             assert run["rc"] == 0, f"{run['name']}: the largest context completes"
             assert next(r for r in runs if "-above-" in r["name"])["rc"] != 0, f"{case}: one ubatch above dies"
         row = [c.strip() for c in pc.room_row(plan, run).split("|")]
-        room, real_room, reserve, real_reserve, extra = (float(c.replace(",", "")) for c in row[2:7])
+        room, real_room, _, _, extra = (float(c.replace(",", "")) for c in row[2:7])
         pages, _, drops = row[7].split()
         assert pages == drops and int(drops) > 0, run["name"]
         rooms.append(abs(room - real_room))
         rounding.append(extra)
-        same_reserve += reserve == real_reserve
-    assert exact == 3 and same_reserve == 6 and max(rooms) < 8 and 13.5 <= min(rounding) and max(rounding) < 47
+        same_reserve += plan["pool_peak_reserved_bytes"] == run["stats"]["0"]["reserved_bytes.all.peak"]
+    assert exact == 6 and same_reserve == 12 and max(rooms) < 8 and 13.5 <= min(rounding) and max(rounding) < 61
+    assert f"({min(rooms):.1f}–{max(rooms):.1f} MiB)" in docs and "to the byte (the runs' statistics), in all\ntwelve runs" in docs
 
 
 def test_the_first_mainline_oom_run_s_misses_are_as_the_docs_say():
@@ -559,3 +601,31 @@ def test_the_mainline_decode_table_in_the_docs_is_its_data_s():
     for trace in traces:
         kept = os.path.join(fixtures, os.path.basename(trace).replace("-trace.trace", ".trace"))
         assert open(trace, "rb").read() == open(kept, "rb").read(), kept
+
+
+def test_the_graphs_on_decode_figures_in_the_docs_are_their_data_s():
+    """docs/llama-cpp.md's figures of generation with CUDA graphs on are the kept runs': four of
+    the 64 measured tokens reach the pool (the last phase's requests four times a token's), the
+    pool's peak reserve; the fixtures profiles/tests/mainline.rs checks the profile against are
+    these traces."""
+    dm = module("scripts/llama/decode-report.py")
+    folder = os.path.join(ROOT, "data", "h100-2026-11-26-mainline-graphs")
+    fixtures = os.path.join(ROOT, "profiles", "tests", "data", "h100-2026-11-26-mainline-graphs")
+    docs = open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
+    runs = {r["name"]: r for r in map(json.loads, open(os.path.join(folder, "runs.jsonl")))}
+    per_token = {"phi3-f16": 32, "qwen3-q8": 97}  # a token's requests, as the profile has them
+    for shape, n in per_token.items():
+        name = f"{shape}-graphs-pg4064-64-ub512-trace"
+        trace = os.path.join(folder, name + ".trace.jsonl.gz")
+        kept = os.path.join(fixtures, f"{shape}-graphs-pg4064-64-ub512.trace.jsonl.gz")
+        assert open(trace, "rb").read() == open(kept, "rb").read(), kept
+        phases, last = dm.last_phase(__import__("pathlib").Path(trace))
+        r = runs[name]
+        assert r["rc"] == 0 and r["gen"] == 64 and "GGML_CUDA_DISABLE_GRAPHS" not in r["env"] and phases == 17
+        assert len(last) == 4 * n and f"{len(last)} " in docs and f"(4 × {n})" in docs, shape
+        assert f"{r['stats']['0']['reserved_bytes.all.peak']:,}" in docs, shape
+    logs = tarfile.open(os.path.join(folder, "logs.tar.gz"))
+    for m in logs.getmembers():
+        text = logs.extractfile(m).read().decode()
+        events = re.findall(r"CUDA graph warmup (complete|reset)", text)
+        assert events == ["complete", "reset", "complete"], m.name

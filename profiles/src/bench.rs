@@ -14,6 +14,10 @@
 //! The shim's patch marks a ubatch's end (`ggml_backend_cupool_ubatch_end`, where the pools
 //! apply `CUPOOL_PURGE` and a recorded trace starts its next phase) only for ubatches of more
 //! than one token: one-token steps share the phase of the ubatch before them.
+//!
+//! With CUDA graphs on (mainline's default; `GGML_CUDA_DISABLE_GRAPHS` turns them off), a step
+//! that replays a captured graph launches no op and asks the pool for nothing: see
+//! `mark_replays` for which steps those are.
 
 use crate::error::ProfileError;
 use crate::events::trace_events;
@@ -38,6 +42,8 @@ pub struct LlamaBench {
     pub reps: usize,
     /// Whether the warm-up runs (no `--no-warmup`).
     pub warmup: bool,
+    /// Whether ggml's CUDA graphs are on (no `GGML_CUDA_DISABLE_GRAPHS`), as mainline has them.
+    pub cuda_graphs: bool,
 }
 
 /// One step of a test: a ubatch (a prompt's, or one generated token).
@@ -49,6 +55,9 @@ pub struct Step {
     pub first_token: usize,
     /// Whether the engine marks its end to the pools (more than one token).
     pub boundary: bool,
+    /// Whether a captured CUDA graph's replay runs it: its ops are not launched one by one, so
+    /// none of them asks the pool for anything.
+    pub replayed: bool,
 }
 
 impl LlamaBench {
@@ -81,7 +90,38 @@ impl LlamaBench {
             prompt_steps(prompt, batch, ubatch, &mut steps);
             gen_steps(prompt, gen, &mut steps);
         }
+        if self.cuda_graphs {
+            mark_replays(&mut steps);
+        }
         Ok(steps)
+    }
+}
+
+/// Marks the steps a CUDA graph's replay runs, as `ggml_backend_cuda_graph_compute` (0c1e5709)
+/// decides. ggml keeps one graph per first node, and every graph llama.cpp builds starts with
+/// the same node, so one graph's state runs through all steps. A call whose graph properties
+/// (every node, its sources' pointers and shapes) changed since the previous call, or the first
+/// call, runs its ops directly and resets the warm-up; the next call with unchanged properties
+/// captures them, running each op's code (its pool requests included, through the pool as a
+/// direct run) into the graph; each further unchanged call replays the capture. A step's
+/// properties are its shape: llama.cpp reuses the graph of an equal shape (`CUDA Graph id …
+/// reused` in the logs) over the same buffers, and a new shape changes the sequence length of
+/// the attention's views. ggml disables graphs for a call with an expert matrix multiply whose
+/// fallback synchronizes; the profiles' expert path (q8_0 through MMQ) never takes it.
+fn mark_replays(steps: &mut [Step]) {
+    let mut last = None;
+    let mut warm = false;
+    for s in steps {
+        let changed = last != Some(s.shape);
+        last = Some(s.shape);
+        if changed {
+            warm = false;
+        } else if warm {
+            s.replayed = true;
+        } else {
+            // the capture: run as a direct call is
+            warm = true;
+        }
     }
 }
 
@@ -103,6 +143,7 @@ fn prompt_steps(tokens: usize, batch: usize, ubatch: usize, out: &mut Vec<Step>)
             },
             first_token: start,
             boundary: n_tokens > 1,
+            replayed: false,
         });
     }
 }
@@ -117,6 +158,7 @@ fn gen_steps(from: usize, gen: usize, out: &mut Vec<Step>) {
         },
         first_token: pos,
         boundary: false,
+        replayed: false,
     }));
 }
 
@@ -137,7 +179,9 @@ pub fn bench_trace(
     let (mut id, mut boundaries) = (0, 0);
     for s in &steps {
         phases.push((ops.len(), s.first_token));
-        id = trace_events(&profile.ubatch(setup, s.shape)?, id, &mut ops);
+        if !s.replayed {
+            id = trace_events(&profile.ubatch(setup, s.shape)?, id, &mut ops);
+        }
         if s.boundary {
             let name = format!("ubatch {boundaries}");
             boundaries += 1;
@@ -169,7 +213,47 @@ mod tests {
             ubatch: 512,
             reps: 1,
             warmup: true,
+            cuda_graphs: false,
         }
+    }
+
+    #[test]
+    fn with_cuda_graphs_only_the_first_two_steps_of_a_shape_reach_the_pool() {
+        let mut b = bench(1000, 40);
+        b.cuda_graphs = true;
+        let steps = b.steps().unwrap();
+        let direct: Vec<_> = steps
+            .iter()
+            .filter(|s| !s.replayed)
+            .map(|s| (s.first_token, s.shape.n_tokens))
+            .collect();
+        // Every prompt ubatch (each a new shape) and the warm-up's token run directly; the
+        // measured run's first token too (the prompt ubatch before it changed the graph), the
+        // second is captured, the rest of the 1,024 positions replay; position 1,024 opens 1,280
+        // positions: run, captured, replayed.
+        assert_eq!(
+            direct,
+            [
+                (0, 512),
+                (512, 488),
+                (1000, 1),
+                (0, 512),
+                (512, 488),
+                (1000, 1),
+                (1001, 1),
+                (1024, 1),
+                (1025, 1)
+            ]
+        );
+        assert_eq!(steps.len() - direct.len(), 22 + 14);
+        // Off, every step runs.
+        b.cuda_graphs = false;
+        assert!(b.steps().unwrap().iter().all(|s| !s.replayed));
+        // A one-ubatch prompt repeated: the repetition's is captured, the third replays.
+        let mut r = bench(512, 0);
+        (r.cuda_graphs, r.reps) = (true, 2);
+        let replayed: Vec<_> = r.steps().unwrap().iter().map(|s| s.replayed).collect();
+        assert_eq!(replayed, [false, false, true]);
     }
 
     #[test]

@@ -31,6 +31,16 @@
 //! steps mark no ubatch end, so they share the phase of the prompt ubatch before them
 //! (`cupool_profiles::bench`): the warm-up's token the measured prompt's first phase, the 64
 //! tokens the last phase.
+//!
+//! Two runs generate with CUDA graphs on, as mainline runs by default
+//! (tests/data/h100-2026-11-26-mainline-graphs, the same flags without `GGML_CUDA_DISABLE_GRAPHS`,
+//! phi3-mini f16 and Qwen3-30B-A3B's shape with 12 layers, the `llama` profile): ggml captures a
+//! one-token step's graph on the second step of a shape and replays it after, so of the 64
+//! measured tokens only four reach the pool, the first two at 4,096 cache positions (the first
+//! run directly, the second captured) and the first two at 4,352 (`bench::LlamaBench::steps`);
+//! the logs say the same ("CUDA graph warmup complete", "reset", "complete"). The prompt-only
+//! runs above ran with graphs on too: no two consecutive steps of theirs share a shape, so none
+//! replays.
 mod common;
 
 use common::{phases, read_trace, same, setup, Event};
@@ -44,6 +54,7 @@ use cupool_profiles::{Device, EngineModel, Profile, Setup, Weights};
 const DATA: &str = "tests/data/h100-2026-11-25-mainline";
 const FA_POOL: &str = "tests/data/h100-2026-11-25-mainline-fa-pool";
 const DECODE: &str = "tests/data/h100-2026-11-25-mainline-decode";
+const GRAPHS: &str = "tests/data/h100-2026-11-26-mainline-graphs";
 
 /// One recorded llama-bench run.
 struct Run {
@@ -56,9 +67,11 @@ struct Run {
     /// Layers kept by `gen_model.py --layers`, when not the preset's.
     layers: Option<usize>,
     weights: Weights,
+    /// Whether ggml's CUDA graphs were on (no `GGML_CUDA_DISABLE_GRAPHS`).
+    cuda_graphs: bool,
 }
 
-const RUNS: [Run; 14] = [
+const RUNS: [Run; 16] = [
     run("phi3-f16-p5000-ub512", "phi3-mini", None, Weights::F16),
     run("phi3-f16-p8192-ub2048", "phi3-mini", None, Weights::F16),
     run("phi3-f16-p20480-ub512", "phi3-mini", None, Weights::F16),
@@ -118,6 +131,18 @@ const RUNS: [Run; 14] = [
         Some(4),
         Weights::Q8_0,
     ))),
+    graphs(run(
+        "phi3-f16-graphs-pg4064-64-ub512",
+        "phi3-mini",
+        None,
+        Weights::F16,
+    )),
+    graphs(run(
+        "qwen3-q8-graphs-pg4064-64-ub512",
+        "qwen3-30b-a3b",
+        Some(12),
+        Weights::Q8_0,
+    )),
 ];
 
 const fn run(
@@ -133,6 +158,7 @@ const fn run(
         model,
         layers,
         weights,
+        cuda_graphs: true,
     }
 }
 
@@ -145,9 +171,18 @@ const fn fa_pool(r: Run) -> Run {
     }
 }
 
-/// A run that generates after its prompt (`-pg`), with the same profile.
+/// A run that generates after its prompt (`-pg`), with the same profile, CUDA graphs off.
 const fn decode(r: Run) -> Run {
-    Run { dir: DECODE, ..r }
+    Run {
+        dir: DECODE,
+        cuda_graphs: false,
+        ..r
+    }
+}
+
+/// A run that generates after its prompt with CUDA graphs on.
+const fn graphs(r: Run) -> Run {
+    Run { dir: GRAPHS, ..r }
 }
 
 /// What the run's log says (see `scripts/llama/mainline_logs.py`).
@@ -200,7 +235,7 @@ impl Run {
 
 impl Logged {
     /// The llama-bench test the run was.
-    fn bench(&self) -> LlamaBench {
+    fn bench(&self, cuda_graphs: bool) -> LlamaBench {
         LlamaBench {
             prompt: self.tokens,
             gen: self.gen,
@@ -208,6 +243,7 @@ impl Logged {
             ubatch: self.ubatch,
             reps: self.reps,
             warmup: true,
+            cuda_graphs,
         }
     }
 }
@@ -220,22 +256,28 @@ fn step_events(r: &Run, s: &Setup, step: &Step, offset: usize) -> Vec<Event> {
 
 /// Every step of the warm-up and of the measured run, prompt ubatches and generated tokens: the
 /// profile's requests equal the recorded ones request for request (size, the op that asked,
-/// order, which free returns which), in the phase and the place the engine made them.
+/// order, which free returns which), in the phase and the place the engine made them; a step a
+/// CUDA graph's replay runs has none.
 #[test]
 fn every_step_s_requests_equal_the_recorded_ones() {
-    let mut decode_steps = 0;
+    let (mut decode_steps, mut replayed) = (0, 0);
     for r in &RUNS {
         let log = r.logged();
         let s = r.setup();
         let recorded = phases(&r.recorded());
-        let steps = log.bench().steps().unwrap();
+        let steps = log.bench(r.cuda_graphs).steps().unwrap();
         // A phase ends where the engine marks a ubatch's end: a phase per marked step, and one
         // after the last (empty unless tokens were generated after it).
         let marked = steps.iter().filter(|t| t.boundary).count();
         assert_eq!(recorded.len(), marked + 1, "{}: phases", r.name);
         let (mut k, mut at) = (0, 0);
         for step in &steps {
-            let want = step_events(r, &s, step, at);
+            let want = if step.replayed {
+                Vec::new()
+            } else {
+                step_events(r, &s, step, at)
+            };
+            replayed += usize::from(step.replayed);
             let end = at + want.len();
             let got = recorded[k].get(at..end).unwrap_or_else(|| {
                 panic!(
@@ -248,7 +290,7 @@ fn every_step_s_requests_equal_the_recorded_ones() {
             });
             let what = format!("{} ({:?})", r.name, step.shape);
             same(&what, step.first_token, &want, got);
-            decode_steps += usize::from(step.shape.n_tokens == 1);
+            decode_steps += usize::from(step.shape.n_tokens == 1 && !step.replayed);
             at = end;
             if step.boundary {
                 assert_eq!(at, recorded[k].len(), "{}: phase {k}: events left", r.name);
@@ -262,8 +304,10 @@ fn every_step_s_requests_equal_the_recorded_ones() {
             r.name
         );
     }
-    // The warm-up's token and the 64 measured ones of each of the six runs that generate.
-    assert_eq!(decode_steps, 6 * 65);
+    // The warm-up's token and the 64 measured ones of each of the six runs that generate with
+    // graphs off; with graphs on, the warm-up's and four measured ones, the other 60 replayed.
+    assert_eq!(decode_steps, 6 * 65 + 2 * 5);
+    assert_eq!(replayed, 2 * 60);
 }
 
 /// The profile's test (`bench_trace`: the warm-up and the measured run) replayed through the
@@ -274,7 +318,7 @@ fn the_replayed_peak_reserve_equals_the_run_s() {
     let legacy = PoolConfig::default().kind(PoolKind::Legacy);
     for r in &RUNS {
         let log = r.logged();
-        let trace = bench_trace(r.profile, &r.setup(), &log.bench()).unwrap();
+        let trace = bench_trace(r.profile, &r.setup(), &log.bench(r.cuda_graphs)).unwrap();
         let predicted = replay(&trace.ops, &legacy, PurgePolicy::Never, None).unwrap();
         let recorded = replay(&r.recorded(), &legacy, PurgePolicy::Never, None).unwrap();
         assert_eq!(
@@ -298,15 +342,16 @@ fn the_replayed_peak_reserve_equals_the_run_s() {
 /// flash-attention node above the hole the layer's norm leaves), 298.5000 at `-ub 2048`, 84.8867
 /// in the `-pg` runs. Qwen3-30B-A3B's shape (a mixture of experts, its graph not replayed) stays
 /// the stage model's lower bound: 300.7500 MiB, 40.7852 below the logged 341.5352 (at 5,120
-/// and 4,352 positions alike).
+/// and 4,352 positions, with 4 layers and with 12, alike).
 #[test]
 fn the_compute_buffer_equals_the_logged_one() {
     const MIB: f64 = 1048576.0;
     // The runs not replayed, with what the stage model leaves out (MiB).
-    const SHORT: [(&str, f64); 3] = [
+    const SHORT: [(&str, f64); 4] = [
         ("qwen3-q8-p5000-ub512", 40.7852),
         ("qwen3-q8-pg4064-64-ub512", 40.7852),
         ("qwen3-q8-fapool-pg4064-64-ub512", 40.7852),
+        ("qwen3-q8-graphs-pg4064-64-ub512", 40.7852),
     ];
     let mut exact = 0;
     for r in &RUNS {

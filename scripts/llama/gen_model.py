@@ -4,6 +4,9 @@ real model (its memory traffic and kernels are a real model's; its text is noise
 
     python3 scripts/llama/gen_model.py --preset phi3-mini --type f16 --out phi3-mini-f16.gguf
 
+With --header-only it writes the same header and leaves the tensor data a hole of its length (a
+sparse file): what `repro-prefill plan --gguf` reads, in seconds and without gigabytes on disk.
+
 Needs numpy and gguf: `pip install './python[tools]'` from the checkout installs both, or put
 the gguf-py folder of the engine's source tree on PYTHONPATH. The vocabulary is a
 SentencePiece-style one of the preset's size (control tokens, the 256 byte tokens, then
@@ -126,6 +129,18 @@ def random_tensor(rng, shape, qtype):
     return w.astype(np.float16).reshape(tuple(reversed(shape)))
 
 
+def layout(shape, matrix, qtype):
+    """(numpy shape, numpy dtype, bytes) of a tensor as random_tensor and main write it: a
+    quantized matrix as rows of bytes, the rest as floats."""
+    n = int(np.prod(shape))
+    if matrix and qtype == gguf.GGMLQuantizationType.Q8_0:
+        row = shape[0] // QK8_0 * (2 + QK8_0)
+        return tuple(reversed(shape[1:])) + (row,), np.dtype(np.uint8), n // QK8_0 * (2 + QK8_0)
+    if matrix:
+        return tuple(reversed(shape)), np.dtype(np.float16), 2 * n
+    return tuple(reversed(shape)), np.dtype(np.float32), 4 * n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), required=True)
@@ -133,6 +148,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="another number of layers (the preset's by default)")
+    ap.add_argument("--header-only", action="store_true",
+                    help="write the header only, the tensor data a hole of its length (for planning, not running)")
     a = ap.parse_args()
     arch, n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx_train = PRESETS[a.preset]
     if a.layers is not None:
@@ -193,6 +210,11 @@ def main() -> None:
 
     total = 0
     for name, shape, matrix in tensors(a.preset, n_layer):
+        if a.header_only:
+            np_shape, dtype, nbytes = layout(shape, matrix, qtype)
+            w.add_tensor_info(name, np_shape, dtype, nbytes, raw_dtype=qtype if matrix else None)
+            total += nbytes
+            continue
         if matrix:
             data = random_tensor(rng, shape, qtype)
             w.add_tensor(name, data, raw_dtype=qtype)
@@ -205,8 +227,18 @@ def main() -> None:
         total += data.nbytes
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    if a.header_only:
+        w.write_ti_data_to_file()
+        w.close()
+        # The data section starts at the next multiple of the alignment, each tensor padded to it,
+        # as write_tensors_to_file would lay them out.
+        align = w.data_alignment
+        pad = lambda x: -(-x // align) * align
+        with open(a.out, "r+b") as f:
+            f.truncate(pad(f.seek(0, 2)) + sum(pad(ti.nbytes) for ti in w.tensors[0].values()))
+    else:
+        w.write_tensors_to_file()
+        w.close()
     print(f"gen_model: {a.out}: {a.preset}, {a.type}, {total / 2**30:.2f} GiB of weights, {time.time() - t0:.0f} s")
 
 

@@ -3,8 +3,8 @@
 user knows: a GGUF file and the free device memory before the engine starts.
 
     python3 scripts/llama/predict-check.py run --bin BUILD/build/bin --repro repro-prefill --out DIR CASE [CASE ...]
-    python3 scripts/llama/predict-check.py report DIR
-    python3 scripts/llama/predict-check.py report-oom DIR
+    python3 scripts/llama/predict-check.py report DIR [DIR ...]
+    python3 scripts/llama/predict-check.py report-oom DIR [DIR ...]
 
 A CASE is NAME:MODEL.gguf:FREE_GIB[:CTX]. `run` asks the plan (--engine, default llama; -b 2048
 -ub 512, q8_0 KV; --pool and --purge, default vmm and auto, the libcupool defaults) for the
@@ -19,6 +19,8 @@ keeps, `report-oom` the table of predicted against real tokens where a run dies 
 counts them: the tokens processed before the ubatch whose allocation failed) and, from cupool's
 memory lines, the pool's room and reserve in the plan and in each run, and what the pool's driver
 allocations took from the device beyond the bytes it reserved (docs/repro-prefill.md keeps both).
+Given several folders (runs of the same check on other days), the reports hold their cases in one
+table, in the order of the cases' names.
 `plan`'s exit 3 ("it does not fit") is an answer, not a failure.
 """
 import argparse
@@ -139,32 +141,41 @@ def mib(x) -> str:
     return "–" if x is None else f"{x:,.0f}"
 
 
-def report(a) -> None:
-    folder = Path(a.folder)
-    logs = tarfile.open(folder / "logs.tar.gz") if (folder / "logs.tar.gz").exists() else None
+def plans(folders, suffix: str):
+    """Every `*SUFFIX` plan of the folders, in the order of the files' names (each case's name is
+    its own: the same case run twice would be two rows of one name)."""
+    return sorted((pj for f in folders for pj in Path(f).glob(f"*{suffix}")), key=lambda pj: pj.name)
 
-    def log_of(case: str, r: dict) -> str:
-        if logs is None:
-            return (folder / case / f"{r['name']}.log").read_text(errors="replace")
+
+def runs_of(pj: Path, name: str) -> list:
+    return [json.loads(x) for x in (pj.parent / name / "runs.jsonl").read_text().splitlines() if x.strip()]
+
+
+def log_of(folder: Path, case: str, r: dict) -> str:
+    if not (folder / "logs.tar.gz").exists():
+        return (folder / case / f"{r['name']}.log").read_text(errors="replace")
+    with tarfile.open(folder / "logs.tar.gz") as logs:
         return logs.extractfile(f"{case}/{r['name']}.log").read().decode(errors="replace")
 
+
+def report(a) -> None:
     lines = ["<!-- predict-check: begin (python3 scripts/llama/predict-check.py report DATA) -->",
              "| case | free before start | plan: largest `-c` | real at that `-c` | real one ubatch above | "
              "cupool's start-up report: `-c` that fits | plan: KV + compute buffer (MiB) | real (MiB) |",
              "|---|---:|---:|---|---|---:|---:|---:|"]
-    for pj in sorted(folder.glob("*.plan.json")):
+    for pj in plans(a.folders, ".plan.json"):
         if pj.name.endswith(".ctx.plan.json"):
             continue  # a CASE's CTX plan: report-oom's
         name = pj.name[: -len(".plan.json")]
         p = json.loads(pj.read_text())
-        runs = [json.loads(x) for x in (folder / name / "runs.jsonl").read_text().splitlines() if x.strip()]
+        runs = runs_of(pj, name)
         fits = next(r for r in runs if "-fits-" in r["name"])
         above = next(r for r in runs if "-above-" in r["name"])
         told = next((r["fits_ctx"] for r in (fits, above) if r.get("fits_ctx")), None)
         planned = (p["kv_bytes"] + p["compute_bytes"]) / 2**20
         lines.append(
             f"| {name} | {fits['card_gib']:g} GiB | {p['max_ctx_that_fits']:,} | {outcome(fits)} | {outcome(above)} | "
-            f"{'–' if told is None else f'{told:,}'} | {mib(planned)} | {mib(context_buffers_mib(fits, log_of(name, fits)))} |")
+            f"{'–' if told is None else f'{told:,}'} | {mib(planned)} | {mib(context_buffers_mib(fits, log_of(pj.parent, name, fits)))} |")
     lines.append("<!-- predict-check: end -->")
     print("\n".join(lines))
 
@@ -172,14 +183,13 @@ def report(a) -> None:
 def report_oom(a) -> None:
     """Predicted against real: where each case's run at its CTX died (or that it completed), and
     the fix."""
-    folder = Path(a.folder)
     lines = ["<!-- predict-oom: begin (python3 scripts/llama/predict-check.py report-oom DATA) -->",
              "| case | engine, pool, purge | free before start | `-c` | plan | real | the fix | plan | real |",
              "|---|---|---:|---:|---|---|---|---|---|"]
-    for pj in sorted(folder.glob("*.ctx.plan.json")):
+    for pj in plans(a.folders, ".ctx.plan.json"):
         name = pj.name[: -len(".ctx.plan.json")]
         p = json.loads(pj.read_text())
-        runs = [json.loads(x) for x in (folder / name / "runs.jsonl").read_text().splitlines() if x.strip()]
+        runs = runs_of(pj, name)
         at = next(r for r in runs if "-ctx-" in r["name"])
         fix = next((r for r in runs if "-fix-" in r["name"]), None)
         said = "completes" if p["fits"] else f"dies at token {p['oom_at_token']:,}"
@@ -197,11 +207,11 @@ def report_oom(a) -> None:
               "what the pool's later driver allocations took beyond their sizes (MiB) | later free-memory drops in whole "
               "2 MiB pages |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for pj in sorted(folder.glob("*.plan.json")):
+    for pj in plans(a.folders, ".plan.json"):
         ctx = pj.name.endswith(".ctx.plan.json")
         name = pj.name[: -len(".ctx.plan.json" if ctx else ".plan.json")]
         p = json.loads(pj.read_text())
-        runs = [json.loads(x) for x in (folder / name / "runs.jsonl").read_text().splitlines() if x.strip()]
+        runs = runs_of(pj, name)
         r = next(r for r in runs if ("-ctx-" if ctx else "-fits-") in r["name"])
         row = room_row(p, r)
         if row:
@@ -256,9 +266,9 @@ def main() -> None:
     r.add_argument("--fix", metavar="POOL:PURGE", help="with a CASE's CTX: also run that context under this")
     r.add_argument("cases", nargs="+")
     p = sub.add_parser("report")
-    p.add_argument("folder")
+    p.add_argument("folders", nargs="+")
     o = sub.add_parser("report-oom")
-    o.add_argument("folder")
+    o.add_argument("folders", nargs="+")
     a = ap.parse_args()
     {"run": run, "report": report, "report-oom": report_oom}[a.cmd](a)
 

@@ -105,6 +105,7 @@ impl Run {
                     },
                     first_token: 0,
                     boundary: false,
+                    replayed: false,
                 }];
                 let measured = LlamaBench {
                     warmup: false,
@@ -204,6 +205,9 @@ pub fn runs(dir: &str, engine: &str) -> Vec<Run> {
                 ubatch: n("n_ubatch"),
                 reps: n("reps"),
                 warmup: true,
+                // On, as the engines ran; no two consecutive steps of these prompts share a
+                // shape, so no step replays a graph.
+                cuda_graphs: true,
             },
             completed: r["rc"].as_i64() == Some(0),
             purge: s("purge"),
