@@ -112,6 +112,33 @@ pub extern "C" fn cupool_settings_json() -> *const c_char {
     )
 }
 
+/// Copies `text` into `buf` (`cap` bytes) as a NUL-terminated string, truncated to fit, and
+/// returns its length without the NUL: the convention of the `*_json` calls (a null `buf`
+/// asks for the size).
+///
+/// # Safety
+/// `buf` is null or points to `cap` writable bytes.
+pub(super) unsafe fn write_text(text: &str, buf: *mut c_char, cap: usize) -> usize {
+    if !buf.is_null() && cap > 0 {
+        let n = text.len().min(cap - 1);
+        // SAFETY: `buf` has `cap` writable bytes; `n + 1 <= cap`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            buf.add(n).write(0);
+        }
+    }
+    text.len()
+}
+
+/// A device argument of the `*_json` calls: one device, or every device for -1 (`None`).
+pub(super) fn devices_arg(lib: &crate::state::Lib, device: i32) -> Result<Option<usize>, Failure> {
+    if device == -1 {
+        Ok(None)
+    } else {
+        lib.check_device(device).map(Some)
+    }
+}
+
 /// A string argument, checked for null and UTF-8.
 ///
 /// # Safety

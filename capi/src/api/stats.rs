@@ -37,21 +37,10 @@ pub unsafe extern "C" fn cupool_stats_json(device: i32, buf: *mut c_char, cap: u
         |_| 0,
         || {
             let lib = state::lib()?;
-            let d = if device == -1 {
-                None
-            } else {
-                Some(lib.check_device(device)?)
-            };
+            let d = super::devices_arg(&lib, device)?;
             let json = crate::stats::json(&lib.pools_of(d));
-            if !buf.is_null() && cap > 0 {
-                let n = json.len().min(cap - 1);
-                // SAFETY: `buf` has `cap` writable bytes; `n + 1 <= cap`.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), n);
-                    buf.add(n).write(0);
-                }
-            }
-            Ok(json.len())
+            // SAFETY: the caller passes null or `cap` writable bytes.
+            Ok(unsafe { super::write_text(&json, buf, cap) })
         },
     )
 }
