@@ -4,8 +4,9 @@
 //! For pages of 2 and 8 MiB, 64 at a time, it times `cuMemCreate` (plain and exportable as a
 //! POSIX file descriptor), `cuMemMap`, `cuMemSetAccess` per page and once over the 64 pages,
 //! `cuMemUnmap` per page and once over the 64 (where the driver accepts a range that covers
-//! several mappings), `cuMemRelease`, and a page move as the pool makes it (unmap, map,
-//! access) against moves whose access is granted once per run of pages. Prints one JSON line
+//! several mappings), `cuMemRelease`, a page move made at once (unmap, map, access), moves whose
+//! access is granted once per run of pages, and the pool's move: a second mapping (map,
+//! access; `alias_each`) whose old one is dropped later (`unalias_each`). Prints one JSON line
 //! per measurement (microseconds per page, the median of 5 rounds); skips without a GPU.
 //!
 //!     cargo bench --bench vmm_calls
@@ -168,6 +169,24 @@ fn main() {
                     }
                     v.grant(a, span);
                 });
+                // The pool's move now: the page mapped and granted at its new place while it
+                // stays mapped at the old one, and the old mapping dropped later.
+                time("alias_each", &mut || {
+                    for (i, &h) in hs.iter().enumerate() {
+                        v.map(at(b, i), page, h);
+                        v.grant(at(b, i), page);
+                    }
+                });
+                time("unalias_each", &mut || {
+                    for i in 0..PAGES {
+                        ok(v.unmap(at(a, i), page), "cuMemUnmap of an alias");
+                    }
+                });
+                for (i, &h) in hs.iter().enumerate() {
+                    ok(v.unmap(at(b, i), page), "cuMemUnmap");
+                    v.map(at(a, i), page, h);
+                }
+                v.grant(a, span);
                 // One unmap over the 64 mappings, where the driver takes such a range.
                 let whole = v.unmap(a, span);
                 let unmapped = whole == sys::CUresult::CUDA_SUCCESS;

@@ -25,11 +25,15 @@
 //   CUPOOL_VMM_ROUND_LARGE (a power of two from 128 to 1073741824 (bytes)): the VMM pool rounds
 //       requests above 1 MiB up to this power of two. Unset: 2097152 (the 2 MiB granule, for a
 //       framework's traffic).
-//   CUPOOL_VMM_RECYCLE=1|0|true|false|yes|no|on|off: the VMM pool moves the free 2 MiB pages of its
-//       holes to where it must grow, after one synchronize of its stream, instead of mapping new
-//       memory: the least footprint for out-of-order frees, at the cost of driver calls and
-//       synchronizes when it grows. Unset: off (ggml frees in stack order, and a CUDA graph capture
-//       may not be synchronized).
+//   CUPOOL_VMM_RECYCLE=1|0|true|false|yes|no|on|off: the VMM pool moves the free pages of its holes
+//       to where it must grow instead of mapping new memory (a page stays mapped at its old place
+//       too until a later synchronize, so a move never waits for the device): the least footprint
+//       for out-of-order frees, at the cost of driver calls when it grows. Unset: off (ggml frees
+//       in stack order, and a CUDA graph capture may not be synchronized).
+//   CUPOOL_VMM_RECYCLE_FREE (a percent from 0 to 100): with CUPOOL_VMM_RECYCLE on: the percent of
+//       the VMM pool's memory that may lie free in its holes before it moves free pages to a block
+//       that needs memory instead of creating it; less holds less memory and moves more pages (each
+//       move a few driver calls on the allocating thread). Unset: 6.
 //   CUPOOL_DEVICE=cuda|sim|auto: libcupool's devices: every CUDA device, simulated cards, or cuda
 //       if present (auto). Unset: auto.
 //   CUPOOL_SIM_GIB (a number of GiB above 0 and up to 262144): each simulated card's memory. Unset:

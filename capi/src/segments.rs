@@ -261,17 +261,23 @@ impl Driver for Tracked {
         Ok(())
     }
 
-    fn remap(
+    fn alias(
         &self,
         from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        self.inner.remap(from, to, bytes, handle)?;
+        self.inner.alias(from, to, bytes, handle)?;
+        // The memory serves `to` from now on; `from` is a stale mapping the pool drops later
+        // (`unalias`), which a snapshot does not show.
         self.unmapped(from, bytes);
         self.mapped(to, bytes);
         Ok(())
+    }
+
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.inner.unalias(at, bytes)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

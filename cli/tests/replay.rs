@@ -259,17 +259,35 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
             "docs/pytorch.md lacks the row {row}"
         );
         if classes == "1048576" && round == "2097152" {
-            // libcupool's default, with page recycling: the mapped peak within 2% of the live
-            // peak (1.087 and 1.025 before recycling; the goal was at most 1.03).
-            assert!(phi3.1 <= 1.023 && llama3.1 <= 1.02, "{phi3:?} {llama3:?}");
+            // libcupool's default, with page recycling at 6% free: the mapped peak within 6.5%
+            // and 2.6% of the live peak (1.087 and 1.025 before recycling), below what
+            // PyTorch's expandable segments and cudaMallocAsync held on these shapes.
+            assert!(phi3.1 <= 1.065 && llama3.1 <= 1.026, "{phi3:?} {llama3:?}");
         }
     }
-    // What recycling costs with libcupool's default: each page moved is ~45 µs of driver calls
-    // after a synchronize on an H100. Before large blocks were placed where memory is (and
-    // with a 64th of free memory kept): 15,354 moves and 2,906 synchronizes (Phi-3), 3,735 and
-    // 1,275 (Llama-3).
-    for (trace, moves, syncs) in [("phi3", 6_000, 1_300), ("llama3", 1_400, 150)] {
-        let path = format!("{root}/data/h100-2026-11-22-pytorch/trace-{trace}.jsonl.gz");
+    // What recycling costs with libcupool's default: each page moved is a second mapping of
+    // it (23–34 µs of driver calls on an H100) on the allocating thread, which does not wait
+    // for the device; the pool synchronizes only where stale mappings pile up. With 2% free
+    // kept: 9,940 moves (Phi-3); when every backing that recycled synchronized first (a 48th
+    // kept): 5,943 moves and 1,289 synchronizes (Phi-3), 1,308 and 144 (Llama-3). The MoE
+    // trace moves nothing and maps 1.006 times its live peak.
+    let moe = "data/h100-2026-11-26-recycle-free-phi3-moe/trace-qwen3moe.jsonl.gz";
+    for (trace, moves, syncs, ratio) in [
+        (
+            "data/h100-2026-11-22-pytorch/trace-phi3.jsonl.gz",
+            1_800,
+            5,
+            1.065,
+        ),
+        (
+            "data/h100-2026-11-22-pytorch/trace-llama3.jsonl.gz",
+            10,
+            2,
+            1.026,
+        ),
+        (moe, 0, 0, 1.007),
+    ] {
+        let path = format!("{root}/{trace}");
         let out = bin()
             .args([
                 "replay",
@@ -287,9 +305,10 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
             v["driver_remaps"].as_u64().unwrap(),
             v["driver_syncs"].as_u64().unwrap(),
         );
+        let r = v["peak_reserved_bytes"].as_f64().unwrap() / v["peak_live_bytes"].as_f64().unwrap();
         assert!(
-            m <= moves && y <= syncs,
-            "{trace}: {m} moves, {y} synchronizes"
+            m <= moves && y <= syncs && r <= ratio,
+            "{trace}: {m} moves, {y} synchronizes, {r:.4} of live"
         );
     }
     // PyTorch's own allocator replayed (`--pool torch`) on a card of the H100's free memory,

@@ -141,6 +141,11 @@ impl PoolConfig {
         if let Some(v) = get("CUPOOL_VMM_RECYCLE") {
             c.vmm.recycle = parse_bool("CUPOOL_VMM_RECYCLE", &v)?;
         }
+        if let Some(v) = get("CUPOOL_VMM_RECYCLE_FREE") {
+            c.vmm.recycle_free = v.trim().parse().ok().filter(|p| *p <= 100).ok_or_else(|| {
+                InvalidConfig::new("CUPOOL_VMM_RECYCLE_FREE", &v, "a percent from 0 to 100")
+            })?;
+        }
         Ok(c)
     }
 

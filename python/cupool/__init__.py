@@ -42,6 +42,7 @@ OPTIONS = {
     "sim_devices": "CUPOOL_SIM_DEVICES",
     "vmm_round_large": "CUPOOL_VMM_ROUND_LARGE",
     "vmm_recycle": "CUPOOL_VMM_RECYCLE",
+    "vmm_recycle_free": "CUPOOL_VMM_RECYCLE_FREE",
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",

@@ -181,3 +181,12 @@ def test_the_two_gpu_terms_in_replan_json_are_the_models_and_the_fixtures(data, 
                 want = tt.device_compute_bytes(m, r["fa_kv"] == "pool", True, x["n_ctx"], r["n_ubatch"],
                                                x["sched_copies"], x["last_layer"], x["output"])
                 assert x["compute_model_bytes"] == want
+
+
+def test_the_moves_that_do_not_wait_table_is_its_run():
+    check("data/h100-2026-11-26-alias-moves/prefill.jsonl")
+
+
+def test_the_recycling_at_six_percent_tables_are_their_runs():
+    for d in ["phi3-moe", "llama3", "phi3-reps"]:
+        check(f"data/h100-2026-11-26-recycle-free-{d}/prefill.jsonl")

@@ -35,7 +35,8 @@ for model in sorted({m for m, _ in runs}):
     print(f"\n{model}: PyTorch's peak allocated ({src} runs) {alloc:,.0f} MiB\n")
     print("| allocator | runs | reserved peak (MiB) | driver peak (MiB) | driver / allocated | prefill tok/s | decode tok/s |")
     print("|---|---|---|---|---|---|---|")
-    for a in ORDER:
+    # Variants not in ORDER (cupool-freeN, ...) follow it, by name.
+    for a in ORDER + sorted({x for m, x in runs if m == model and x not in ORDER}):
         rs = runs.get((model, a), [])
         ok = [r for r in rs if "failed" not in r]
         if not rs:

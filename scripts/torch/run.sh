@@ -9,7 +9,8 @@
 # A short warm-up run comes first and is discarded.
 # Two labels run cupool in a variant, relabelled in the results: cupool-norecycle (page
 # recycling off: CUPOOL_VMM_RECYCLE=off) and cupool-base (the libcupool at $BASE_LIB, such as
-# the previous commit's, to compare two builds in one call).
+# the previous commit's, to compare two builds in one call); cupool-freeN sets
+# CUPOOL_VMM_RECYCLE_FREE=N (the percent of free memory kept before pages move).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -26,6 +27,7 @@ if [ "$what" = prefill ]; then
         case $a in
           cupool-norecycle) run=cupool; env=(CUPOOL_VMM_RECYCLE=off) ;;
           cupool-base) run=cupool; env=(CUPOOL_LIB="${BASE_LIB:?cupool-base needs BASE_LIB}") ;;
+          cupool-free*) run=cupool; env=(CUPOOL_VMM_RECYCLE_FREE="${a#cupool-free}") ;;
           *) run=$a; env=() ;;
         esac
         err=$(mktemp)

@@ -207,6 +207,26 @@ fn libcupool_names_and_defaults_are_the_table_s() {
     );
     assert!(c.pool.vmm.recycle);
     assert!(default("CUPOOL_VMM_RECYCLE", FrontEnd::Libcupool).starts_with("on "));
+    assert_eq!(
+        c.pool.vmm.recycle_free as usize,
+        number("CUPOOL_VMM_RECYCLE_FREE", FrontEnd::Libcupool)
+    );
+    assert_eq!(
+        PoolConfig::default().vmm.recycle_free as usize,
+        number("CUPOOL_VMM_RECYCLE_FREE", FrontEnd::Library)
+    );
+    let two = Config::parse(Some("CUPOOL_VMM_RECYCLE_FREE=2")).unwrap();
+    assert_eq!(two.pool.vmm.recycle_free, 2);
+    for bad in ["101", "-1", "six", ""] {
+        let e = Config::parse(Some(&format!("CUPOOL_VMM_RECYCLE_FREE={bad}")))
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} accepted"))
+            .text;
+        assert!(
+            e.contains("CUPOOL_VMM_RECYCLE_FREE") && e.contains("a percent from 0 to 100"),
+            "{e}"
+        );
+    }
     let lib = PoolConfig::default();
     assert!(!lib.vmm.recycle);
     assert_eq!(default("CUPOOL_VMM_RECYCLE", FrontEnd::Library), "off");

@@ -97,6 +97,8 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                     recycle: true,
                     // Three granules: pages of several sizes move, tails take smaller ones.
                     recycle_page: 6 << 20,
+                    // Any free memory is worth moving: the moves are what is checked.
+                    recycle_free: 0,
                 },
             )
             .expect("valid settings"),

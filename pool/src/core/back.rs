@@ -3,10 +3,10 @@
 //!
 //! Recycling moves free pages out of holes to where the block lands. A kernel queued before a
 //! block's free may still read it, and unmapping its pages under that kernel would fault, so
-//! free ranges are named as donors only once a synchronize that began after the latest free
-//! has finished: one the pool asks for here, or any other on the device since. The fast path
-//! never synchronizes: only a block that lands on a vacant range while whole free pages lie in
-//! holes, and the pool's free memory is above a 48th of what it holds, pays one. (A large block
+//! a moved page stays mapped at its old address too until a synchronize that began after the
+//! move has finished (`upstream/vmm/stale.rs`): one the pool asks for, or any other on the
+//! device since. The pool asks for one only where a block lands on such an old mapping the
+//! device may still use, or where they hold more address space than the pool holds memory. (A large block
 //! lands where it needs the least new memory in the first place: [`crate::placement::Placement::take_backed`].)
 
 use super::{Ctx, State};
@@ -15,9 +15,6 @@ use crate::driver::DriverError;
 use crate::error::PoolError;
 use crate::placement::{Fit, Placement};
 use crate::upstream::Upstream;
-
-/// Cached memory up to `reserved / SLACK` is kept rather than recycled (see [`Ctx::back`]).
-const SLACK: usize = 48;
 
 impl Ctx {
     /// A block the placement found room for, on a range with no memory behind it yet.
@@ -44,33 +41,38 @@ impl Ctx {
         fit: Fit,
     ) -> Result<(), DriverError> {
         let mut donors = Vec::new();
-        // Recycling costs a synchronize and ~45 µs of driver calls per page moved on an H100
-        // (`benches/vmm_calls.rs`); creating costs memory. Free memory up to a 48th of what
-        // the pool holds is kept without paying them (measured on the PyTorch prefill traces
-        // with the backing-aware placement: the mapped peak stays within 2.2% of the live
-        // peak, with 61% (Phi-3) and 65% (Llama-3) fewer pages moved than with a 64th;
-        // docs/pytorch.md).
-        if g.upstream.recycles() && {
-            let snap = g.tracker.snapshot();
-            snap.cached_bytes > snap.reserved_bytes / SLACK
-        } {
+        let mut idle = false;
+        // Recycling costs driver calls on this thread (~25 µs per page moved on an H100,
+        // `benches/vmm_calls.rs`), creating costs memory: the upstream weighs them
+        // (`VmmConfig::recycle_free`). A move does not wait for the device
+        // (`upstream/vmm/stale.rs`).
+        let snap = g.tracker.snapshot();
+        if g.upstream
+            .worth_recycling(snap.cached_bytes, snap.reserved_bytes)
+        {
             let (spans, freed_at) = g.placement.free_spans();
             if g.upstream.movable(&spans) {
-                if self.driver.epoch().idle_since(freed_at) {
-                    donors = spans;
-                } else {
-                    match self.sync(g) {
-                        Ok(_) => donors = spans,
-                        Err(e) => {
-                            tracing::warn!(pool = %self.kind, error = %e, "synchronize failed; creating memory instead of recycling free pages");
-                        }
-                    }
+                idle = self.driver.epoch().idle_since(freed_at);
+                donors = spans;
+            }
+        }
+        if g.upstream.must_wait(fit.addr, fit.capacity) {
+            match self.sync(g) {
+                // Every free so far is covered now.
+                Ok(_) => idle = true,
+                Err(e) => {
+                    tracing::warn!(pool = %self.kind, error = %e, "synchronize failed; the block's range still has old mappings of moved pages");
+                    return Err(e);
                 }
             }
         }
-        let mut r = g
-            .upstream
-            .back(fit.addr, fit.capacity, &donors, &mut g.tracker.s.calls);
+        let mut r = g.upstream.back(
+            fit.addr,
+            fit.capacity,
+            &donors,
+            idle,
+            &mut g.tracker.s.calls,
+        );
         if matches!(&r, Err(e) if e.is_oom()) && g.upstream.recycles() {
             r = self.shed_and_retry(g, fit).unwrap_or(r);
         }
@@ -104,7 +106,7 @@ impl Ctx {
         tracing::debug!(pool = %self.kind, released = gone, "out of memory backing a block; released free pages and retrying");
         Some(
             g.upstream
-                .back(fit.addr, fit.capacity, &[], &mut g.tracker.s.calls),
+                .back(fit.addr, fit.capacity, &[], true, &mut g.tracker.s.calls),
         )
     }
 

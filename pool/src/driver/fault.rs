@@ -6,9 +6,10 @@
 //! (cuMemCreate, cuMemMap, cuMemSetAccess): a fault on the first fails before the wrapped
 //! driver is called; a fault on a later step maps, then unmaps again and fails, which is what a
 //! real partial failure leaves behind. An unmap is two (cuMemUnmap, cuMemRelease): either fault
-//! leaves the mapping in place, as [`Driver::unmap`] promises. A move ([`Driver::remap`]) is three
-//! (cuMemUnmap, cuMemMap, cuMemSetAccess): a fault on the first fails before anything moved; on a
-//! later one the memory moves and moves back, so it is where it was.
+//! leaves the mapping in place, as [`Driver::unmap`] promises. A second mapping ([`Driver::alias`]) is
+//! two (cuMemMap, cuMemSetAccess): a fault on the first fails before anything is mapped; on the
+//! second the memory is mapped and unmapped again. Removing one ([`Driver::unalias`]) is one
+//! (cuMemUnmap).
 
 use super::{
     CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
@@ -203,26 +204,28 @@ impl Driver for FaultInjector {
         self.inner.unmap(at, bytes, handle)
     }
 
-    fn remap(
+    fn alias(
         &self,
         from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        self.step(CallKind::Unmap)?;
-        for later in [CallKind::Map, CallKind::SetAccess] {
-            if let Err(e) = self.step(later) {
-                // A later step failed: the memory is back where it was, as `remap` promises
-                // (the real driver maps it back at `from`).
-                self.inner.remap(from, to, bytes, handle)?;
-                if let Err(undo) = self.inner.remap(to, from, bytes, handle) {
-                    tracing::error!(error = %undo, "undoing a move after an injected fault failed");
-                }
-                return Err(e);
+        self.step(CallKind::Map)?;
+        if let Err(e) = self.step(CallKind::SetAccess) {
+            // The real driver unmaps the new mapping again: nothing changed.
+            self.inner.alias(from, to, bytes, handle)?;
+            if let Err(undo) = self.inner.unalias(to, bytes) {
+                tracing::error!(error = %undo, "undoing a second mapping after an injected fault failed");
             }
+            return Err(e);
         }
-        self.inner.remap(from, to, bytes, handle)
+        self.inner.alias(from, to, bytes, handle)
+    }
+
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.step(CallKind::Unmap)?;
+        self.inner.unalias(at, bytes)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

@@ -154,14 +154,18 @@ impl Driver for LazyDriver {
         self.dev()?.unmap(at, bytes, handle)
     }
 
-    fn remap(
+    fn alias(
         &self,
         from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        self.dev()?.remap(from, to, bytes, handle)
+        self.dev()?.alias(from, to, bytes, handle)
+    }
+
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.dev()?.unalias(at, bytes)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

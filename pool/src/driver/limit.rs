@@ -188,15 +188,20 @@ impl Driver for LimitedDriver {
         Ok(())
     }
 
-    fn remap(
+    fn alias(
         &self,
         from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        // The memory stays held: nothing to count.
-        self.inner.remap(from, to, bytes, handle)
+        // The same memory at a second address: nothing to count.
+        self.inner.alias(from, to, bytes, handle)
+    }
+
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        // The memory stays behind its other mapping.
+        self.inner.unalias(at, bytes)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

@@ -133,14 +133,14 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// range is still mapped and may be unmapped again later.
     fn unmap(&self, at: DevicePtr, bytes: usize, handle: PhysHandle) -> Result<(), DriverError>;
 
-    /// Moves the physical memory of a mapping made by [`Driver::map`] from `from` to `to`
-    /// (cuMemUnmap, then cuMemMap of the same handle and cuMemSetAccess), keeping the memory:
-    /// a pool recycles a free page where it needs one instead of creating another. `to` must
-    /// lie inside a reservation, aligned, with nothing mapped. The contents do not move.
-    /// Nothing may use `from` any more: the caller has synchronized since its last use. On
-    /// error the memory is mapped at `from` as before. The default refuses, so a driver that
-    /// cannot move memory makes the pool create new memory instead.
-    fn remap(
+    /// Maps the physical memory of the mapping made by [`Driver::map`] at `from` at `to` as
+    /// well (cuMemMap of the same handle and cuMemSetAccess), leaving `from` mapped: a pool
+    /// recycles a free page where it needs one instead of creating another, without waiting for
+    /// kernels still queued on `from` (unmapping it under them would fault). `to` must lie
+    /// inside a reservation, aligned, with nothing mapped; both addresses reach the same bytes
+    /// until [`Driver::unalias`] unmaps one. On error nothing changed. The default refuses, so a
+    /// driver that cannot alias memory makes the pool create new memory instead.
+    fn alias(
         &self,
         from: DevicePtr,
         to: DevicePtr,
@@ -151,7 +151,19 @@ pub trait Driver: Send + Sync + fmt::Debug {
         Err(DriverError::new(
             CallKind::Map,
             ErrorCode::NotSupported,
-            format!("this driver cannot move the {bytes} bytes mapped at {from:#x}"),
+            format!("this driver cannot map the {bytes} bytes mapped at {from:#x} a second time"),
+        ))
+    }
+
+    /// Unmaps the mapping of `bytes` at `at` (cuMemUnmap alone) whose physical memory is also
+    /// mapped elsewhere by [`Driver::alias`]: the memory stays where the other mapping is.
+    /// Nothing may use `at` any more: the caller has synchronized since its last use. On error
+    /// the range is still mapped. The default refuses, as [`Driver::alias`].
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        Err(DriverError::new(
+            CallKind::Unmap,
+            ErrorCode::NotSupported,
+            format!("this driver has no second mapping of the {bytes} bytes at {at:#x}"),
         ))
     }
 

@@ -36,7 +36,7 @@ impl TimedDriver {
         }
     }
 
-    /// Calls and time per primitive so far, by the primitive's name (`map`, `remap`, ...).
+    /// Calls and time per primitive so far, by the primitive's name (`map`, `alias`, ...).
     pub fn times(&self) -> BTreeMap<&'static str, CallTime> {
         self.times.lock().clone()
     }
@@ -133,14 +133,18 @@ impl Driver for TimedDriver {
         self.timed("unmap", || self.inner.unmap(at, bytes, handle))
     }
 
-    fn remap(
+    fn alias(
         &self,
         from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        self.timed("remap", || self.inner.remap(from, to, bytes, handle))
+        self.timed("alias", || self.inner.alias(from, to, bytes, handle))
+    }
+
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.timed("unalias", || self.inner.unalias(at, bytes))
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

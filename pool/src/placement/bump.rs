@@ -203,7 +203,7 @@ impl Placement for Bump {
             let last = at + (len - n) as u64;
             for place in [at, last] {
                 let need = unbacked(place, n);
-                if best.is_none_or(|b| need < b.0) {
+                if need < usize::MAX && best.is_none_or(|b| need < b.0) {
                     best = Some((need, at, len, place));
                     if need == 0 {
                         break 'holes;
@@ -213,7 +213,7 @@ impl Placement for Bump {
         }
         if self.top + n as u64 <= self.end && best.is_none_or(|b| b.0 > 0) {
             let need = unbacked(self.top, n);
-            if best.is_none_or(|b| need < b.0) {
+            if need < usize::MAX && best.is_none_or(|b| need < b.0) {
                 best = Some((need, self.top, 0, self.top));
             }
         }

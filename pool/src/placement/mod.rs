@@ -66,7 +66,8 @@ pub trait Placement: Send + fmt::Debug + 'static {
     /// Like [`Placement::take`], where the upstream backs memory behind only part of its
     /// segments: among the free ranges that fit `size`, one where `unbacked(addr, len)` (the
     /// bytes of `[addr, addr+len)` with no memory behind them) is least, the best fit among
-    /// those. The default ignores `unbacked`.
+    /// those; `usize::MAX` marks a range the upstream cannot back without waiting for the
+    /// device, never taken (the pool grows instead). The default ignores `unbacked`.
     fn take_backed(&mut self, size: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<Fit> {
         let _ = unbacked;
         self.take(size)

@@ -99,7 +99,15 @@ pub const SETTINGS: &[Setting] = &[
         ],
         keyword: Some("vmm_recycle"),
         env_only: false,
-        doc: "the VMM pool moves the free 2 MiB pages of its holes to where it must grow, after one synchronize of its stream, instead of mapping new memory: the least footprint for out-of-order frees, at the cost of driver calls and synchronizes when it grows",
+        doc: "the VMM pool moves the free pages of its holes to where it must grow instead of mapping new memory (a page stays mapped at its old place too until a later synchronize, so a move never waits for the device): the least footprint for out-of-order frees, at the cost of driver calls when it grows",
+    },
+    Setting {
+        name: "CUPOOL_VMM_RECYCLE_FREE",
+        accepts: Text("a percent from 0 to 100"),
+        read_by: &[by(Library, "6"), by(Cli, "6"), by(Libcupool, "6")],
+        keyword: Some("vmm_recycle_free"),
+        env_only: false,
+        doc: "with CUPOOL_VMM_RECYCLE on: the percent of the VMM pool's memory that may lie free in its holes before it moves free pages to a block that needs memory instead of creating it; less holds less memory and moves more pages (each move a few driver calls on the allocating thread)",
     },
     Setting {
         name: "CUPOOL_DEVICE",

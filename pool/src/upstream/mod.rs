@@ -59,18 +59,29 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     }
 
     /// Puts memory behind `[addr, addr+len)` where it has none, first moving pages that lie
-    /// wholly inside the free ranges `donors` (address, length; empty: none may move). The
-    /// core names donors only after a synchronize covers their frees. On error the range may
-    /// be partly backed; nothing is lost.
+    /// wholly inside the free ranges `donors` (address, length; empty: none may move). `idle`:
+    /// a synchronize covers the donors' frees; without one, a moved page must stay reachable
+    /// at its old address until the device is past the work queued there. The core calls this
+    /// only where [`Upstream::must_wait`] says no (or after a synchronize). On error the range
+    /// may be partly backed; nothing is lost.
     fn back(
         &mut self,
         addr: u64,
         len: usize,
         donors: &[(u64, usize)],
+        idle: bool,
         calls: &mut DriverCalls,
     ) -> Result<(), DriverError> {
-        let _ = (addr, len, donors, calls);
+        let _ = (addr, len, donors, idle, calls);
         Ok(())
+    }
+
+    /// Whether backing `[addr, addr+len)` must wait for a synchronize first: an old mapping of
+    /// a moved page there may still be in use, or such mappings hold more address space than
+    /// the upstream holds memory.
+    fn must_wait(&mut self, addr: u64, len: usize) -> bool {
+        let _ = (addr, len);
+        false
     }
 
     /// Releases every page lying wholly inside `unused` (address, length: free ranges and the
@@ -89,7 +100,8 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     }
 
     /// Bytes of `[addr, addr+len)` with no memory behind them (0 where segments are held
-    /// whole).
+    /// whole); `usize::MAX` where backing them would wait for the device
+    /// ([`Upstream::must_wait`]).
     fn unbacked(&self, addr: u64, len: usize) -> usize {
         let _ = (addr, len);
         0
@@ -97,6 +109,13 @@ pub trait Upstream: Send + fmt::Debug + 'static {
 
     /// Whether [`Upstream::back`] recycles pages from free ranges at all.
     fn recycles(&self) -> bool {
+        false
+    }
+
+    /// Whether a block that needs memory should have free pages moved to it rather than new
+    /// memory created, with `cached` of the `reserved` bytes free in the pool.
+    fn worth_recycling(&self, cached: usize, reserved: usize) -> bool {
+        let _ = (cached, reserved);
         false
     }
 

@@ -331,14 +331,18 @@ impl Driver for CudaDriver {
         Ok(())
     }
 
-    fn remap(
+    fn alias(
         &self,
-        from: DevicePtr,
+        _from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        self.move_mapping(from, to, bytes, handle)
+        self.alias_mapping(to, bytes, handle)
+    }
+
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.unalias_mapping(at, bytes)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

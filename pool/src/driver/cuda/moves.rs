@@ -1,34 +1,32 @@
-//! Moving a VMM page to another address while keeping its physical memory ([`crate::driver::Driver::remap`]):
-//! what lets a pool recycle free pages instead of creating memory.
+//! A VMM page's physical memory mapped at a second address, and that mapping dropped later
+//! ([`crate::driver::Driver::alias`], [`crate::driver::Driver::unalias`]): what lets a pool
+//! recycle free pages instead of creating memory, without waiting for the device.
 
 use super::{cuda_err, CudaDriver};
 use crate::driver::{CallKind, DevicePtr, DriverError, PhysHandle};
 use cudarc::driver::sys;
 
 impl CudaDriver {
-    /// [`crate::driver::Driver::remap`]: cuMemUnmap, then the same handle mapped at `to`.
-    pub(super) fn move_mapping(
+    /// [`crate::driver::Driver::alias`]: the handle mapped at `to` too.
+    pub(super) fn alias_mapping(
         &self,
-        from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
+        let _restore = self.bind(CallKind::Map)?;
+        self.map_handle(to, bytes, handle)
+    }
+
+    /// [`crate::driver::Driver::unalias`]: cuMemUnmap alone; the handle stays alive, and with
+    /// it the memory behind its other mapping.
+    pub(super) fn unalias_mapping(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
         let _restore = self.bind(CallKind::Unmap)?;
-        // SAFETY: the caller hands over a mapping from `map` that nothing uses any more (it
-        // synchronized since its last use); the handle stays alive, so the memory does too.
-        unsafe { sys::cuMemUnmap(from, bytes) }
+        // SAFETY: the caller hands over a second mapping from `alias` that nothing uses any
+        // more (it synchronized since its last use); the handle is not released.
+        unsafe { sys::cuMemUnmap(at, bytes) }
             .result()
-            .map_err(|e| cuda_err(CallKind::Unmap, e, format!("{bytes} bytes at {from:#x}")))?;
-        let moved = self.map_handle(to, bytes, handle);
-        if let Err(e) = moved {
-            // Keep the contract that a failed move leaves the memory where it was.
-            if let Err(back) = self.map_handle(from, bytes, handle) {
-                tracing::error!(error = %back, "could not map a page back where it was after a failed move: its range has no memory behind it");
-            }
-            return Err(e);
-        }
-        Ok(())
+            .map_err(|e| cuda_err(CallKind::Unmap, e, format!("{bytes} bytes at {at:#x}")))
     }
 
     /// Maps the existing `handle` at `at` and grants this device and its peers access; on a

@@ -33,6 +33,9 @@ pub(super) struct Memory {
     pub managed_used: usize,
     /// Bytes of address space live reservations cover.
     pub reserved: usize,
+    /// Mappings of each live handle (more than one after `alias`), and whether it was
+    /// released: its memory goes when both its mappings are gone and it was released.
+    handles: BTreeMap<u64, (u32, bool)>,
     allocs: BTreeMap<u64, Alloc>,
     reservations: BTreeMap<u64, Reservation>,
     mappings: BTreeMap<u64, Mapping>,
@@ -178,26 +181,45 @@ impl Memory {
         self.next_handle += 1;
         self.device_used += bytes;
         self.mappings.insert(at, Mapping { bytes, handle });
+        self.handles.insert(handle, (1, false));
         handle
     }
 
-    /// Removes the mapping of `bytes` at `at` with `handle`.
-    pub fn remove_mapping(&mut self, at: u64, bytes: usize, handle: u64) -> Result<(), String> {
+    fn mapping(&self, at: u64, bytes: usize, handle: Option<u64>) -> Result<u64, String> {
         match self.mappings.get(&at) {
-            Some(m) if m.bytes == bytes && m.handle == handle => {
-                self.mappings.remove(&at);
-                self.device_used -= bytes;
-                Ok(())
-            }
-            _ => Err(format!(
-                "no mapping of {bytes} bytes with handle {handle} at {at:#x}"
-            )),
+            Some(m) if m.bytes == bytes && handle.is_none_or(|h| h == m.handle) => Ok(m.handle),
+            _ => Err(match handle {
+                Some(h) => format!("no mapping of {bytes} bytes with handle {h} at {at:#x}"),
+                None => format!("no mapping of {bytes} bytes at {at:#x}"),
+            }),
         }
     }
 
-    /// Moves the mapping of `bytes` at `from` with `handle` to `to`, which must be an aligned
-    /// range of one reservation over nothing mapped; the physical memory stays counted.
-    pub fn move_mapping(
+    /// Drops one mapping of `handle`; its memory goes once no mapping is left and it was
+    /// released.
+    fn unref(&mut self, at: u64, bytes: usize, handle: u64, release: bool) {
+        self.mappings.remove(&at);
+        let left = self.handles.get_mut(&handle).map(|(n, released)| {
+            *n -= 1;
+            *released |= release;
+            (*n, *released)
+        });
+        if let Some((0, true)) = left {
+            self.handles.remove(&handle);
+            self.device_used -= bytes;
+        }
+    }
+
+    /// Removes the mapping of `bytes` at `at` with `handle` and releases the handle.
+    pub fn remove_mapping(&mut self, at: u64, bytes: usize, handle: u64) -> Result<(), String> {
+        self.mapping(at, bytes, Some(handle))?;
+        self.unref(at, bytes, handle, true);
+        Ok(())
+    }
+
+    /// Maps the memory of the mapping of `bytes` at `from` with `handle` at `to` as well, which
+    /// must be an aligned range of one reservation over nothing mapped.
+    pub fn alias_mapping(
         &mut self,
         from: u64,
         to: u64,
@@ -205,23 +227,31 @@ impl Memory {
         handle: u64,
         gran: usize,
     ) -> Result<(), String> {
-        match self.mappings.get(&from) {
-            Some(m) if m.bytes == bytes && m.handle == handle => {}
-            _ => {
-                return Err(format!(
-                    "no mapping of {bytes} bytes with handle {handle} at {from:#x}"
-                ))
-            }
-        }
+        self.mapping(from, bytes, Some(handle))?;
         self.check_map(to, bytes, gran)?;
-        let m = self.mappings.remove(&from).ok_or("checked above")?;
-        self.mappings.insert(to, m);
+        self.mappings.insert(to, Mapping { bytes, handle });
+        if let Some((n, _)) = self.handles.get_mut(&handle) {
+            *n += 1;
+        }
+        Ok(())
+    }
+
+    /// Removes the mapping of `bytes` at `at`, whose memory must be mapped elsewhere too.
+    pub fn unalias(&mut self, at: u64, bytes: usize) -> Result<(), String> {
+        let handle = self.mapping(at, bytes, None)?;
+        if self.handles.get(&handle).is_none_or(|&(n, _)| n < 2) {
+            return Err(format!(
+                "the {bytes} bytes at {at:#x} are the only mapping of their memory"
+            ));
+        }
+        self.unref(at, bytes, handle, false);
         Ok(())
     }
 
     /// Everything still held, for the device's drop.
     pub fn drain(&mut self) -> Vec<Range> {
         self.mappings.clear();
+        self.handles.clear();
         let mut out: Vec<Range> = std::mem::take(&mut self.allocs)
             .into_values()
             .map(|a| a.range)

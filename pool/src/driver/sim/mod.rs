@@ -338,14 +338,18 @@ impl Driver for SimDevice {
         })
     }
 
-    fn remap(
+    fn alias(
         &self,
         from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        self.move_mapping(from, to, bytes, handle)
+        self.alias_mapping(from, to, bytes, handle)
+    }
+
+    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.unalias_mapping(at, bytes)
     }
 
     fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {

@@ -1,38 +1,49 @@
-//! The simulated device's calls that move memory without allocating it: a mapping moved to
-//! another address ([`crate::driver::Driver::remap`]), and copies between device and host memory.
+//! The simulated device's calls that move memory without allocating it: a second mapping of a
+//! page's memory and its removal ([`crate::driver::Driver::alias`],
+//! [`crate::driver::Driver::unalias`]), and copies between device and host memory.
 
 use super::SimDevice;
 use crate::driver::{CallKind, DevicePtr, DriverError, ErrorCode, PhysHandle};
 
 impl SimDevice {
-    /// [`crate::driver::Driver::remap`]: cuMemUnmap at `from`, cuMemMap and cuMemSetAccess at `to`.
-    pub(super) fn move_mapping(
+    /// [`crate::driver::Driver::alias`]: cuMemMap and cuMemSetAccess of `from`'s handle at
+    /// `to`. The host pages behind `to` are new (a simulated page's contents do not follow it).
+    pub(super) fn alias_mapping(
         &self,
         from: DevicePtr,
         to: DevicePtr,
         bytes: usize,
         handle: PhysHandle,
     ) -> Result<(), DriverError> {
-        // Checked as one step, so a refusal leaves the mapping where it was.
-        self.call(CallKind::Unmap, bytes, |s| {
+        // Checked as one step, so a refusal changes nothing.
+        self.call(CallKind::Map, bytes, |s| {
             s.memory
-                .move_mapping(from, to, bytes, handle.0, self.config.granularity)
+                .alias_mapping(from, to, bytes, handle.0, self.config.granularity)
                 .map_err(|e| (ErrorCode::InvalidValue, e))?;
-            // SAFETY: `to` lies inside one of our reservations, aligned to the granularity
-            // (checked above); `from` was a live mapping of ours that the caller gave up.
-            let committed = unsafe { s.backing.commit(to, bytes) };
-            if !committed {
-                let back = s.memory.move_mapping(to, from, bytes, handle.0, 1);
-                debug_assert!(back.is_ok());
+            // SAFETY: `to` lies inside one of our reservations, aligned to the granularity,
+            // over nothing mapped (checked above).
+            if !unsafe { s.backing.commit(to, bytes) } {
+                let undo = s.memory.unalias(to, bytes);
+                debug_assert!(undo.is_ok());
                 return Err((
                     ErrorCode::OutOfMemory,
                     "the host refused to commit the range".into(),
                 ));
             }
-            // SAFETY: as above; nothing uses `from` any more.
-            unsafe { s.backing.decommit(from, bytes) };
-            s.calls.enter(CallKind::Map, bytes);
             s.calls.enter(CallKind::SetAccess, bytes);
+            Ok(())
+        })
+    }
+
+    /// [`crate::driver::Driver::unalias`]: cuMemUnmap of a mapping whose memory is mapped
+    /// elsewhere too.
+    pub(super) fn unalias_mapping(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
+        self.call(CallKind::Unmap, bytes, |s| {
+            s.memory
+                .unalias(at, bytes)
+                .map_err(|e| (ErrorCode::InvalidValue, e))?;
+            // SAFETY: exactly a live mapping of ours, which the caller no longer uses.
+            unsafe { s.backing.decommit(at, bytes) };
             Ok(())
         })
     }

@@ -25,7 +25,9 @@ mod config;
 mod recycle;
 mod sleep;
 mod space;
+mod stale;
 mod unmap;
+mod view;
 
 pub use config::VmmConfig;
 
@@ -79,30 +81,6 @@ impl VmmReserve {
     /// The settings in force.
     pub fn config(&self) -> &VmmConfig {
         &self.config
-    }
-
-    /// Bytes currently mapped.
-    pub fn mapped(&self) -> usize {
-        self.space.mapped()
-    }
-
-    /// Address reservations currently held.
-    pub fn reservations(&self) -> usize {
-        self.space.reservations()
-    }
-
-    /// Bytes of address space handed out with no memory behind them.
-    pub fn vacant(&self) -> usize {
-        self.space
-            .vacant
-            .iter()
-            .map(|(s, e)| (e - s) as usize)
-            .sum()
-    }
-
-    /// The pages (address, length) behind the segments, awake or asleep, in address order.
-    pub fn pages(&self) -> Vec<(DevicePtr, usize)> {
-        self.space.pages.iter().map(|(&a, p)| (a, p.len)).collect()
     }
 
     fn round(&self, bytes: usize) -> Result<usize, DriverError> {
@@ -230,7 +208,7 @@ impl VmmReserve {
     fn back_range(
         &mut self,
         range: (DevicePtr, DevicePtr),
-        donors: &mut Vec<DevicePtr>,
+        donors: &mut recycle::Donors,
         calls: &mut DriverCalls,
     ) -> Result<recycle::Backed, DriverError> {
         let page = if self.granular { self.page } else { 0 };
@@ -283,14 +261,25 @@ impl Upstream for VmmReserve {
     fn wholly_vacant(&self, seg: &Segment) -> bool {
         let end = seg.ptr + seg.len as u64;
         self.space.pages.range(seg.ptr..end).next().is_none()
+            && !self.space.has_stale_in(seg.ptr, end)
     }
 
     fn recycles(&self) -> bool {
         self.config.recycle
     }
 
+    fn worth_recycling(&self, cached: usize, reserved: usize) -> bool {
+        let free = self.config.recycle_free as u128;
+        self.config.recycle && cached as u128 * 100 > reserved as u128 * free
+    }
+
     fn unbacked(&self, addr: u64, len: usize) -> usize {
-        self.space.unbacked(addr, len)
+        self.space.unbacked_now(self.driver.epoch(), addr, len)
+    }
+
+    fn must_wait(&mut self, addr: u64, len: usize) -> bool {
+        let floor = self.config.min_grow;
+        self.space.must_wait(self.driver.epoch(), addr, len, floor)
     }
 
     fn movable(&mut self, donors: &[(u64, usize)]) -> bool {
@@ -305,6 +294,7 @@ impl Upstream for VmmReserve {
         addr: u64,
         len: usize,
         donors: &[(u64, usize)],
+        idle: bool,
         calls: &mut DriverCalls,
     ) -> Result<(), DriverError> {
         let gran = self.granularity.max(1) as u64;
@@ -312,10 +302,13 @@ impl Upstream for VmmReserve {
             addr / gran * gran,
             (addr + len as u64).next_multiple_of(gran),
         );
-        let mut pages = if donors.is_empty() {
-            Vec::new()
-        } else {
-            self.space.donor_pages(donors)
+        let mut pages = recycle::Donors {
+            pages: if donors.is_empty() {
+                Vec::new()
+            } else {
+                self.space.donor_pages(donors)
+            },
+            idle,
         };
         // A growth's new segment: memory created for it covers all of it (the amortised
         // step), as one growth used to map it all. Without recycling that is one page, tried
@@ -328,7 +321,7 @@ impl Upstream for VmmReserve {
             .filter(|&(p, e)| range.1 > p && range.1 < e)
             .map(|(_, e)| e);
         if let (false, Some(end)) = (self.granular, rest) {
-            match self.back_range((range.0, end), &mut Vec::new(), calls) {
+            match self.back_range((range.0, end), &mut Default::default(), calls) {
                 Err(e) if e.is_oom() => {
                     tracing::debug!(error = %e, "the amortised vmm growth does not fit; backing the block alone");
                 }
@@ -344,7 +337,7 @@ impl Upstream for VmmReserve {
             );
         }
         if let Some(end) = rest.filter(|_| done.created > 0 && self.granular) {
-            if let Err(e) = self.back_range((range.1, end), &mut Vec::new(), calls) {
+            if let Err(e) = self.back_range((range.1, end), &mut Default::default(), calls) {
                 tracing::debug!(error = %e, "could not map the amortised rest of a vmm growth; the block alone is backed");
             }
         }

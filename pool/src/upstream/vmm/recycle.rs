@@ -7,9 +7,10 @@
 //! block, the pool moves whole free pages from the holes to where the block lands
 //! ([`crate::driver::Driver::remap`]): the memory the device holds follows what is live, not
 //! the high-water mark of the address range. A page is moved only if it lies wholly inside a
-//! free range the pool names (`donors`), so no byte under a live block is ever unmapped, and the
-//! pool core synchronizes before naming any (a kernel queued before a free may still read the
-//! freed block). Recycling needs pages that can be unmapped one by one, so with
+//! free range the pool names (`donors`), so no byte under a live block is ever unmapped. A
+//! kernel queued before a free may still use the freed block, so unless a synchronize covers
+//! the donors' frees, a moved page stays mapped at its old address too until one does
+//! (`stale.rs`): a move never waits for the device. Recycling needs pages that can be unmapped one by one, so with
 //! [`super::VmmConfig::recycle`] memory is created in pages of
 //! [`super::VmmConfig::recycle_page`] bytes (a block's tail in a smaller one); without it a page
 //! is what one growth maps, as ggml does. A page moves whole, to a vacant range it fits: each
@@ -24,6 +25,15 @@
 use super::space::{AddressSpace, Page};
 use crate::driver::{CallKind, DevicePtr, Driver, DriverError};
 use crate::stats::DriverCalls;
+
+/// The pages [`AddressSpace::back`] may move, as [`AddressSpace::donor_pages`] orders them,
+/// and whether a synchronize covers their frees (then a moved page leaves nothing behind, and
+/// one may go back to the device in exchange for a new page).
+#[derive(Debug, Default)]
+pub(super) struct Donors {
+    pub pages: Vec<DevicePtr>,
+    pub idle: bool,
+}
 
 /// What a call to [`AddressSpace::back`] did.
 #[derive(Clone, Copy, Debug, Default)]
@@ -63,10 +73,13 @@ impl AddressSpace {
         &mut self,
         driver: &dyn Driver,
         (from, to): (DevicePtr, DevicePtr),
-        donors: &mut Vec<DevicePtr>,
+        donors: &mut Donors,
         page: usize,
         calls: &mut DriverCalls,
     ) -> Result<Backed, DriverError> {
+        // Old mappings of pages moved away must go before memory is mapped here (refused while
+        // the device may still use them: the core synchronizes first).
+        self.clear_stale(driver, from, to, calls)?;
         let mut out = Backed::default();
         let mut made: Vec<DevicePtr> = Vec::new();
         for (s, e) in self.vacant_in(from, to) {
@@ -81,8 +94,10 @@ impl AddressSpace {
                     let len = step.min(room);
                     // Every donor left is longer than the room: one goes back to the device
                     // for the page created here, so backing never grows the memory held while
-                    // free pages are left.
-                    self.trade_donor(driver, donors, calls);
+                    // free pages are left (only idle ones can go back at once).
+                    if donors.idle {
+                        self.trade_donor(driver, &mut donors.pages, calls);
+                    }
                     match driver.map(at, len) {
                         Ok(handle) => {
                             calls.record(CallKind::Map);
@@ -113,6 +128,7 @@ impl AddressSpace {
         let Some(p) = self.pages.get(&at).copied() else {
             return Ok(0);
         };
+        self.clear_stale_of(driver, p.handle, calls)?;
         driver.unmap(at, p.len, p.handle)?;
         calls.record(CallKind::Unmap);
         self.pages.remove(&at);
@@ -134,32 +150,48 @@ impl AddressSpace {
 
     /// Moves the last of `donors` no longer than `room` bytes to `at`; its length, or `None` if
     /// none fits or the driver refused (then no other is tried: the pool creates memory
-    /// instead).
+    /// instead). The page stays mapped at its old address too until the device is past it,
+    /// unless the donors are idle already.
     fn move_page(
         &mut self,
         driver: &dyn Driver,
-        donors: &mut Vec<DevicePtr>,
+        donors: &mut Donors,
         at: DevicePtr,
         room: usize,
         calls: &mut DriverCalls,
     ) -> Option<usize> {
         // Donors are sorted by length first: the last one that fits is the largest.
-        let k = donors.partition_point(|p| self.pages.get(p).map_or(0, |pg| pg.len) <= room);
+        let pages = &mut donors.pages;
+        let k = pages.partition_point(|p| self.pages.get(p).map_or(0, |pg| pg.len) <= room);
         if k == 0 {
             return None;
         }
-        let src = donors[k - 1];
+        let src = pages[k - 1];
         let p = self.pages.get(&src).copied()?;
-        if let Err(e) = driver.remap(src, at, p.len, p.handle) {
-            tracing::debug!(error = %e, "could not move a free vmm page; creating memory instead");
-            donors.clear();
+        if let Err(e) = driver.alias(src, at, p.len, p.handle) {
+            tracing::debug!(error = %e, "could not map a free vmm page at a second address; creating memory instead");
+            pages.clear();
             return None;
         }
-        donors.remove(k - 1);
+        pages.remove(k - 1);
         calls.remaps += 1;
         self.pages.remove(&src);
         self.held -= p.len;
         self.add_vacant(src, src + p.len as u64);
+        let dropped = donors.idle
+            && match driver.unalias(src, p.len) {
+                Ok(()) => {
+                    calls.record(CallKind::Unmap);
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not unmap a moved vmm page at its old address; dropped later");
+                    false
+                }
+            };
+        if !dropped {
+            self.add_stale(src, p.len, p.handle, driver.epoch().current());
+        }
         self.place(at, p.len, p.handle);
         Some(p.len)
     }

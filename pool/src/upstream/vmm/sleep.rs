@@ -49,6 +49,9 @@ impl AddressSpace {
             if p.asleep {
                 continue;
             }
+            // Its memory goes back only once no old mapping of it is left (idle: the core
+            // synchronized before the sleep).
+            self.clear_stale_of(driver, p.handle, calls)?;
             // A copy still waiting from a failed restore holds the contents: keep it.
             let copy = if offload && self.copy_of(at).is_none() {
                 let mut buf = match self.spares.iter().position(|b| b.len() == p.len) {

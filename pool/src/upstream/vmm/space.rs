@@ -19,7 +19,7 @@
 use crate::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, PhysHandle};
 use crate::placement::Segment;
 use crate::stats::DriverCalls;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Reservation {
@@ -43,6 +43,15 @@ pub(super) struct Page {
     /// Unmapped by a sleep: the address range is kept, the physical memory is gone until the
     /// pool wakes (`sleep.rs`).
     pub asleep: bool,
+}
+
+/// One stale mapping (the key in [`AddressSpace::stale`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Stale {
+    pub len: usize,
+    pub handle: PhysHandle,
+    /// The device's epoch when the page moved away: idle once a synchronize after it finished.
+    pub epoch: u64,
 }
 
 /// Where the next segment goes.
@@ -76,6 +85,14 @@ pub(super) struct AddressSpace {
     pub(super) copies: Vec<(DevicePtr, crate::driver::HostBuffer)>,
     /// Host buffers a wake emptied, kept for the next offload (`sleep.rs`).
     pub(super) spares: Vec<crate::driver::HostBuffer>,
+    /// Old addresses of moved pages, still mapped (`stale.rs`); their ranges are vacant too.
+    pub(super) stale: BTreeMap<DevicePtr, Stale>,
+    /// The stale mappings of each page's memory.
+    pub(super) stale_of: HashMap<PhysHandle, Vec<DevicePtr>>,
+    /// (epoch, bytes) of every move that left a stale mapping, oldest first, until it is idle.
+    pub(super) stale_queue: VecDeque<(u64, usize)>,
+    /// Bytes of `stale_queue`.
+    pub(super) busy_stale: usize,
 }
 
 impl AddressSpace {

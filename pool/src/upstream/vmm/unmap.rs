@@ -31,6 +31,7 @@ impl AddressSpace {
             ));
         }
         let end = seg.ptr + seg.len as u64;
+        self.clear_stale(driver, seg.ptr, end, calls)?;
         let inside: Vec<_> = self
             .pages
             .range(seg.ptr..end)
@@ -39,6 +40,8 @@ impl AddressSpace {
             .collect();
         for (at, p) in inside {
             if !p.asleep {
+                // Its memory goes back only once no old mapping of it is left.
+                self.clear_stale_of(driver, p.handle, calls)?;
                 driver.unmap(at, p.len, p.handle)?;
                 calls.record(CallKind::Unmap);
             } else {
