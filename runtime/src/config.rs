@@ -152,13 +152,55 @@ impl RunConfig {
     /// the executor's layout needs), KV cache, and the compute buffer (cupool's layout, plus what
     /// an engine profile reserves beside it: mainline's f16 copies of the cache).
     pub fn startup_bytes(&self, n_ctx: usize) -> (usize, usize, usize) {
+        let (weights, kv) = self.resident_bytes(n_ctx);
+        (weights, kv, self.compute_buffer_bytes(n_ctx))
+    }
+
+    /// The weights and KV cache of [`Self::startup_bytes`]: closed forms, nondecreasing in the
+    /// context (the compute buffer, a replay of the engine's allocator, is neither).
+    pub fn resident_bytes(&self, n_ctx: usize) -> (usize, usize) {
         let m = &self.model;
         (
             self.weights_bytes
                 .max(WeightLayout::new(m, self.weight_type).bytes),
             KvLayout::new(m, self.kv_type, n_ctx).bytes,
-            ComputeLayout::new(m, self.n_ubatch).bytes + self.profile_compute_bytes(n_ctx),
         )
+    }
+
+    /// The compute buffer of [`Self::startup_bytes`] for a context of `n_ctx`.
+    pub fn compute_buffer_bytes(&self, n_ctx: usize) -> usize {
+        ComputeLayout::new(&self.model, self.n_ubatch).bytes + self.profile_compute_bytes(n_ctx)
+    }
+
+    /// A lower bound of [`Self::compute_buffer_bytes`] that never decreases with the context,
+    /// for the planner's search. Mainline's buffer is ggml-alloc's placement replayed, which is
+    /// not monotone (a mixture of experts' is 341.5 MiB at 4,096 positions and 300.75 MiB at
+    /// 38,400: see `planner/search.rs`); its bound is the larger of the tensors live together
+    /// at the output and at attention (`llama::device_compute_buffer_bytes` on one device), which
+    /// any placement holds at once and which only grow with the mask and the K/V copies. The
+    /// other profiles' buffers are closed forms that only grow: the bound is the buffer.
+    pub fn compute_floor_bytes(&self, n_ctx: usize) -> usize {
+        match (self.engine, self.profile_model()) {
+            (
+                EngineKind::Profile {
+                    profile: Profile::Llama,
+                    ..
+                },
+                Some(m),
+            ) => {
+                let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
+                let stages = llama::device_compute_buffer_bytes(
+                    llama::Version::D99724f2,
+                    &m,
+                    self.kv_type,
+                    n_ctx,
+                    self.n_ubatch,
+                    llama::SplitPlace::WHOLE,
+                );
+                own.max(stages)
+            }
+            _ => self.compute_buffer_bytes(n_ctx),
+        }
     }
 
     /// The compute buffer: cupool's layout, or with an engine profile at least what the

@@ -3,7 +3,7 @@
 //! depth-first walk from each expanded tensor over its sources in order, a tensor entering the
 //! graph after its sources (an op-less tensor as a leaf, any other as a node).
 
-/// The ops the llama and phi3 graphs use.
+/// The ops the llama, phi3 and qwen3moe graphs use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
     None,
@@ -20,12 +20,29 @@ pub(crate) enum Op {
     Reshape,
     View,
     Permute,
+    // the router and the experts (`build_moe_ffn`)
+    SoftMax,
+    ArgSort,
+    SumRows,
+    Clamp,
+    Div,
+    MulMatId,
 }
 
 impl Op {
     /// `ggml_op_can_inplace` (`ggml-alloc.c`).
     pub(crate) fn can_inplace(self) -> bool {
-        matches!(self, Op::Scale | Op::Add | Op::Mul | Op::Rope | Op::RmsNorm)
+        matches!(
+            self,
+            Op::Scale
+                | Op::Add
+                | Op::Mul
+                | Op::Div
+                | Op::Rope
+                | Op::RmsNorm
+                | Op::Clamp
+                | Op::SoftMax
+        )
     }
 
     /// `ggml_is_view_op`: skipped by the scheduler's passes.
@@ -72,6 +89,9 @@ pub(crate) struct Tensor {
     pub nb: [usize; 4],
     pub src: Vec<usize>,
     pub view_src: Option<usize>,
+    /// A view's byte offset into its root (`view_offs`): only the CUDA backend's fusion
+    /// matching reads it, ggml-alloc never places a view.
+    pub offs: usize,
     pub input: bool,
     pub output: bool,
     pub home: Home,
@@ -97,6 +117,23 @@ impl Tensor {
     /// `ggml_backend_buft_get_alloc_size` on CUDA for the tensors modelled.
     pub(crate) fn alloc_size(&self) -> usize {
         self.alloc_size.unwrap_or_else(|| self.nbytes())
+    }
+
+    /// `ggml_is_contiguous`: rows packed one after the other (dimensions of one skipped).
+    pub(crate) fn is_contiguous(&self) -> bool {
+        if self.ne[0] != 1 && self.nb[0] != self.ty.size() {
+            return false;
+        }
+        let mut next = self.ty.size() * self.ne[0];
+        for i in 1..4 {
+            if self.ne[i] != 1 {
+                if self.nb[i] != next {
+                    return false;
+                }
+                next *= self.ne[i];
+            }
+        }
+        true
     }
 }
 
@@ -133,6 +170,7 @@ impl Ctx {
             nb: contiguous(ty, ne),
             src: vec![],
             view_src: None,
+            offs: 0,
             input: false,
             output: false,
             home,
@@ -168,17 +206,37 @@ impl Ctx {
         self.op(Op::MulMat, Ty::F32, [a[1], b[1], b[2], b[3]], &[w, x])
     }
 
-    /// A view of `a` (the root of `a`'s views, as ggml records it), sources `[a]`.
+    /// A view of `a` (the root of `a`'s views, as ggml records it, at `a`'s offset), sources `[a]`.
     pub(crate) fn view(&mut self, op: Op, a: usize, ne: [usize; 4], nb: [usize; 4]) -> usize {
         let root = self.t[a].view_src.unwrap_or(a);
-        let ty = self.t[a].ty;
+        let (ty, offs) = (self.t[a].ty, self.t[a].offs);
         let i = self.new_tensor(Home::Graph, ty, ne);
         let t = &mut self.t[i];
         t.op = op;
         t.nb = nb;
         t.src = vec![a];
         t.view_src = Some(root);
+        t.offs = offs;
         i
+    }
+
+    /// A view of `a` at byte `offs` into it (`ggml_view_*`): the offset adds up to the root's.
+    pub(crate) fn view_at(
+        &mut self,
+        a: usize,
+        ne: [usize; 4],
+        nb: [usize; 4],
+        offs: usize,
+    ) -> usize {
+        let i = self.view(Op::View, a, ne, nb);
+        self.t[i].offs += offs;
+        i
+    }
+
+    /// `ggml_mul_mat_id(w, x, ids)`: f32, `w`'s rows by each token's routed experts.
+    pub(crate) fn mul_mat_id(&mut self, w: usize, x: usize, ids: usize) -> usize {
+        let (rows, used, tokens) = (self.t[w].ne[1], self.t[ids].ne[0], self.t[x].ne[2]);
+        self.op(Op::MulMatId, Ty::F32, [rows, used, tokens, 1], &[w, x, ids])
     }
 
     /// `ggml_reshape_*` of a contiguous `a`.

@@ -15,12 +15,15 @@
 //!
 //! ggml-alloc places tensors best-fit and leaves holes; where a stage's block lands above a
 //! hole the buffer is larger than the stage's live bytes, so the stages are a lower bound. For
-//! a dense model [`compute_buffer_bytes`] and [`pipeline_compute_buffer_bytes`] therefore replay
-//! the allocator itself (`galloc.rs`) over the scheduler's copy (`sched.rs`) of the reserve
-//! graph (`reserve.rs`): every buffer mainline logged on one and on two H100s, to the byte
-//! printed (`profiles/tests/mainline.rs`, `mainline_two_gpus.rs`). The stage model below stays
-//! for a mixture of experts (a lower bound) and in [`device_compute_buffer_bytes`], which
-//! `scripts/llama/two_gpu_terms.py` mirrors for the two-GPU replan.
+//! a dense llama or phi3 model and for qwen3moe [`compute_buffer_bytes`] and
+//! [`pipeline_compute_buffer_bytes`] therefore replay the allocator itself (`galloc.rs`) over the
+//! scheduler's copy (`sched.rs`, with the tensors the CUDA backend's MoE fusions keep alive:
+//! `fusion.rs`) of the reserve graph (`reserve.rs`, `moe.rs`): every buffer mainline logged on
+//! one and on two H100s, to the byte printed (`profiles/tests/mainline.rs`,
+//! `mainline_two_gpus.rs`; the mixture of experts on one). The stage model below stays for
+//! what the replay does not model (deepseek's latent attention: a lower bound) and in
+//! [`device_compute_buffer_bytes`], which `scripts/llama/two_gpu_terms.py` mirrors for the
+//! two-GPU replan.
 //!
 //! **Several devices** (`-sm layer`, every layer and the output offloaded): llama.cpp then runs
 //! the layers as a pipeline (`llama_context`'s `pipeline_parallel`, `src/llama-context.cpp`),
@@ -40,7 +43,7 @@
 //! `CUDA_Host` buffer, not the device's.
 
 use super::Version;
-use crate::model::EngineModel;
+use crate::model::{Arch, EngineModel};
 use crate::sweep::KV_PADDING;
 use cupool_kernels::KvType;
 
@@ -52,9 +55,9 @@ fn aligned(bytes: usize) -> usize {
 }
 
 /// The CUDA compute buffer llama.cpp reserves for ubatches of `n_ubatch` tokens over a context
-/// of `n_ctx` on one device: for a dense model ggml-alloc's placement of the reserve graph
-/// replayed ([`pipeline_compute_buffer_bytes`] with one device); for a mixture of experts,
-/// whose graph is not modelled, the larger of the stages (a lower bound; see the module docs).
+/// of `n_ctx` on one device: ggml-alloc's placement of the reserve graph replayed
+/// ([`pipeline_compute_buffer_bytes`] with one device) for the graphs modelled (a dense llama
+/// or phi3 model, qwen3moe); else the larger of the stages (a lower bound; see the module docs).
 pub fn compute_buffer_bytes(
     v: Version,
     m: &EngineModel,
@@ -62,7 +65,7 @@ pub fn compute_buffer_bytes(
     n_ctx: usize,
     n_ubatch: usize,
 ) -> usize {
-    if m.moe.is_none() && m.n_layer > 0 && n_ubatch > 0 {
+    if replayed(m) && m.n_layer > 0 && n_ubatch > 0 {
         let layers = vec![0; m.n_layer];
         if let Some(b) = pipeline_compute_buffer_bytes(v, m, kv, n_ctx, n_ubatch, &layers, 0, 1) {
             return b[0];
@@ -78,9 +81,11 @@ fn stages(v: Version, m: &EngineModel, kv: KvType, n_ctx: usize, n_ubatch: usize
 
 /// Each CUDA device's compute buffer when the repeating layers run on `layer_dev` (one device
 /// index per layer, below `n_gpus`) and the output layer on `output_dev`, with `copies` copies
-/// of each split input ([`sched_copies`]): the reserve graph of a dense llama or phi3 model
-/// (`reserve.rs`) through the scheduler's splits (`sched.rs`) and ggml-alloc (`galloc.rs`).
-/// `None` for a mixture of experts (not modelled) or a placement naming no such device.
+/// of each split input ([`sched_copies`]): the reserve graph of a dense llama or phi3 model or
+/// of qwen3moe (`reserve.rs`) through the scheduler's splits (`sched.rs`) and ggml-alloc
+/// (`galloc.rs`). `None` for a graph not modelled (deepseek's latent attention) or a placement
+/// naming no such device. A mixture of experts over several devices is the same graph through
+/// the same scheduler, but no such run is recorded to check it against.
 #[allow(clippy::too_many_arguments)]
 pub fn pipeline_compute_buffer_bytes(
     v: Version,
@@ -93,7 +98,7 @@ pub fn pipeline_compute_buffer_bytes(
     n_gpus: usize,
 ) -> Option<Vec<usize>> {
     let copies = if n_gpus > 1 { SCHED_MAX_COPIES } else { 1 };
-    if m.moe.is_some() || layer_dev.len() != m.n_layer || n_ubatch == 0 || n_gpus == 0 {
+    if !replayed(m) || layer_dev.len() != m.n_layer || n_ubatch == 0 || n_gpus == 0 {
         return None;
     }
     if layer_dev.iter().chain([&output_dev]).any(|&d| d >= n_gpus) {
@@ -108,6 +113,19 @@ pub fn pipeline_compute_buffer_bytes(
     let mut sizes = super::sched::buffer_sizes(&g, n_gpus, copies, ALIGN);
     sizes.truncate(n_gpus);
     Some(sizes)
+}
+
+/// Whether the reserve graph of `m` is modelled (`reserve.rs`): a dense llama or phi3 model, or
+/// qwen3moe (every layer's FFN the experts, two or more used per token: one used expert ends in
+/// a `ggml_cont` the graph does not build). Not deepseek's latent attention, dense lead layers or
+/// shared experts.
+fn replayed(m: &EngineModel) -> bool {
+    let plain = m.mla.is_none() && m.n_dense_lead == 0 && m.n_ff_shared == 0;
+    plain
+        && match m.moe {
+            None => true,
+            Some(moe) => m.arch == Arch::Qwen3Moe && moe.n_expert_used >= 2,
+        }
 }
 
 /// `result_norm` and the logits, f32, for every row of the ubatch.
@@ -164,7 +182,8 @@ fn attention_nodes(v: Version, m: &EngineModel, kv: KvType, n_ctx: usize, n: usi
 /// A dense layer's feed-forward stage: the layer's input (read by the residual add after the
 /// FFN), the hole its norm leaves once gate and up have read it (the GLU's output does not fit
 /// there and goes above), gate and up (one fused `2 × n_ff` matrix in phi3, two in llama) and
-/// the GLU's output, all f32. None for a mixture of experts (not modelled: a lower bound).
+/// the GLU's output, all f32. None for a mixture of experts (this stage model does not cover
+/// it: a lower bound).
 fn ffn_stage(m: &EngineModel, n: usize) -> usize {
     if m.moe.is_some() {
         return 0;
@@ -267,11 +286,21 @@ mod tests {
         assert_eq!(compute_buffer_bytes(v, &m, KvType::Q8_0, 20480, 512), attn);
         let hole = compute_buffer_bytes(v, &m, KvType::Q8_0, 5120, 512);
         assert_eq!(hole - stages(v, &m, KvType::Q8_0, 5120, 512), 2752512);
-        // A mixture of experts stays on the stage model.
+        // A mixture of experts is replayed too: at 5,120 positions the last layer's output
+        // lands above the experts' down projection and its weighted copy (kept alive together
+        // by the CUDA backend's fusion, `fusion.rs`), and the logits above it: 40.7852 MiB over
+        // the stages, as llama.cpp logged it.
         let moe = EngineModel::preset("qwen3-30b-a3b").unwrap();
         let s = stages(v, &moe, KvType::Q8_0, 5120, 512);
-        assert_eq!(compute_buffer_bytes(v, &moe, KvType::Q8_0, 5120, 512), s);
+        let replay = compute_buffer_bytes(v, &moe, KvType::Q8_0, 5120, 512);
+        assert_eq!((s, replay), (315359232, 358125568));
         let p = pipeline_compute_buffer_bytes(v, &moe, KvType::Q8_0, 5120, 512, &[0; 48], 0, 1);
+        assert_eq!(p, Some(vec![replay]));
+        // Latent attention (deepseek-v3) is not: the stage model's lower bound.
+        let ds = EngineModel::preset("deepseek-v3").unwrap();
+        let s = stages(v, &ds, KvType::Q8_0, 5120, 512);
+        assert_eq!(compute_buffer_bytes(v, &ds, KvType::Q8_0, 5120, 512), s);
+        let p = pipeline_compute_buffer_bytes(v, &ds, KvType::Q8_0, 5120, 512, &[0; 61], 0, 1);
         assert!(p.is_none());
         let bad = pipeline_compute_buffer_bytes(v, &m, KvType::Q8_0, 5120, 512, &[0; 32], 2, 2);
         assert!(bad.is_none(), "an output device past the devices");

@@ -48,8 +48,10 @@
 //! One column's fused groups (gate, up and the GLU; a multiply and the residual add after it)
 //! run from `ggml_cuda_graph_evaluate_and_capture`, outside the op dispatch that names pool
 //! requests: their requests have no name. [`compute_buffer_bytes`] gives the CUDA compute
-//! buffer (ggml-alloc replayed over the reserve graph of a dense model); [`device_compute_buffer_bytes`] a device's in a pipeline over
-//! several GPUs (`-sm layer`: the scheduler's 4 copies of the device's inputs beside them). Checked against mainline 0c1e5709 on an H100 (its ggml matches
+//! buffer (ggml-alloc replayed over the reserve graph of a dense model or of qwen3moe, with
+//! the tensors the CUDA backend's MoE fusions keep alive); [`device_compute_buffer_bytes`] a
+//! device's in a pipeline over several GPUs (`-sm layer`: the scheduler's 4 copies of the
+//! device's inputs beside them). Checked against mainline 0c1e5709 on an H100 (its ggml matches
 //! d99724f2's in what this models), prompts and generated tokens: `profiles/tests/mainline.rs`.
 //!
 //! Not modelled, refused with a message: f16 experts (MMF's expert path, or cuBLAS per expert
@@ -59,8 +61,10 @@
 mod attention;
 mod cgraph;
 mod compute;
+mod fusion;
 pub mod galloc;
 mod mat_mul;
+mod moe;
 mod reserve;
 mod sched;
 

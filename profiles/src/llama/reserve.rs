@@ -1,10 +1,12 @@
 //! The worst-case graph llama.cpp reserves its compute buffers with (`llama_context::sched_reserve`:
 //! a full ubatch of `n_ubatch` tokens, every one an output, the KV cache at its full padded
-//! length), built as mainline 0c1e5709's `llm_build_llama` (`src/models/llama.cpp`) and
-//! `llm_build_phi3` (`src/models/phi3.cpp`) build it for a dense model with flash attention:
-//! the same tensors, sources in the same order and the same `ggml_build_forward_expand` calls
-//! (the embedding, then per layer Q, V and K, the two cache writes and attention; the rest
-//! reached from the logits), so that the nodes come in the engine's order.
+//! length), built as mainline 0c1e5709's `llm_build_llama` (`src/models/llama.cpp`),
+//! `llm_build_phi3` (`src/models/phi3.cpp`) and qwen3moe's graph (`src/models/qwen3moe.cpp`:
+//! llama's attention with an RMS norm over each Q and K head before RoPE, the experts of
+//! `moe.rs` for the FFN) build it with flash attention: the same tensors, sources in the same
+//! order and the same `ggml_build_forward_expand` calls (the embedding, then per layer Q, V and
+//! K, the two cache writes and attention, the experts' two; the rest reached from the logits),
+//! so that the nodes come in the engine's order.
 //!
 //! Placement: the token embedding's row lookup stays on the CPU (its weights are there and
 //! CUDA declines to offload GET_ROWS); each layer's weights and cache on its device, the output
@@ -60,6 +62,15 @@ impl B<'_> {
         self.c.mul_mat(w, x)
     }
 
+    /// qwen3moe's `build_norm` of each Q or K head: an RMS norm (named "norm", so pinned to
+    /// the layer's device) and a weight of one head.
+    fn head_norm(&mut self, x: usize, dev: usize) -> usize {
+        let r = self.c.unary(Op::RmsNorm, x, &[x]);
+        self.c.t[r].backend = Some(dev);
+        let w = self.weight(dev, [self.m.head_dim, 1, 1, 1]);
+        self.c.unary(Op::Mul, r, &[r, w])
+    }
+
     /// `llama_mul_mat_hadamard` of a contiguous `x` by the rotation `rot` (`nrot` square).
     fn hadamard(&mut self, x: usize, rot: usize, nrot: usize) -> usize {
         let ne = self.c.t[x].ne;
@@ -88,7 +99,7 @@ impl B<'_> {
     }
 }
 
-/// The reserve graph of a dense llama or phi3 model.
+/// The reserve graph of a dense llama or phi3 model, or of a qwen3moe model.
 pub(crate) fn build(
     v: Version,
     m: &EngineModel,
@@ -156,6 +167,10 @@ pub(crate) fn build(
                 let k = b.c.reshape(k, [hd, nkv, n, 1]);
                 let vc = b.mm(dev, m.kv_dim(), cur);
                 let vc = b.c.reshape(vc, [hd, nkv, n, 1]);
+                let (q, k) = match m.arch {
+                    Arch::Qwen3Moe => (b.head_norm(q, dev), b.head_norm(k, dev)),
+                    _ => (q, k),
+                };
                 let q = b.c.unary(Op::Rope, q, &[q, pos]);
                 let k = b.c.unary(Op::Rope, k, &[k, pos]);
                 (q, k, vc)
@@ -226,13 +241,14 @@ pub(crate) fn build(
         }
         let ffn_inp = b.c.unary(Op::Add, cur, &[cur, res]);
         let cur = b.norm(ffn_inp, dev, true);
-        let ffn = match m.arch {
-            Arch::Phi3 => {
+        let ffn = match (m.arch, m.moe) {
+            (_, Some(moe)) => super::moe::ffn(&mut b.c, moe, dev, cur),
+            (Arch::Phi3, None) => {
                 let up = b.mm(dev, 2 * m.n_ff, cur);
                 let glu = b.c.op(Op::Glu, Ty::F32, [m.n_ff, n, 1, 1], &[up]);
                 b.mm(dev, e, glu)
             }
-            _ => {
+            (_, None) => {
                 let up = b.mm(dev, m.n_ff, cur);
                 let gate = b.mm(dev, m.n_ff, cur);
                 let glu = b.c.unary(Op::Glu, gate, &[gate, up]);

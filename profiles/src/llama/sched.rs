@@ -7,9 +7,11 @@
 //! changes), and each split's inputs from another backend: a copy in the split's backend,
 //! allocated at the split's start behind a dependency on the original, freed after its last
 //! reader — or with a pipeline `copies` copies of each, flagged input and output (never freed)
-//! and allocated before any node as leafs.
+//! and allocated before any node as leafs; and after each node a CUDA split's fusions keep
+//! tensors alive until (`fusion.rs`), a dependency node reading them.
 
 use super::cgraph::{Ctx, Home, Op};
+use super::fusion::{self, Deps, MAX_SRC};
 use super::galloc::{AllocGraph, AllocTensor};
 
 /// Each backend's buffer size after ggml-alloc placed the scheduler's copy of `g`.
@@ -26,8 +28,9 @@ struct Copies {
 enum Extra {
     /// A split input's copy of tensor `of`.
     Copy { of: usize, flagged: bool },
-    /// `input_dep`: a view of `of` reading it, so that it lives until the copy is made.
-    Dep { of: usize },
+    /// A `GGML_OP_NONE` view of `srcs[0]` reading `srcs`, so that they live until it ran:
+    /// `input_dep` (a split input, until its copy is made) or a fusion's kept tensors.
+    Dep { srcs: Vec<usize> },
 }
 
 fn schedule(g: &Ctx, n_gpus: usize, copies: usize) -> AllocGraph {
@@ -124,16 +127,38 @@ fn schedule(g: &Ctx, n_gpus: usize, copies: usize) -> AllocGraph {
         }
         split.2.push(i);
     }
-    // the graph copy: per split its inputs' dependency and copy, then its nodes
+    // each CUDA split's fusions: the tensors they keep, and until which node
+    let mut uses = vec![0; n];
+    for &i in &g.nodes {
+        for &s in &g.t[i].src {
+            uses[s] += 1;
+        }
+    }
+    let mut deps = Deps::default();
+    for (b, _, split_nodes) in &splits {
+        if *b != cpu {
+            fusion::split_deps(g, &srcs, &uses, split_nodes, &mut deps);
+        }
+    }
+    // the graph copy: per split its inputs' dependency and copy, then its nodes, each followed
+    // by the dependencies keeping what a fusion needs until it
     let mut nodes = vec![];
     let mut leafs = vec![];
     for (b, inputs, split_nodes) in &splits {
         for &s in inputs {
-            c.extra.push(Extra::Dep { of: s });
+            c.extra.push(Extra::Dep { srcs: vec![s] });
             nodes.push((n + c.extra.len() - 1, of(s)));
             nodes.push((copy_of[&(s, *b)], *b));
         }
-        nodes.extend(split_nodes.iter().map(|&i| (i, of(i))));
+        for &i in split_nodes {
+            nodes.push((i, of(i)));
+            for keep in deps.of(i).unwrap_or_default().chunks(MAX_SRC) {
+                c.extra.push(Extra::Dep {
+                    srcs: keep.to_vec(),
+                });
+                nodes.push((n + c.extra.len() - 1, *b));
+            }
+        }
     }
     if copies > 1 {
         for (b, inputs, _) in &splits {
@@ -178,10 +203,11 @@ fn tensors(g: &Ctx, srcs: Vec<Vec<usize>>, extra: Vec<Extra>) -> Vec<AllocTensor
                 layout: (g.t[of].ty as u8, g.t[of].ne, g.t[of].nb),
                 ..AllocTensor::default()
             },
-            Extra::Dep { of } => AllocTensor {
-                view_src: Some(g.t[of].view_src.unwrap_or(of)),
+            Extra::Dep { srcs } => AllocTensor {
+                // (a scheduler's copy is no view: its own root)
+                view_src: Some(g.t.get(srcs[0]).and_then(|t| t.view_src).unwrap_or(srcs[0])),
                 op_none: true,
-                src: vec![of],
+                src: srcs,
                 ..AllocTensor::default()
             },
         });

@@ -203,7 +203,15 @@ pub fn project_oom(
 /// whole context) and what lies outside them leave; or how the run stops before its pool asks
 /// for anything.
 pub fn pool_room(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, Stop> {
-    let (w, kv, compute) = cfg.startup_bytes(cfg.n_ctx);
+    room_beside(target, cfg.startup_bytes(cfg.n_ctx))
+}
+
+/// [`pool_room`] beside start-up buffers of `(weights, kv, compute)` bytes: the search for the
+/// largest context also asks it of a bound of the compute buffer.
+pub(crate) fn room_beside(
+    target: &PlanTarget,
+    (w, kv, compute): (usize, usize, usize),
+) -> Result<usize, Stop> {
     // Each start-up buffer is a device allocation of its own: whole pages.
     let page = |b: usize| cupool_pool::driver::in_pages(b, target.malloc_page);
     let buffers = page(w) + page(kv) + page(compute);
@@ -234,7 +242,18 @@ pub(crate) fn simulate(
     target: &PlanTarget,
     n_prompt: usize,
 ) -> Result<Simulated, RuntimeError> {
-    let room = match pool_room(cfg, target) {
+    simulate_beside(cfg, target, n_prompt, cfg.startup_bytes(cfg.n_ctx))
+}
+
+/// [`simulate`] beside start-up buffers of `(weights, kv, compute)` bytes (those of `cfg`'s
+/// context, or with a bound of its compute buffer).
+pub(crate) fn simulate_beside(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+    buffers: (usize, usize, usize),
+) -> Result<Simulated, RuntimeError> {
+    let room = match room_beside(target, buffers) {
         Ok(r) => r,
         Err(stop) => {
             return Ok(Simulated {

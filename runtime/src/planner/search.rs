@@ -1,10 +1,48 @@
 //! The largest context that fits, and the worst pool peak over every prompt length: a prompt
 //! that fills the context, and one whose last, short ubatch takes the most (short ubatches
 //! split the KV range and take `dst_tmp`).
+//!
+//! Whether a context fits is not monotone in the context. The weights, the KV cache and the
+//! pool's needs only grow with it, but mainline's compute buffer is ggml-alloc's placement of
+//! the reserve graph (`cupool_profiles::llama`), and the placement moves as the KQ mask (f16,
+//! `n_kv × n_ubatch`, live through every layer) grows. In a mixture of experts (qwen3moe,
+//! `-ub 512`) the CUDA backend's `ggml_backend_cuda_graph_optimize` has the scheduler keep the
+//! inputs of two fusions alive (the weighted expert sum's and the top-k routing's): from 512
+//! positions the last layer's output lands above the experts' output and its weighted copy,
+//! and the logits above it, 341.3–344.6 MiB to 3,840 positions, 341.5352 MiB to 37,376 and
+//! 337.5 MiB to 38,144; from 38,400 the mask has moved what lies under the logits and the
+//! buffer is the logits and final norm alone, 300.75 MiB, as at 256 (then it grows with the
+//! mask: 444 MiB at 131,072).
+//! So a context can fail where a longer one fits, and a bisection over the contexts is fooled:
+//! with the 4 layers of data/h100-2026-11-25-mainline-predict's `qwen3-q8` and 3.925 GiB free,
+//! 31,232 fits, 31,488–38,144 do not and 38,400–40,960 do; the bisection answered 31,232
+//! (`search_tests.rs`).
+//!
+//! The search therefore bisects on bounds that are monotone, and decides exactly below them:
+//!
+//! 1. The compute buffer's floor ([`RunConfig::compute_floor_bytes`]: what any placement holds
+//!    at once, never decreasing with the context) bounds the start-up buffers from below:
+//!    bisecting on it gives a context above which none starts. Below it the exact buffers are
+//!    checked downwards to the first context that starts, `bound`; where the pool fits beside
+//!    them there, that is the answer, with one dry run.
+//! 2. Else, with the floor in place of the buffer whether a context fits is monotone, and it
+//!    fits whenever the context does: a bisection with dry runs gives `top`, above which none
+//!    fits. Below `top` the exact buffer is replayed context by context, downwards. Over a run
+//!    of contexts where it does not decrease, whether a context fits is monotone again, so each
+//!    run is probed with dry runs at its top, at doubling distances and at its bottom, and
+//!    bisected where one fits: the first run from the top with a fitting context holds the
+//!    answer.
+//!
+//! Each walk downwards ends within the buffer's excess over its floor (ggml-alloc's holes, at
+//! most 43.8 MiB in the MoE, 8 MiB in llama3-8b and 15.8 MiB in phi3-mini up to 65,536
+//! positions) worth of KV cache and pool below where it starts, at a replay (0.02–1 ms) per
+//! context. Both steps assume what the bisection always did: with a given compute buffer, a
+//! longer context never needs less, and more room never hurts.
 
-use super::{pool_peaks, simulate, PlanTarget};
+use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
+use std::collections::HashMap;
 
 /// Contexts are searched in multiples of this many tokens.
 const STEP: usize = 256;
@@ -47,33 +85,41 @@ pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usiz
     Ok(full.max(short))
 }
 
-/// Whether every prompt up to a context of `n_ctx` completes from `target`'s free memory: the
-/// one that fills it and the one ending in the worst short ubatch.
-fn fits(cfg: &RunConfig, target: &PlanTarget, n_ctx: usize) -> Result<bool, RuntimeError> {
+/// Whether every prompt up to a context of `n_ctx` completes from `target`'s free memory (the
+/// one that fills it and the one ending in the worst short ubatch) beside a compute buffer of
+/// `compute` bytes: the context's own, or its floor.
+fn fits_beside(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_ctx: usize,
+    compute: usize,
+) -> Result<bool, RuntimeError> {
     let mut c = cfg.clone();
     c.n_ctx = n_ctx;
-    if simulate(&c, target, n_ctx)?.stop.is_some() {
+    let (w, kv) = c.resident_bytes(n_ctx);
+    let buffers = (w, kv, compute);
+    if simulate_beside(&c, target, n_ctx, buffers)?.stop.is_some() {
         return Ok(false);
     }
     Ok(match tail_prompt(&c) {
-        Some(p) => simulate(&c, target, p)?.stop.is_none(),
+        Some(p) => simulate_beside(&c, target, p, buffers)?.stop.is_none(),
         None => true,
     })
 }
 
-/// The largest context, in multiples of 256, whose prompts all complete; `None` if none does.
+/// The largest context, in multiples of 256 up to [`crate::config::MAX_CTX`], whose prompts
+/// all complete; `None` if none does. Exact where the compute buffer is not monotone in the
+/// context (see the module docs).
 pub fn max_ctx_that_fits(
     cfg: &RunConfig,
     target: &PlanTarget,
 ) -> Result<Option<usize>, RuntimeError> {
     const LIMIT: usize = crate::config::MAX_CTX;
-    // The start-up buffers and what lies outside them bound the answer without a dry run; when
-    // the pool fits beside them there, that is the answer, found with one dry run.
-    let o = &target.outside;
-    let beside = o.at_startup().max(o.at_compute());
+    let floor = |c: usize| cfg.compute_floor_bytes(c);
+    // The start-up buffers with the floor, beside what lies outside them: no dry run.
     let static_fits = |c: usize| {
-        let (w, kv, compute) = cfg.startup_bytes(c);
-        w + kv + compute + beside <= target.free_bytes
+        let (w, kv) = cfg.resident_bytes(c);
+        room_beside(target, (w, kv, floor(c))).is_ok()
     };
     let (mut s_lo, mut s_hi) = (0, LIMIT / STEP + 1);
     while s_hi - s_lo > 1 {
@@ -84,26 +130,148 @@ pub fn max_ctx_that_fits(
             s_hi = mid;
         }
     }
-    let bound = s_lo * STEP;
-    if bound < STEP || !fits(cfg, target, STEP)? {
+    if s_lo == 0 {
         return Ok(None);
     }
-    if fits(cfg, target, bound)? {
+    let mut walk = Walk {
+        cfg,
+        target,
+        buffer: HashMap::new(),
+        fits: HashMap::new(),
+    };
+    // The exact start-up buffers, downwards from the floor's bound (a few contexts, where the
+    // buffer is above its floor): none above `bound` starts. When the pool fits beside them
+    // there, that is the answer, with one dry run.
+    let Some(bound) = walk.starts_at_or_below(s_lo * STEP) else {
+        return Ok(None);
+    };
+    if walk.fits(bound)? {
         return Ok(Some(bound));
     }
-    let mut lo = STEP;
-    while lo * 2 <= bound && fits(cfg, target, lo * 2)? {
-        lo *= 2;
+    let fits_floor = |c: usize| fits_beside(cfg, target, c, floor(c));
+    let top = if walk.compute(bound) != floor(bound) && fits_floor(bound)? {
+        bound
+    } else {
+        if !fits_floor(STEP)? {
+            return Ok(None);
+        }
+        let mut lo = STEP;
+        while lo * 2 < bound && fits_floor(lo * 2)? {
+            lo *= 2;
+        }
+        let mut hi = (lo * 2).min(bound);
+        // lo fits beside the floor, hi does not.
+        while hi - lo > STEP {
+            let mid = (lo + hi) / 2 / STEP * STEP;
+            if fits_floor(mid)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    };
+    // Where the buffer is its floor, `top` fits as it did beside the floor.
+    if walk.compute(top) == floor(top) {
+        return Ok(Some(top));
     }
-    let mut hi = (lo * 2).min(bound);
-    // lo fits, hi does not.
-    while hi - lo > STEP {
-        let mid = (lo + hi) / 2 / STEP * STEP;
-        if fits(cfg, target, mid)? {
-            lo = mid;
-        } else {
-            hi = mid;
+    walk.largest_from(top)
+}
+
+/// The exact search below the bound: each context's own compute buffer, replayed once.
+struct Walk<'a> {
+    cfg: &'a RunConfig,
+    target: &'a PlanTarget,
+    /// Each context's compute buffer.
+    buffer: HashMap<usize, usize>,
+    /// Whether each context probed fits.
+    fits: HashMap<usize, bool>,
+}
+
+impl Walk<'_> {
+    fn compute(&mut self, n_ctx: usize) -> usize {
+        let cfg = self.cfg;
+        *self
+            .buffer
+            .entry(n_ctx)
+            .or_insert_with(|| cfg.compute_buffer_bytes(n_ctx))
+    }
+
+    fn fits(&mut self, n_ctx: usize) -> Result<bool, RuntimeError> {
+        if let Some(&f) = self.fits.get(&n_ctx) {
+            return Ok(f);
+        }
+        let compute = self.compute(n_ctx);
+        let f = fits_beside(self.cfg, self.target, n_ctx, compute)?;
+        self.fits.insert(n_ctx, f);
+        Ok(f)
+    }
+
+    /// The largest context at or below `bound` whose start-up buffers fit beside what lies
+    /// outside them; `None` if none does.
+    fn starts_at_or_below(&mut self, bound: usize) -> Option<usize> {
+        (1..=bound / STEP).rev().map(|s| s * STEP).find(|&c| {
+            let (w, kv) = self.cfg.resident_bytes(c);
+            let compute = self.compute(c);
+            room_beside(self.target, (w, kv, compute)).is_ok()
+        })
+    }
+
+    /// The largest context from `lo` (which fits) below `fail` (which does not), both in one
+    /// run of contexts whose buffer does not decrease: there whether a context fits is monotone.
+    fn bisect(&mut self, mut lo: usize, mut fail: usize) -> Result<usize, RuntimeError> {
+        while fail - lo > STEP {
+            let mid = (lo + fail) / 2 / STEP * STEP;
+            if self.fits(mid)? {
+                lo = mid;
+            } else {
+                fail = mid;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// The largest context at or below `top` that fits, when none above `top` does: run by run
+    /// downwards, each run probed at its top, at doubling distances below it and at its bottom.
+    fn largest_from(&mut self, top: usize) -> Result<Option<usize>, RuntimeError> {
+        let mut hi = top;
+        loop {
+            // Every context above `hi` fails; the run goes down from `hi` while the buffer
+            // does not grow below.
+            let mut fail = hi + STEP;
+            let (mut c, mut probe, mut gap) = (hi, hi, STEP);
+            loop {
+                if c == probe {
+                    if self.fits(c)? {
+                        return self.bisect(c, fail).map(Some);
+                    }
+                    fail = c;
+                    probe = c.saturating_sub(gap);
+                    gap *= 2;
+                }
+                if c == STEP || self.compute(c - STEP) > self.compute(c) {
+                    break;
+                }
+                c -= STEP;
+            }
+            // `c` is the run's bottom: if it fails, so does the whole run.
+            if fail != c && self.fits(c)? {
+                return self.bisect(c, fail).map(Some);
+            }
+            if c == STEP {
+                return Ok(None);
+            }
+            hi = c - STEP;
         }
     }
-    Ok(Some(lo))
 }
+
+/// Whether every prompt up to a context of `n_ctx` completes beside its own compute buffer.
+#[cfg(test)]
+fn fits(cfg: &RunConfig, target: &PlanTarget, n_ctx: usize) -> Result<bool, RuntimeError> {
+    fits_beside(cfg, target, n_ctx, cfg.compute_buffer_bytes(n_ctx))
+}
+
+#[cfg(test)]
+#[path = "search_tests.rs"]
+mod tests;

@@ -1,0 +1,174 @@
+//! The largest context where mainline's compute buffer is not monotone in the context: a
+//! mixture of experts' (see `search.rs`), against every context tried one by one.
+
+use super::*;
+use crate::engine_kind::EngineKind;
+use crate::model::ModelShape;
+use crate::planner::{room_beside, Outside, GPU_MALLOC_PAGE};
+use crate::policy::PurgePolicy;
+use cupool_pool::PoolKind;
+use cupool_profiles::{EngineModel, Profile, Weights};
+
+const MIB: usize = 1 << 20;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Qwen3-30B-A3B's shape with `n_layer` layers and `n_head_kv` KV heads under the `llama`
+/// profile, q8_0 experts and cache, `-b 2048 -ub 512`, the vmm pool purged `auto`: the plan of
+/// data/h100-2026-11-25-mainline-predict's `qwen3-q8` cases (their GGUF: 2,982,014,976 bytes of
+/// weights on the device).
+fn qwen3moe(n_layer: usize, n_head_kv: usize, weights_bytes: usize) -> RunConfig {
+    let mut m = EngineModel::preset("qwen3-30b-a3b").unwrap();
+    m.n_layer = n_layer;
+    m.n_head_kv = n_head_kv;
+    let moe = m.moe.unwrap();
+    let shape = ModelShape {
+        name: "qwen3moe".into(),
+        n_layer,
+        n_embd: m.n_embd,
+        n_head: m.n_head,
+        n_head_kv,
+        head_dim_k: m.head_dim,
+        head_dim_v: m.head_dim,
+        v_is_k: false,
+        n_ff: moe.n_expert_used * moe.n_ff_exp,
+        weights_bytes,
+    };
+    let mut cfg = RunConfig::new(shape, 4096);
+    cfg.engine = EngineKind::Profile {
+        profile: Profile::Llama,
+        cc: 900,
+    };
+    cfg.engine_model = Some(m);
+    cfg.weight_type = Weights::Q8_0;
+    cfg.pool.kind = Some(PoolKind::Vmm);
+    cfg.purge = PurgePolicy::Auto;
+    cfg
+}
+
+/// An H100 with `free` bytes free before the engine starts.
+fn h100(cfg: &RunConfig, free: usize) -> PlanTarget {
+    PlanTarget {
+        free_bytes: free,
+        vmm: true,
+        granularity: 2 << 20,
+        malloc_page: GPU_MALLOC_PAGE,
+        outside: Outside::of(cfg.engine, cfg.engine_model.as_ref(), cfg.weight_type, 900),
+    }
+}
+
+/// Every context tried from the top: none fits above the one whose start-up buffers, with the
+/// buffer's floor, no longer fit (the floor is below the buffer and never decreases: checked
+/// below), and below it each context is its own plan.
+fn brute_force(cfg: &RunConfig, t: &PlanTarget) -> Option<usize> {
+    let starts = |c: usize| {
+        let (w, kv) = cfg.resident_bytes(c);
+        room_beside(t, (w, kv, cfg.compute_floor_bytes(c))).is_ok()
+    };
+    let top = (1..=crate::config::MAX_CTX / STEP)
+        .map(|s| s * STEP)
+        .take_while(|&c| starts(c))
+        .last()?;
+    (1..=top / STEP)
+        .rev()
+        .map(|s| s * STEP)
+        .find(|&c| fits(cfg, t, c).unwrap())
+}
+
+/// The bump: the buffer at 256, 512, 4,096 and 38,400 positions (MiB).
+fn buffers_mib(cfg: &RunConfig) -> Vec<f64> {
+    [256, 512, 4096, 38400]
+        .iter()
+        .map(|&c| cfg.compute_buffer_bytes(c) as f64 / MIB as f64)
+        .collect()
+}
+
+/// The recorded 4-layer shape with 3.925 GiB free: the bump (341.5 MiB up to 37,376
+/// positions, 300.75 MiB from 38,400) fails the contexts from 31,488 to 38,144 while
+/// 38,400 to 40,960 fit beside the smaller buffer. A bisection over the contexts took 31,232.
+#[test]
+fn a_context_past_the_bump_fits_above_ones_that_do_not() {
+    let cfg = qwen3moe(4, 4, 2_982_014_976);
+    assert_eq!(
+        buffers_mib(&cfg),
+        [300.75, 341.33984375, 341.53515625, 300.75]
+    );
+    let t = h100(&cfg, (3.925 * GIB) as usize);
+    let fit = |c| fits(&cfg, &t, c).unwrap();
+    assert_eq!(
+        [31232, 31488, 38144, 38400].map(fit),
+        [true, false, false, true]
+    );
+    assert_eq!(max_ctx_that_fits(&cfg, &t).unwrap(), Some(40960));
+    assert_eq!(brute_force(&cfg, &t), Some(40960));
+}
+
+/// Two layers of one KV head, 340 MiB free beside the weights and what lies outside them: 256
+/// positions fit beside the 300.75 MiB buffer, 512 to 37,376 do not beside 341.3–344.6 MiB,
+/// and from 38,400 up to 49,920 fit again. A bisection over the contexts stopped at 256.
+#[test]
+fn a_bump_at_a_short_context_does_not_hide_the_longer_ones() {
+    let cfg = qwen3moe(2, 1, 1 << 30);
+    let free = (1 << 30) + 340 * MIB + h100(&cfg, 0).outside.at_compute();
+    let t = h100(&cfg, free);
+    assert!(fits(&cfg, &t, 256).unwrap() && !fits(&cfg, &t, 512).unwrap());
+    assert_eq!(max_ctx_that_fits(&cfg, &t).unwrap(), Some(49920));
+    assert_eq!(brute_force(&cfg, &t), Some(49920));
+}
+
+/// The recorded cases: at 3.8 GiB only 256 positions fit (the engine refused 10,496 and 11,008
+/// at start-up, its compute buffer of 341.5 MiB 39 MiB beyond the room the KV cache left), at
+/// 4 GiB 59,648 (the engine refused 59,904 and 60,416 at start-up, 300.75 MiB asked).
+#[test]
+fn the_recorded_moe_cases_are_their_brute_force_s() {
+    let cfg = qwen3moe(4, 4, 2_982_014_976);
+    for (gib, want) in [(3.8, 256), (4.0, 59648)] {
+        let t = h100(&cfg, (gib * GIB) as usize);
+        assert_eq!(
+            max_ctx_that_fits(&cfg, &t).unwrap(),
+            Some(want),
+            "{gib} GiB"
+        );
+        assert_eq!(brute_force(&cfg, &t), Some(want), "{gib} GiB");
+    }
+}
+
+/// The floor the search bisects on is below the replayed buffer and never decreases, for the
+/// mixture of experts and the dense presets (`llama` profile), and is the buffer itself for the
+/// other profiles.
+#[test]
+fn the_compute_buffer_s_floor_is_below_it_and_monotone() {
+    let mut configs = vec![qwen3moe(4, 4, 1 << 30), qwen3moe(1, 1, 1 << 30)];
+    for name in ["phi3-mini", "llama3-8b"] {
+        let mut m = EngineModel::preset(name).unwrap();
+        m.n_layer = 2;
+        let mut shape = ModelShape::preset(name).unwrap();
+        shape.n_layer = 2;
+        let mut cfg = RunConfig::new(shape, 4096);
+        cfg.engine = EngineKind::Profile {
+            profile: Profile::Llama,
+            cc: 900,
+        };
+        cfg.engine_model = Some(m);
+        configs.push(cfg);
+    }
+    for cfg in &configs {
+        let mut last = 0;
+        for c in (STEP..=80_000).step_by(STEP) {
+            let (floor, exact) = (cfg.compute_floor_bytes(c), cfg.compute_buffer_bytes(c));
+            assert!(
+                floor <= exact && floor >= last,
+                "{}: -c {c}",
+                cfg.model.name
+            );
+            last = floor;
+        }
+    }
+    let mut b8833 = qwen3moe(4, 4, 1 << 30);
+    b8833.engine = EngineKind::Profile {
+        profile: Profile::LlamaB8833,
+        cc: 900,
+    };
+    for c in [256, 4096, 38400] {
+        assert_eq!(b8833.compute_floor_bytes(c), b8833.compute_buffer_bytes(c));
+    }
+}
