@@ -10,7 +10,8 @@
 //! free range the pool names (`donors`), so no byte under a live block is ever unmapped. A
 //! kernel queued before a free may still use the freed block, so unless a synchronize covers
 //! the donors' frees, a moved page stays mapped at its old address too until one does
-//! (`stale.rs`): a move never waits for the device. Recycling needs pages that can be unmapped one by one, so with
+//! (`stale.rs`): a move never waits for the device. Recycling needs pages that can be
+//! unmapped one by one, so with
 //! [`super::VmmConfig::recycle`] memory is created in pages of
 //! [`super::VmmConfig::recycle_page`] bytes (a block's tail in a smaller one); without it a page
 //! is what one growth maps, as ggml does. A page moves whole, to a vacant range it fits: each
