@@ -101,13 +101,15 @@ fn mainline_profiles_show_what_pr_23907_moved() {
         10240 * per_position
     );
     assert!(compute("llama", "20480") > 2 * 20480 * 3072 * 2);
+    // b8833's buffer holds no copies: it grows by the mask alone, once the attention stage
+    // outgrows the logits (ggml-alloc's placement replayed for both builds).
+    let grown = compute("llama-b8833", "20480") - compute("llama-b8833", "10240");
+    assert!(grown > 0 && grown <= 10240 * 512 * 2, "{grown}");
+    assert!(compute("llama-b8833", "20480") < compute("llama", "20480") / 2);
+    // Where the logits are the peak, the output stage: ik_llama.cpp's closed form.
     assert_eq!(
-        compute("llama-b8833", "20480"),
-        compute("llama-b8833", "10240")
-    );
-    assert_eq!(
-        compute("llama-b8833", "20480"),
-        compute("ik-llama", "20480")
+        compute("llama-b8833", "10240"),
+        compute("ik-llama", "10240")
     );
     // The experts of a mixture-of-experts preset, q8_0; f16 experts are refused.
     let (v, code) = predict_json(&[

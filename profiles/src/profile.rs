@@ -100,7 +100,7 @@ impl Profile {
 
     /// The requests of layer `l` of ubatch `u`.
     pub fn layer(self, s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, ProfileError> {
-        match self.version() {
+        match self.llama_version() {
             None => ik_llama::layer(s, u, l),
             Some(v) => llama::layer(v, s, u, l),
         }
@@ -109,7 +109,7 @@ impl Profile {
     /// The output matrix's requests (none without an output row or where its kernel takes
     /// nothing).
     pub fn output(self, s: &Setup, u: UbatchShape) -> Option<OpCall> {
-        match self.version() {
+        match self.llama_version() {
             None => ik_llama::output(s, u),
             Some(v) => llama::output(v, s, u),
         }
@@ -125,7 +125,8 @@ impl Profile {
         Ok(calls)
     }
 
-    fn version(self) -> Option<llama::Version> {
+    /// The mainline build a mainline profile models; `None` for ik_llama.cpp.
+    pub fn llama_version(self) -> Option<llama::Version> {
         match self {
             Self::IkLlama => None,
             Self::LlamaB8833 => Some(llama::Version::B8833),

@@ -180,17 +180,11 @@ impl RunConfig {
     /// any placement holds at once and which only grow with the mask and the K/V copies. The
     /// other profiles' buffers are closed forms that only grow: the bound is the buffer.
     pub fn compute_floor_bytes(&self, n_ctx: usize) -> usize {
-        match (self.engine, self.profile_model()) {
-            (
-                EngineKind::Profile {
-                    profile: Profile::Llama,
-                    ..
-                },
-                Some(m),
-            ) => {
+        match self.mainline() {
+            Some((v, m)) => {
                 let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
                 let stages = llama::device_compute_buffer_bytes(
-                    llama::Version::D99724f2,
+                    v,
                     &m,
                     self.kv_type,
                     n_ctx,
@@ -199,25 +193,33 @@ impl RunConfig {
                 );
                 own.max(stages)
             }
-            _ => self.compute_buffer_bytes(n_ctx),
+            None => self.compute_buffer_bytes(n_ctx),
+        }
+    }
+
+    /// The mainline version and the model its graph is built for, where the engine is one of
+    /// the mainline profiles (`llama`, `llama-b8833`): their compute buffer is ggml-alloc's
+    /// placement of the reserve graph replayed, the same allocator in both builds.
+    fn mainline(&self) -> Option<(llama::Version, EngineModel)> {
+        match self.engine {
+            EngineKind::Profile { profile, .. } => {
+                Some((profile.llama_version()?, self.profile_model()?))
+            }
+            _ => None,
         }
     }
 
     /// The compute buffer: cupool's layout, or with an engine profile at least what the
     /// engine's worst-case graph holds when its output matrix runs
-    /// ([`cupool_profiles::Profile::output_stage_bytes`]). For mainline (`llama`) the layout
+    /// ([`cupool_profiles::Profile::output_stage_bytes`]). For mainline (`llama`, `llama-b8833`) the layout
     /// alone: the engine's compute buffer depends on the context and is
     /// [`Self::profile_compute_bytes`]'s.
     pub fn compute_bytes(&self) -> usize {
         let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
+        if self.mainline().is_some() {
+            return own;
+        }
         match (self.engine, self.profile_model()) {
-            (
-                EngineKind::Profile {
-                    profile: Profile::Llama,
-                    ..
-                },
-                Some(_),
-            ) => own,
             (EngineKind::Profile { profile, .. }, Some(m)) => {
                 own.max(profile.output_stage_bytes(&m, self.n_ubatch))
             }
@@ -227,7 +229,7 @@ impl RunConfig {
 
     /// What the engine profile holds beside cupool's compute buffer for a context of `n_ctx`:
     /// the rest of the engine's own compute buffer ([`Self::compute_bytes`]) and mainline's K/V
-    /// copies in it. For mainline (`llama`) the engine's whole compute buffer is the profile's
+    /// copies in it. For mainline (`llama`, `llama-b8833`) the engine's whole compute buffer is the profile's
     /// model of its worst-case graph ([`cupool_profiles::llama::compute_buffer_bytes`]: the larger
     /// of the output stage and the attention stage with the K/V copies), checked against the
     /// buffers llama.cpp logged (profiles/tests/mainline.rs); this is what it adds to cupool's
@@ -236,21 +238,11 @@ impl RunConfig {
     /// counted against the free memory before start.
     pub fn profile_compute_bytes(&self, n_ctx: usize) -> usize {
         let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
+        if let Some((v, m)) = self.mainline() {
+            return llama::compute_buffer_bytes(v, &m, self.kv_type, n_ctx, self.n_ubatch)
+                .saturating_sub(own);
+        }
         match (self.engine, self.profile_model()) {
-            (
-                EngineKind::Profile {
-                    profile: Profile::Llama,
-                    ..
-                },
-                Some(m),
-            ) => llama::compute_buffer_bytes(
-                llama::Version::D99724f2,
-                &m,
-                self.kv_type,
-                n_ctx,
-                self.n_ubatch,
-            )
-            .saturating_sub(own),
             (EngineKind::Profile { profile, .. }, Some(m)) => {
                 self.compute_bytes() - own + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
             }

@@ -133,8 +133,9 @@ fn the_recorded_moe_cases_are_their_brute_force_s() {
 }
 
 /// The floor the search bisects on is below the replayed buffer and never decreases, for the
-/// mixture of experts and the dense presets (`llama` profile), and is the buffer itself for the
-/// other profiles.
+/// mixture of experts and the dense presets under both mainline profiles (`llama`, whose buffer
+/// holds the K/V copies, and `llama-b8833`, whose copies come from the pool), and is the buffer
+/// itself for ik_llama.cpp's closed form.
 #[test]
 fn the_compute_buffer_s_floor_is_below_it_and_monotone() {
     let mut configs = vec![qwen3moe(4, 4, 1 << 30), qwen3moe(1, 1, 1 << 30)];
@@ -151,24 +152,37 @@ fn the_compute_buffer_s_floor_is_below_it_and_monotone() {
         cfg.engine_model = Some(m);
         configs.push(cfg);
     }
+    let b8833: Vec<RunConfig> = configs
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            c.engine = EngineKind::Profile {
+                profile: Profile::LlamaB8833,
+                cc: 900,
+            };
+            c
+        })
+        .collect();
+    configs.extend(b8833);
     for cfg in &configs {
         let mut last = 0;
         for c in (STEP..=80_000).step_by(STEP) {
             let (floor, exact) = (cfg.compute_floor_bytes(c), cfg.compute_buffer_bytes(c));
             assert!(
                 floor <= exact && floor >= last,
-                "{}: -c {c}",
-                cfg.model.name
+                "{} {:?}: -c {c}",
+                cfg.model.name,
+                cfg.engine
             );
             last = floor;
         }
     }
-    let mut b8833 = qwen3moe(4, 4, 1 << 30);
-    b8833.engine = EngineKind::Profile {
-        profile: Profile::LlamaB8833,
+    let mut ik = qwen3moe(4, 4, 1 << 30);
+    ik.engine = EngineKind::Profile {
+        profile: Profile::IkLlama,
         cc: 900,
     };
     for c in [256, 4096, 38400] {
-        assert_eq!(b8833.compute_floor_bytes(c), b8833.compute_buffer_bytes(c));
+        assert_eq!(ik.compute_floor_bytes(c), ik.compute_buffer_bytes(c));
     }
 }
