@@ -7,7 +7,7 @@ use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
 use cupool_kernels::{KvType, QK8_0};
 use cupool_pool::{AutoHeadroom, PoolConfig};
-use cupool_profiles::{llama, EngineModel, Profile, Weights};
+use cupool_profiles::{llama, EngineModel, Weights};
 
 /// The longest context (and batch) cupool models, in tokens: 4M, beyond every published model;
 /// it bounds the planner's search and every buffer the runtime sizes from the context.
