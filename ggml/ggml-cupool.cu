@@ -539,8 +539,12 @@ void ggml_cupool_buffer(int device, size_t size, bool ok) {
     }
     if (ctx > 0) {
         // The KV cache and the compute buffer both grow with the context; what this context has
-        // already allocated could go to a smaller one.
-        const double scale = (double) (free + made) / (double) (made + size);
+        // already allocated could go to a smaller one. The driver refuses an allocation that
+        // would leave less than a 2 MiB page free (scripts/llama/malloc_pages.cu), so the last
+        // page is no room.
+        const size_t page  = 2u << 20;
+        const size_t room  = free + made > page ? free + made - page : 0;
+        const double scale = (double) room / (double) (made + size);
         const uint32_t fit = (uint32_t) (ctx * scale) / 256 * 256;
         fprintf(stderr, " This context (-c %u) allocated %.1f MiB of buffers before this one; ", ctx, made / MiB);
         if (made > 0) {

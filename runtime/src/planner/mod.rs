@@ -216,13 +216,24 @@ pub(crate) fn room_beside(
     let page = |b: usize| cupool_pool::driver::in_pages(b, target.malloc_page);
     let buffers = page(w) + page(kv) + page(compute);
     let o = &target.outside;
-    if buffers + o.at_startup() > target.free_bytes {
+    let free = usable(target);
+    if buffers + o.at_startup() > free {
         return Err(Stop::StartUp);
     }
-    if buffers + o.at_compute() > target.free_bytes {
+    if buffers + o.at_compute() > free {
         return Err(Stop::FirstCompute);
     }
-    Ok(target.free_bytes - buffers - o.at_compute())
+    Ok(free - buffers - o.at_compute())
+}
+
+/// What of `target`'s free memory allocations can take: all but its last page. The driver
+/// refuses an allocation that would leave less than a page free: on an H100 a `cudaMalloc` of
+/// 300.75 MiB takes 302 MiB and failed with 302.19 MiB free, succeeded with 304.19; one of
+/// 1 MiB takes 2 and needed 4.19 (`data/h100-2026-11-27-malloc-pages`, `scripts/llama/malloc_pages.cu`).
+/// That page is why mainline failed at start-up at the largest context a plan without it named
+/// (4 GiB free: its compute buffer refused with 302.6 MiB free).
+fn usable(target: &PlanTarget) -> usize {
+    target.free_bytes.saturating_sub(target.malloc_page)
 }
 
 /// One run simulated from the free memory: how it stops, if it does, and its pool's figures.
