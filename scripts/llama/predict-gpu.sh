@@ -8,7 +8,8 @@
 # ik_llama.cpp, llama-sweep-bench) into .llama/build-ENGINE and, meanwhile, writes the models the
 # prediction checks use into .llama/models (random weights, gen_model.py): phi3-f16.gguf,
 # llama3-q8.gguf, qwen3-q8.gguf (Qwen3-30B-A3B's shape, 12 layers) and qwen3-q8-4l.gguf (4
-# layers). A second `build` on the warm machine resumes where the first stopped. `run` runs
+# layers); PREDICT_GPU_MODELS="FILE ..." writes only those. A second `build` on the warm machine
+# resumes where the first stopped. `run` runs
 # scripts/llama/predict-check.py run with --bin, --repro and --out filled in (the cases name
 # models by file name; .llama/models/ is prefixed), then its two reports. Everything is logged
 # under $OUT: gpu.txt (the machine, the commands), steps.log, the check's folder as check.tar.gz.
@@ -80,6 +81,7 @@ if [ "$phase" = build ]; then
     gen() { # preset type file [extra]
         local out=$models/$3
         [ -s "$out" ] && { say "model $3: already written"; return; }
+        [[ " ${PREDICT_GPU_MODELS:-$3} " == *" $3 "* ]] || return 0
         cmdlog "python3 scripts/llama/gen_model.py --preset $1 --type $2 ${4:-} --out $out"
         (PYTHONPATH=$pypath timeout "$(left)" python3 scripts/llama/gen_model.py --preset "$1" --type "$2" ${4:-} \
             --out "$out.part" >"$OUT/gen-$3.log" 2>&1 && mv "$out.part" "$out") &
