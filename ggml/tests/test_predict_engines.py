@@ -1,0 +1,123 @@
+"""The prediction checks of 2026-11-27 without a GPU: ik_llama.cpp's out-of-memory tokens and
+largest contexts (data/h100x2-2026-11-27-ik-predict) and mainline's mixture of experts at 3.8
+and 4 GiB (data/h100x2-2026-11-27-mainline-moe-predict, data/h100-2026-11-27-mainline-moe-page):
+the docs' tables are what predict-check.py makes of the kept runs, the prose says what the runs
+say, and today's plan of every case still gives what the recorded plan gave.
+
+Run: CUPOOL_LIB=target/release python3 -m pytest -c python/pytest.ini ggml/tests
+"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from test_ggml import ROOT, gen_model, gguf_env, module
+
+IK = "data/h100x2-2026-11-27-ik-predict"
+MOE = ["data/h100x2-2026-11-27-mainline-moe-predict", "data/h100-2026-11-27-mainline-moe-page"]
+UBATCH = 512
+
+
+def report(cmd, *folders):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "llama", "predict-check.py"), cmd,
+                           *folders], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def block(text, marker):
+    return re.search(rf"<!-- {marker}: begin.*?<!-- {marker}: end -->", text, re.S).group(0)
+
+
+def case_of(path):
+    name = os.path.basename(path)
+    return name[: -len(".ctx.plan.json")] if name.endswith(".ctx.plan.json") else name[: -len(".plan.json")]
+
+
+def runs_of(path):
+    return [json.loads(x) for x in open(os.path.join(os.path.dirname(path), case_of(path), "runs.jsonl"))]
+
+
+def test_the_ik_tables_in_the_docs_are_their_data_s():
+    """Each real token is the plan's or one ubatch before it (never later), every fix completes,
+    every largest context completes and one ubatch above dies but for the MoE at 10 GiB, as
+    docs/repro-prefill.md says."""
+    pc = module("scripts/llama/predict-check.py")
+    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
+    for cmd, marker in (("report-oom", "predict-oom"), ("report", "predict-check")):
+        b = block(report(cmd, IK), marker)
+        assert b in docs, f"docs/repro-prefill.md's ik {marker} table: python3 scripts/llama/predict-check.py {cmd} {IK}"
+        assert b.count("\n| ") == 7, "a header and six cases"
+    exact, early, above_dies = 0, 0, []
+    for path in sorted(glob.glob(os.path.join(ROOT, IK, "*.plan.json"))):
+        plan, runs = json.load(open(path)), runs_of(path)
+        if path.endswith(".ctx.plan.json"):
+            real = pc.real_oom_token(next(r for r in runs if "-ctx-" in r["name"]))
+            assert real in (plan["oom_at_token"], plan["oom_at_token"] - UBATCH), path
+            exact += real == plan["oom_at_token"]
+            early += real == plan["oom_at_token"] - UBATCH
+            assert next(r for r in runs if "-fix-" in r["name"])["rc"] == 0 and plan["fix"]["fits"]
+        else:
+            assert next(r for r in runs if "-fits-" in r["name"])["rc"] == 0, path
+            above_dies.append((case_of(path), next(r for r in runs if "-above-" in r["name"])["rc"] != 0))
+    assert (exact, early) == (3, 3)
+    assert [c for c, dies in above_dies if not dies] == ["qwen3-q8-10"]
+    assert "Five of the six hold both ways" in docs and "73,728 also\ncompleted" in docs
+
+
+def test_the_mainline_moe_table_in_the_docs_is_its_data_s():
+    """docs/llama-cpp.md's table of the two MoE runs: 3.8 GiB holds both ways; at 4 GiB the plan
+    without the driver's last page said 59,648, which failed at start-up, and with it 59,136,
+    which died at its first compute."""
+    b = block(report("report", *MOE), "predict-check")
+    assert b in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read(), \
+        f"docs/llama-cpp.md's MoE table: python3 scripts/llama/predict-check.py report {' '.join(MOE)}"
+    rows = [r for r in b.splitlines() if r.startswith("| qwen3")]
+    assert [r.split("|")[3:6] for r in rows] == [
+        [" 256 ", " completes ", " fails at start-up "],
+        [" 256 ", " completes ", " fails at start-up "],
+        [" 59,648 ", " fails at start-up ", " fails at start-up "],
+        [" 59,136 ", " dies at the first compute ", " fails at start-up "],
+    ]
+
+
+def test_today_s_plan_gives_the_recorded_answers(tmp_path):
+    """Every recorded plan of these checks (the ik cases, and the MoE with the driver's last page
+    kept) is today's plan of the same case, planned from a header-only GGUF of the same preset:
+    the token where it dies, the largest context, the buffers and the pool's reserve."""
+    lib = os.environ.get("CUPOOL_LIB") or os.path.join(ROOT, "target", "release")
+    repro = os.path.join(lib if os.path.isdir(lib) else os.path.dirname(lib), "repro-prefill")
+    if not os.path.exists(repro):
+        pytest.skip(f"no {repro}: cargo build --release -p cupool-cli")
+    pytest.importorskip("numpy")
+    env = gguf_env(tmp_path)
+    models = {
+        "phi3-f16": ("phi3-mini", "f16", None), "llama3-q8": ("llama3-8b", "q8_0", None),
+        (IK, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"), (MOE[1], "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "4"),
+    }
+    files = {}
+    checked = 0
+    for folder in (IK, MOE[1]):
+        for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.plan.json"))):
+            want = json.load(open(path))
+            shape, free = case_of(path).rsplit("-", 1)
+            preset, wtype, layers = models.get(shape) or models[(folder, shape)]
+            key = (preset, wtype, layers)
+            if key not in files:
+                extra = ["--layers", layers] if layers else []
+                files[key] = gen_model(tmp_path, env, "--preset", preset, "--type", wtype, *extra, "--header-only")
+            engine = {"ik_llama": "ik-llama"}.get(want["engine"], want["engine"])
+            out = subprocess.run(
+                [repro, "plan", "--device", "sim", "--gguf", str(files[key]), "--free", free, "--engine", engine,
+                 "-b", "2048", "-ub", "512", "-c", str(want["scenario"]["ctx"]), "--kv-type", "q8_0",
+                 "--pool", want["pool"], "--purge", want["purge"], "--format", "json", "--quiet"],
+                capture_output=True, text=True)
+            assert out.returncode == (0 if want["fits"] else 3), out.stderr
+            got = json.loads(out.stdout)
+            for k in ("fits", "oom_at_token", "max_ctx_that_fits", "weights_bytes", "kv_bytes", "compute_bytes",
+                      "pool_peak_reserved_bytes", "peak_device_bytes"):
+                assert got[k] == want[k], f"{folder}/{os.path.basename(path)}: {k} {got[k]} != recorded {want[k]}"
+            checked += 1
+    assert checked == 12 + 2
