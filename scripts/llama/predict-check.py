@@ -57,6 +57,21 @@ def plan(a, case: dict, ctx: int, pool: str = None, purge: str = None) -> dict:
     return p
 
 
+def predict_sweep(repro: str, gguf: str, free: float, engine: str, ctx: int, pool: str, purge: str) -> dict:
+    """What the engine's run at CTX is for ik_llama.cpp: llama-sweep-bench -n 1 over CTX/512 steps,
+    each ubatch followed by one generated token (whose decode takes its own pool blocks), not a
+    prompt. `repro-prefill predict --sweep` plans that run: where it dies, its pool's peak."""
+    cmd = [repro, "predict", "--gguf", gguf, "--free", str(free), "--engine", engine, "--sweep", str(ctx // UBATCH),
+           "-c", str(ctx), "-b", "2048", "-ub", str(UBATCH), "--kv-type", "q8_0", "--pool", pool, "--purge", purge,
+           "--format", "json", "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode not in (0, 3):
+        sys.exit(f"predict-check: {' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr}")
+    p = json.loads(out.stdout)
+    return {"steps": ctx // UBATCH, "oom_at_token": p.get("oom_at_token"),
+            "peak_reserved_bytes": p["peak_reserved_bytes"]}
+
+
 def seed(a, case: dict, label: str, pool: str, purge: str, *, prompt: int = None, ctx: int = None) -> None:
     """One engine run through seed.py, the ballast leaving the case's free memory: llama-bench
     over `prompt` tokens, or (ctx) ik_llama.cpp's llama-sweep-bench over `ctx`, else llama-bench
@@ -87,6 +102,8 @@ def run(a) -> None:
             continue
         at = plan(a, case, case["ctx"])
         at["check"] = {"pool": a.pool, "purge": a.purge, "ctx": case["ctx"], "engine": a.engine, "env": a.env}
+        if a.engine == "ik-llama":
+            at["sweep"] = predict_sweep(a.repro, case["gguf"], case["free"], a.engine, case["ctx"], a.pool, a.purge)
         if a.fix:
             pool, purge = a.fix.split(":")
             at["fix"] = {"pool": pool, "purge": purge, "fits": plan(a, case, case["ctx"], pool, purge)["fits"]}
@@ -193,6 +210,10 @@ def report_oom(a) -> None:
         at = next(r for r in runs if "-ctx-" in r["name"])
         fix = next((r for r in runs if "-fix-" in r["name"]), None)
         said = "completes" if p["fits"] else f"dies at token {p['oom_at_token']:,}"
+        sw = p.get("sweep")
+        if sw and sw["oom_at_token"] != p.get("oom_at_token"):
+            swept = "completes" if sw["oom_at_token"] is None else f"dies at token {sw['oom_at_token']:,}"
+            said += f"; as the sweep it ran: {swept}"
         real = outcome(at)
         c = p["check"]
         f = p.get("fix")
@@ -250,6 +271,21 @@ def room_row(p: dict, r: dict):
             f"{stats['reserved_bytes.all.peak'] / 2**20:,.1f} | {extra:,.1f} | {pages} of {drops} |")
 
 
+def add_sweeps(a) -> None:
+    models = dict(g.split(":", 1) for g in a.gguf)
+    for pj in sorted(Path(a.folder).glob("*.ctx.plan.json")):
+        p = json.loads(pj.read_text())
+        c = p["check"]
+        if c["engine"] != "ik-llama":
+            continue
+        name = pj.name[: -len(".ctx.plan.json")]
+        shape, free = name.rsplit("-", 1)
+        gguf = next(f for n, f in models.items() if shape.startswith(n))
+        p["sweep"] = predict_sweep(a.repro, gguf, float(free), c["engine"], c["ctx"], c["pool"], c["purge"])
+        pj.write_text(json.dumps(p, indent=1) + "\n")
+        print(f"predict-check: {name}: the sweep dies at token {p['sweep']['oom_at_token']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -269,8 +305,14 @@ def main() -> None:
     p.add_argument("folders", nargs="+")
     o = sub.add_parser("report-oom")
     o.add_argument("folders", nargs="+")
+    w = sub.add_parser("sweep", help="add `predict --sweep`'s plan of each ik_llama.cpp run at CTX to DIR's "
+                                     "NAME.ctx.plan.json (what `run` records itself)")
+    w.add_argument("--repro", required=True)
+    w.add_argument("--gguf", required=True, action="append", metavar="NAME:FILE",
+                   help="the model of the cases whose name starts with NAME (a header-only file does)")
+    w.add_argument("folder")
     a = ap.parse_args()
-    {"run": run, "report": report, "report-oom": report_oom}[a.cmd](a)
+    {"run": run, "report": report, "report-oom": report_oom, "sweep": add_sweeps}[a.cmd](a)
 
 
 if __name__ == "__main__":
