@@ -19,6 +19,8 @@ from test_ggml import ROOT, gen_model, gguf_env, module
 
 IK = "data/h100x2-2026-11-27-ik-predict"
 MOE = ["data/h100x2-2026-11-27-mainline-moe-predict", "data/h100-2026-11-27-mainline-moe-page"]
+HELD_OUT_OOM = "data/h100-2026-11-27-mainline-oom-heldout"
+HELD_OUT_CTX = "data/h100-2026-11-27-mainline-predict-heldout"
 UBATCH = 512
 
 
@@ -87,6 +89,35 @@ def test_the_mainline_moe_table_in_the_docs_is_its_data_s():
     ]
 
 
+def test_the_held_out_mainline_tables_in_the_docs_are_their_data_s():
+    """The 2026-11-27 mainline runs at new free levels: with CUPOOL_FA_KV=pool every token is the
+    plan's, every fix completes, every largest context completes and one ubatch above dies, the
+    pool's end reserve is the engine's to the byte; with the default (`llama`) the dense shapes'
+    largest contexts hold both ways and the MoE's dies at its first compute, as the docs say."""
+    pc = module("scripts/llama/predict-check.py")
+    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
+    for cmd, marker in (("report-oom", "predict-oom"), ("report-oom", "predict-oom-room"), ("report", "predict-check")):
+        b = block(report(cmd, HELD_OUT_OOM), marker)
+        assert b in docs, f"docs/repro-prefill.md's held-out {marker} table: predict-check.py {cmd} {HELD_OUT_OOM}"
+    for path in sorted(glob.glob(os.path.join(ROOT, HELD_OUT_OOM, "*.plan.json"))):
+        plan, runs = json.load(open(path)), runs_of(path)
+        run = next(r for r in runs if ("-ctx-" if ".ctx." in path else "-fits-") in r["name"])
+        assert plan["pool_peak_reserved_bytes"] == run["stats"]["0"]["reserved_bytes.all.peak"], path
+        if path.endswith(".ctx.plan.json"):
+            assert pc.real_oom_token(run) == plan["oom_at_token"], path
+            assert next(r for r in runs if "-fix-" in r["name"])["rc"] == 0 and plan["fix"]["fits"]
+        else:
+            assert run["rc"] == 0 and next(r for r in runs if "-above-" in r["name"])["rc"] != 0, path
+    b = block(report("report", HELD_OUT_CTX), "predict-check")
+    assert b in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
+    outcomes = {r.split("|")[1].strip(): r.split("|")[4:6] for r in b.splitlines() if r.startswith("| ") and "GiB" in r}
+    assert outcomes == {
+        "llama3-q8-11": [" completes ", " fails at start-up "],
+        "phi3-f16-13": [" completes ", " fails at start-up "],
+        "qwen3-q8-10.5": [" dies at the first compute ", " fails at start-up "],
+    }
+
+
 def test_today_s_plan_gives_the_recorded_answers(tmp_path):
     """Every recorded plan of these checks (the ik cases, and the MoE with the driver's last page
     kept) is today's plan of the same case, planned from a header-only GGUF of the same preset:
@@ -100,10 +131,11 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
     models = {
         "phi3-f16": ("phi3-mini", "f16", None), "llama3-q8": ("llama3-8b", "q8_0", None),
         (IK, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"), (MOE[1], "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "4"),
+        (HELD_OUT_OOM, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"), (HELD_OUT_CTX, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
     }
     files = {}
     checked = 0
-    for folder in (IK, MOE[1]):
+    for folder in (IK, MOE[1], HELD_OUT_OOM, HELD_OUT_CTX):
         for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.plan.json"))):
             want = json.load(open(path))
             shape, free = case_of(path).rsplit("-", 1)
@@ -124,4 +156,4 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
                       "pool_peak_reserved_bytes", "peak_device_bytes"):
                 assert got[k] == want[k], f"{folder}/{os.path.basename(path)}: {k} {got[k]} != recorded {want[k]}"
             checked += 1
-    assert checked == 12 + 2
+    assert checked == 12 + 2 + 6 + 3
