@@ -47,28 +47,45 @@ pub(crate) trait LayerOps {
     /// kernels are fused (mainline's `topk_moe`) or work in registers (ik_llama.cpp).
     fn experts(&self, m: &EngineModel, moe: Moe, n: usize) -> Vec<OpCall>;
 
-    /// The rows the last layer's feed-forward and the output matrix run on: the output rows
-    /// (`inp_out_ids`), unless the engine's graph keeps every row for this ubatch.
-    fn rows_after_attention(&self, _m: &EngineModel, u: UbatchShape) -> usize {
-        u.n_outputs
+    /// The rows the last layer's feed-forward and the output matrix run on, for a ubatch of
+    /// `n_tokens` tokens and `n_outputs` output rows: the output rows (`inp_out_ids`), unless
+    /// the engine's graph keeps every row for this ubatch.
+    fn rows_after_attention(&self, _m: &EngineModel, _n_tokens: usize, n_outputs: usize) -> usize {
+        n_outputs
     }
 }
 
 /// Layer `l` of a ubatch: QKV, attention, output projection, then the feed-forward network
 /// (dense, or the experts) on the rows that go on: after the last layer's attention only the
 /// output rows (`inp_out_ids`); a ubatch without any skips the rest, as ggml skips ops on empty
-/// tensors.
+/// tensors. The ops around the attention, then the attention between them.
 pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize) -> Vec<OpCall> {
+    let (mut calls, after) = around(k, m, u.n_tokens, u.n_outputs, l);
+    calls.extend(attention(k, m, u.n_tokens, u.n_kv));
+    calls.extend(after);
+    calls
+}
+
+/// Layer `l`'s ops before its attention and after it, for `n` tokens and `n_outputs` output
+/// rows: everything but the attention, which alone sees the KV length (so a run's ubatches of
+/// one size share these).
+pub(crate) fn around(
+    k: &impl LayerOps,
+    m: &EngineModel,
+    n: usize,
+    n_outputs: usize,
+    l: usize,
+) -> (Vec<OpCall>, Vec<OpCall>) {
     let e = m.n_embd;
-    let n = u.n_tokens;
-    let mut calls = Vec::with_capacity(8);
+    let mut before = Vec::with_capacity(3);
     match (m.mla, m.arch) {
-        (Some(mla), _) => calls.extend(k.mla_attention(m, mla, n, u.n_kv)),
-        (None, Arch::Phi3) => calls.extend(k.matmul(e, m.q_dim() + 2 * m.kv_dim(), n)),
-        (None, Arch::Llama | Arch::Qwen3Moe) => calls.extend(k.qkv(m, n)),
+        // Latent attention runs from the normed input: nothing before it.
+        (Some(_), _) => {}
+        (None, Arch::Phi3) => before.extend(k.matmul(e, m.q_dim() + 2 * m.kv_dim(), n)),
+        (None, Arch::Llama | Arch::Qwen3Moe) => before.extend(k.qkv(m, n)),
     }
+    let mut calls = Vec::with_capacity(6);
     if m.mla.is_none() {
-        calls.extend(k.attention(m, n, u.n_kv));
         if l + 1 == m.n_layer {
             calls.extend(k.matmul(m.q_dim(), e, n));
         } else {
@@ -76,12 +93,12 @@ pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize
         }
     }
     let n = if l + 1 == m.n_layer {
-        k.rows_after_attention(m, u)
+        k.rows_after_attention(m, n, n_outputs)
     } else {
         n
     };
     if n == 0 {
-        return calls;
+        return (before, calls);
     }
     if let Some(moe) = m.moe.filter(|_| m.is_moe_layer(l)) {
         calls.extend(k.experts(m, moe, n));
@@ -89,19 +106,28 @@ pub(crate) fn layer(k: &impl LayerOps, m: &EngineModel, u: UbatchShape, l: usize
             calls.extend(k.gate_up(e, m.n_ff_shared, n));
             calls.extend(k.matmul(m.n_ff_shared, e, n));
         }
-        return calls;
+        return (before, calls);
     }
     match m.arch {
         Arch::Phi3 => calls.extend(k.matmul(e, 2 * m.n_ff, n)),
         Arch::Llama | Arch::Qwen3Moe => calls.extend(k.gate_up(e, m.n_ff, n)),
     }
     calls.extend(k.residual_matmul(m.n_ff, e, n));
-    calls
+    (before, calls)
+}
+
+/// A layer's attention of `n` tokens over a padded KV length of `n_kv` (latent attention from
+/// the normed input to its output projection).
+pub(crate) fn attention(k: &impl LayerOps, m: &EngineModel, n: usize, n_kv: usize) -> Vec<OpCall> {
+    match m.mla {
+        Some(mla) => k.mla_attention(m, mla, n, n_kv),
+        None => k.attention(m, n, n_kv).into_iter().collect(),
+    }
 }
 
 /// The output matrix on the output rows (nothing without any).
 pub(crate) fn output(k: &impl LayerOps, m: &EngineModel, u: UbatchShape) -> Option<OpCall> {
-    match k.rows_after_attention(m, u) {
+    match k.rows_after_attention(m, u.n_tokens, u.n_outputs) {
         0 => None,
         rows => k.matmul(m.n_embd, m.n_vocab, rows),
     }

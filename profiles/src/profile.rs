@@ -106,6 +106,32 @@ impl Profile {
         }
     }
 
+    /// [`Profile::layer`] in parts: the requests of layer `l` before its attention and after
+    /// it, for a ubatch of `n_tokens` tokens and `n_outputs` output rows. Only the attention
+    /// sees the KV length, so a run's ubatches of one size share these; [`Profile::attention`]
+    /// goes between them, and refuses what [`Profile::layer`] refuses (these are unchecked).
+    pub fn layer_around(
+        self,
+        s: &Setup,
+        n_tokens: usize,
+        n_outputs: usize,
+        l: usize,
+    ) -> (Vec<OpCall>, Vec<OpCall>) {
+        match self.llama_version() {
+            None => ik_llama::around(s, n_tokens, n_outputs, l),
+            Some(v) => llama::around(v, s, n_tokens, n_outputs, l),
+        }
+    }
+
+    /// The attention's requests in a layer of ubatch `u`, between [`Profile::layer_around`]'s
+    /// parts.
+    pub fn attention(self, s: &Setup, u: UbatchShape) -> Result<Vec<OpCall>, ProfileError> {
+        match self.llama_version() {
+            None => ik_llama::attention(s, u),
+            Some(v) => llama::attention(v, s, u),
+        }
+    }
+
     /// The output matrix's requests (none without an output row or where its kernel takes
     /// nothing).
     pub fn output(self, s: &Setup, u: UbatchShape) -> Option<OpCall> {
@@ -138,6 +164,59 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Device;
+    use cupool_kernels::KvType;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// A layer is the ops around its attention with the attention between them, for every
+        /// profile, preset, type and ubatch, refusals included; the parts around it are the same
+        /// whatever the KV length.
+        #[test]
+        fn a_layer_is_its_attention_between_the_ops_around_it(
+            profile in prop::sample::select(Profile::ALL.to_vec()),
+            model in prop::sample::select(vec!["phi3-mini", "llama3-8b", "qwen3-30b-a3b", "deepseek-v3"]),
+            weights in prop::sample::select(vec![Weights::F16, Weights::Q8_0]),
+            kv in prop::sample::select(vec![KvType::Q8_0, KvType::F16]),
+            n_layer in 1usize..8,
+            l in any::<usize>(),
+            n_tokens in 0usize..3000,
+            n_outputs in 0usize..3,
+            n_kv in 0usize..400_000,
+            other_kv in 0usize..400_000,
+            nsm in prop::sample::select(vec![0usize, 66, 132]),
+        ) {
+            let mut model = EngineModel::preset(model).unwrap();
+            model.n_layer = n_layer;
+            model.n_dense_lead = model.n_dense_lead.min(n_layer.saturating_sub(1));
+            let s = Setup {
+                model,
+                weights,
+                kv,
+                dev: Device { cc: 900, nsm, occupancy: None },
+            };
+            let l = l % n_layer;
+            let u = UbatchShape { n_tokens, n_kv, n_outputs };
+            // The parts are asked only of a ubatch the attention accepts (they are unchecked).
+            let attention = match profile.attention(&s, u) {
+                Ok(a) => a,
+                Err(e) => {
+                    prop_assert_eq!(Err(e), profile.layer(&s, u, l));
+                    return Ok(());
+                }
+            };
+            let (before, after) = profile.layer_around(&s, n_tokens, n_outputs, l);
+            let parts = [before.clone(), attention, after.clone()].concat();
+            prop_assert_eq!(Ok(parts), profile.layer(&s, u, l));
+            let other = UbatchShape { n_kv: other_kv, ..u };
+            if let (Ok(_), Ok(whole)) = (profile.attention(&s, other), profile.layer(&s, other, l)) {
+                prop_assert_eq!(&whole[..before.len()], &before[..]);
+                prop_assert_eq!(&whole[whole.len() - after.len()..], &after[..]);
+            }
+        }
+    }
 
     #[test]
     fn the_cublas_workspace_counts_where_the_engine_calls_cublas() {

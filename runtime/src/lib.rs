@@ -15,11 +15,13 @@
 
 mod budget;
 pub mod config;
+mod counting_driver;
 mod engine;
 mod engine_kind;
 mod error;
 pub mod executor;
 mod fast_forward;
+mod held;
 mod layer;
 pub mod memory;
 pub mod model;

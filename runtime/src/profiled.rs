@@ -7,8 +7,8 @@ use crate::config::RunConfig;
 use crate::engine_kind::EngineKind;
 use crate::error::RuntimeError;
 use crate::fast_forward::FastForward;
-use cupool_pool::adaptors::label;
-use cupool_pool::{Pool, PoolBuffer};
+use crate::held::{take_call, Held};
+use cupool_pool::Pool;
 use cupool_profiles::{Device, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use std::sync::Arc;
 
@@ -16,21 +16,41 @@ use std::sync::Arc;
 /// takes its held buffers, its inner ones in turn, and returns them in reverse. In a dry
 /// run, the layers between the first one that made no driver call and the last one repeat
 /// it exactly and are skipped; the last layer (output rows only) and the output matrix run.
+/// A dry run passes `around`, where the ops around each kind of layer's attention are kept
+/// for the sizes of ubatch asked: it asks the profile for the attention alone (the only part
+/// that changes with the KV length, from one ubatch to the next).
 pub(crate) fn take_ubatch(
     pool: &Arc<dyn Pool>,
     u: UbatchShape,
     (profile, s): (Profile, Setup),
-    ff: FastForward,
+    ff: &FastForward,
+    mut around: Option<&mut Around>,
 ) -> Result<(), RuntimeError> {
     let m = &s.model;
+    let mut held = Held::new(pool.as_ref());
+    // The attention, asked first: it refuses what a layer refuses.
+    let attention = match around {
+        Some(_) => profile.attention(&s, u)?,
+        None => Vec::new(),
+    };
     let mut l = 0;
     while l < m.n_layer {
-        let mark = ff.mark(pool.as_ref());
-        for c in profile.layer(&s, u, l)? {
-            take_call(pool, &c, ff)?;
+        let mark = ff.mark();
+        match around.as_deref_mut() {
+            Some(around) => {
+                let (before, after) = around.get(profile, &s, u, l);
+                for c in before.iter().chain(&attention).chain(after) {
+                    take_call(&mut held, c, ff)?;
+                }
+            }
+            None => {
+                for c in &profile.layer(&s, u, l)? {
+                    take_call(&mut held, c, ff)?;
+                }
+            }
         }
         l += 1;
-        if l + 1 < m.n_layer && ff.repeats(pool.as_ref(), mark) {
+        if l + 1 < m.n_layer && ff.repeats(mark) {
             // The layers up to the next of another kind (the first expert layer after the
             // dense ones) or the last repeat the one that made no driver call.
             let next_kind = m.n_dense_lead;
@@ -42,46 +62,168 @@ pub(crate) fn take_ubatch(
         }
     }
     if let Some(c) = profile.output(&s, u) {
-        take_call(pool, &c, ff)?;
+        take_call(&mut held, &c, ff)?;
     }
     Ok(())
 }
 
+/// The ops around a layer's attention ([`Profile::layer_around`]) a dry run has asked, by
+/// ubatch size (tokens and output rows) and kind of layer: layers of one kind make the same
+/// requests, and a prompt's ubatches come in a size or two.
+#[derive(Debug, Default)]
+pub(crate) struct Around {
+    parts: Vec<(AroundKey, Parts)>,
+}
+
+/// (tokens, output rows, kind of layer).
+type AroundKey = (usize, usize, (bool, bool));
+
+/// The ops before a layer's attention and after it.
+type Parts = (Vec<OpCall>, Vec<OpCall>);
+
+impl Around {
+    /// Layer `l`'s ops before and after its attention in ubatch `u`, asked of the profile the
+    /// first time.
+    fn get(
+        &mut self,
+        profile: Profile,
+        s: &Setup,
+        u: UbatchShape,
+        l: usize,
+    ) -> (&[OpCall], &[OpCall]) {
+        let key = (u.n_tokens, u.n_outputs, layer_kind(&s.model, l));
+        let at = match self.parts.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                // A few sizes per run: a long list means another run's sizes.
+                if self.parts.len() >= 16 {
+                    self.parts.clear();
+                }
+                let parts = profile.layer_around(s, u.n_tokens, u.n_outputs, l);
+                self.parts.push((key, parts));
+                self.parts.len() - 1
+            }
+        };
+        let (before, after) = &self.parts[at].1;
+        (before, after)
+    }
+}
+
+/// Which kind layer `l` of `m` is: the dense layers before the experts, and the last (output
+/// rows only), differ from the rest; layers of one kind make the same requests.
+fn layer_kind(m: &EngineModel, l: usize) -> (bool, bool) {
+    (m.moe.is_some() && l < m.n_dense_lead, l + 1 == m.n_layer)
+}
+
 /// What an auto purge keeps for the profile's ubatch `u`: the first layer's requests (every
 /// layer of its kind repeats them), the first expert layer's after dense ones, the last
-/// layer's and the output matrix's.
+/// layer's and the output matrix's. A dry run passes `around` (see [`take_ubatch`]).
 pub(crate) fn keep(
     u: UbatchShape,
     (profile, s): (Profile, Setup),
+    around: Option<&mut Around>,
 ) -> Result<Vec<usize>, RuntimeError> {
     let m = &s.model;
-    let mut calls = profile.layer(&s, u, 0)?;
+    let mut layers = vec![0];
     if m.moe.is_some() && m.n_dense_lead > 0 && m.n_dense_lead < m.n_layer - 1 {
-        calls.extend(profile.layer(&s, u, m.n_dense_lead)?);
+        layers.push(m.n_dense_lead);
     }
-    calls.extend(profile.layer(&s, u, m.n_layer - 1)?);
-    calls.extend(profile.output(&s, u));
-    Ok(keep_for(&calls))
+    layers.push(m.n_layer - 1);
+    let mut keep = Keep::default();
+    match around {
+        None => {
+            for l in layers {
+                profile.layer(&s, u, l)?.iter().for_each(|c| keep.add(c));
+            }
+        }
+        Some(around) => {
+            // The attention, asked first: it refuses what a layer refuses. What is kept does
+            // not depend on the order of the ops: each counts on its own.
+            let attention = profile.attention(&s, u)?;
+            for l in layers {
+                attention.iter().for_each(|c| keep.add(c));
+                let (before, after) = around.get(profile, &s, u, l);
+                before.iter().chain(after).for_each(|c| keep.add(c));
+            }
+        }
+    }
+    profile.output(&s, u).iter().for_each(|c| keep.add(c));
+    Ok(keep.sizes())
 }
 
-/// What the engine profile of `cfg` asks of the pool in the first layer of a ubatch of
-/// `n_tokens` over `n_kv` positions, in bytes (the sum of its requests): `None` without a
-/// profile, an error where the profile refuses that ubatch.
-pub(crate) fn layer_bytes(
-    cfg: &RunConfig,
-    n_tokens: usize,
-    n_kv: usize,
-) -> Result<Option<usize>, RuntimeError> {
-    let Some((profile, s)) = setup(cfg)? else {
-        return Ok(None);
+/// Whether no dry run of `cfg`, at any context, fails on a refusal of its engine profile: the
+/// profile (if any: cupool's own engine refuses nothing) accepts every ubatch a run can ask,
+/// 1 to `n_ubatch` tokens, with or without an output row, in its first and last layers. A
+/// profile's refusals depend on the model, the types and the device and on the ubatch's tokens
+/// and output rows; on the KV length only where it is shorter than the tokens, which a run
+/// never asks (a property test below holds the profiles to that). Asking costs a call per size:
+/// beyond 4,096 tokens per ubatch this answers no.
+pub(crate) fn refuses_no_ubatch(cfg: &RunConfig) -> bool {
+    let (profile, s) = match setup(cfg) {
+        Ok(Some(p)) => p,
+        Ok(None) => return true,
+        Err(_) => return false,
     };
-    let u = UbatchShape {
-        n_tokens,
-        n_kv,
-        n_outputs: 0,
-    };
-    let calls = profile.layer(&s, u, 0)?;
-    Ok(Some(calls.iter().flat_map(OpCall::request_bytes).sum()))
+    let layers = [0, s.model.n_layer.saturating_sub(1)];
+    cfg.n_ubatch <= 4096
+        && (1..=cfg.n_ubatch).all(|n_tokens| {
+            (0..=1).all(|n_outputs| {
+                let u = UbatchShape {
+                    n_tokens,
+                    n_kv: n_tokens,
+                    n_outputs,
+                };
+                layers.iter().all(|&l| profile.layer(&s, u, l).is_ok())
+            })
+        })
+}
+
+/// What the engine profile of a run asks of the pool in the first layer of a ubatch of
+/// `n_tokens` over `n_kv` positions, in bytes (the sum of its requests), for the search's
+/// short last ubatches: the part around the attention is kept by size, the same at every
+/// context the search tries, and only the attention is asked each time.
+pub(crate) struct LayerBytes {
+    /// The profile (`None` without one), or `Err` where it cannot be set up.
+    setup: Result<Option<(Profile, Setup)>, ()>,
+    /// Bytes around the attention, by tokens.
+    around: Vec<Option<usize>>,
+}
+
+impl LayerBytes {
+    /// For `cfg`'s profile (its context aside: the bytes do not depend on it).
+    pub fn new(cfg: &RunConfig) -> Self {
+        Self {
+            setup: setup(cfg).map_err(|_| ()),
+            around: Vec::new(),
+        }
+    }
+
+    /// The bytes: `Some(None)` without a profile, `None` where the profile refuses that
+    /// ubatch (or cannot be set up).
+    pub fn of(&mut self, n_tokens: usize, n_kv: usize) -> Option<Option<usize>> {
+        let Ok(setup) = &self.setup else {
+            return None;
+        };
+        let Some((profile, s)) = setup else {
+            return Some(None);
+        };
+        let u = UbatchShape {
+            n_tokens,
+            n_kv,
+            n_outputs: 0,
+        };
+        // Asked first: the attention refuses what the layer refuses.
+        let attention = profile.attention(s, u).ok()?;
+        let bytes = |calls: &[OpCall]| calls.iter().flat_map(OpCall::request_bytes).sum::<usize>();
+        if self.around.len() <= n_tokens {
+            self.around.resize(n_tokens + 1, None);
+        }
+        let around = *self.around[n_tokens].get_or_insert_with(|| {
+            let (before, after) = profile.layer_around(s, n_tokens, 0, 0);
+            bytes(&before) + bytes(&after)
+        });
+        Some(Some(around + bytes(&attention)))
+    }
 }
 
 /// The engine profile of `cfg`, if any, with what it is asked about.
@@ -142,54 +284,43 @@ fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeErro
     })
 }
 
-/// Takes `c`'s requests from `pool`, `c.repeat` times. When fast-forwarding (dry runs), a run
-/// that made no driver call left the pool as it found it, and the runs after it would repeat it
-/// exactly: they are skipped.
-fn take_call(pool: &Arc<dyn Pool>, c: &OpCall, ff: FastForward) -> Result<(), RuntimeError> {
-    for _ in 0..c.repeat {
-        let mark = ff.mark(pool.as_ref());
-        let mut held = Vec::with_capacity(c.held.len());
-        for r in &c.held {
-            held.push(label::with(r.name, || {
-                PoolBuffer::<u8>::alloc(pool, r.bytes)
-            })?);
-        }
-        for r in &c.inner {
-            drop(label::with(r.name, || {
-                PoolBuffer::<u8>::alloc(pool, r.bytes)
-            })?);
-        }
-        for n in &c.nested {
-            take_call(pool, n, ff)?;
-        }
-        while let Some(b) = held.pop() {
-            drop(b);
-        }
-        if ff.repeats(pool.as_ref(), mark) {
-            break;
-        }
-    }
-    Ok(())
+/// What an auto purge keeps for a ubatch's ops: for each request size, as many buffers as
+/// one op holds at once (ops run one after another), largest first.
+#[derive(Default)]
+struct Keep {
+    /// (size, most buffers of it one op holds). A few dozen sizes: a list, not a hash map
+    /// (the boundary of every dry-run ubatch asks).
+    most: Vec<(usize, usize)>,
+    here: Vec<usize>,
 }
 
-/// What an auto purge keeps for a ubatch of `calls`: for each request size, as many buffers as
-/// one op holds at once (ops run one after another), largest first.
-fn keep_for(calls: &[OpCall]) -> Vec<usize> {
-    let mut most: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
-    for c in calls {
-        let mut here: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
-        for b in c.request_bytes() {
-            *here.entry(b).or_default() += 1;
-        }
-        for (b, n) in here {
-            let e = most.entry(b).or_default();
-            *e = (*e).max(n);
+impl Keep {
+    /// Counts op `c`.
+    fn add(&mut self, c: &OpCall) {
+        self.here.clear();
+        self.here.extend(c.request_bytes());
+        self.here.sort_unstable();
+        for run in self.here.chunk_by(|a, b| a == b) {
+            let (b, n) = (run[0], run.len());
+            match self.most.iter_mut().find(|(m, _)| *m == b) {
+                Some(e) => e.1 = e.1.max(n),
+                None => self.most.push((b, n)),
+            }
         }
     }
-    let mut keep: Vec<usize> = most
-        .into_iter()
-        .flat_map(|(b, n)| std::iter::repeat_n(b, n))
-        .collect();
-    keep.sort_unstable_by(|a, b| b.cmp(a));
-    keep
+
+    /// The sizes to keep, largest first.
+    fn sizes(self) -> Vec<usize> {
+        let mut keep: Vec<usize> = self
+            .most
+            .into_iter()
+            .flat_map(|(b, n)| std::iter::repeat_n(b, n))
+            .collect();
+        keep.sort_unstable_by(|a, b| b.cmp(a));
+        keep
+    }
 }
+
+#[cfg(test)]
+#[path = "profiled_tests.rs"]
+mod tests;

@@ -5,6 +5,7 @@ use crate::config::RunConfig;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::executor::{Executor, ExecutorKind};
+use crate::fast_forward::FastForward;
 use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::planner::{project_oom, startup_plan, Plan, PlanTarget};
 use crate::policy::BudgetMode;
@@ -66,7 +67,14 @@ impl Runtime {
                 .as_ref()
                 .map_or(cfg.margin_bytes, |p| p.pool_peak_reserved_bytes);
         let bufs = *startup.buffers();
-        let mut engine = Engine::new(driver.clone(), cfg, exec, bufs, budget)?;
+        let mut engine = Engine::new(
+            driver.clone(),
+            cfg,
+            exec,
+            bufs,
+            budget,
+            FastForward::default(),
+        )?;
         // The device as the pool found it (free memory after the startup buffers): what a
         // projection of the rest of the run simulates.
         let room = PlanTarget::of(driver.as_ref())?;

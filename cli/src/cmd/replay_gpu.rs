@@ -40,7 +40,7 @@ pub fn replay(
     if let Some(v) = vram {
         base = Arc::new(LimitedDriver::new(base, v));
     }
-    let timed = Arc::new(TimedDriver::new(base));
+    let timed = Arc::new(TimedDriver::timed(base));
     let start = Instant::now();
     let report = trace::replay_on(timed.clone(), ops, config, purge).map_err(|e| e.to_string())?;
     let wall = start.elapsed();

@@ -5,7 +5,8 @@
 //! [`cuda::CudaDriver`] (cudarc with dynamic loading). Anything else that changes driver
 //! behaviour wraps a driver, and works over either: a memory limit on a large card
 //! ([`limit::LimitedDriver`]), fault injection ([`fault::FaultInjector`]), opening a device
-//! on its first use ([`lazy::LazyDriver`]) and timing each call ([`timed::TimedDriver`]).
+//! on its first use ([`lazy::LazyDriver`]) and watching each call go by
+//! ([`observed::Observed`]; timing each call is [`timed::TimedDriver`]).
 
 pub mod cuda;
 mod error;
@@ -13,6 +14,7 @@ pub mod fault;
 mod host;
 pub mod lazy;
 pub mod limit;
+pub mod observed;
 mod shared;
 pub mod sim;
 pub mod timed;

@@ -130,6 +130,23 @@ pub fn layer(s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCall>, Profile
     Ok(graph::layer(&Ik::of(s), &s.model, u, l))
 }
 
+/// [`layer`] in parts: the ops before and after the attention, for `n_tokens` tokens and
+/// `n_outputs` output rows (unchecked: [`attention`] refuses what [`layer`] does).
+pub fn around(
+    s: &Setup,
+    n_tokens: usize,
+    n_outputs: usize,
+    l: usize,
+) -> (Vec<OpCall>, Vec<OpCall>) {
+    graph::around(&Ik::of(s), &s.model, n_tokens, n_outputs, l)
+}
+
+/// [`layer`]'s attention for ubatch `u`, between [`around`]'s parts.
+pub fn attention(s: &Setup, u: UbatchShape) -> Result<Vec<OpCall>, ProfileError> {
+    check(&s.model, s.weights, s.kv, u, s.dev)?;
+    Ok(graph::attention(&Ik::of(s), &s.model, u.n_tokens, u.n_kv))
+}
+
 /// The output matrix's requests, on the output rows (none without any).
 pub fn output(s: &Setup, u: UbatchShape) -> Option<OpCall> {
     graph::output(&Ik::of(s), &s.model, u)
@@ -177,14 +194,14 @@ impl LayerOps for Ik {
         vec![self.mm().fused_experts(m.n_embd, moe, n)]
     }
 
-    fn rows_after_attention(&self, m: &EngineModel, u: UbatchShape) -> usize {
+    fn rows_after_attention(&self, m: &EngineModel, n_tokens: usize, n_outputs: usize) -> usize {
         // Qwen3-MoE's graph selects the output rows only for more than one token
         // (`build_qwen3moe`): a lone token goes through the last layer and the output matrix
         // whether or not it asked for logits (sweep-bench's warm-up does not).
-        if m.arch == Arch::Qwen3Moe && u.n_tokens == 1 {
+        if m.arch == Arch::Qwen3Moe && n_tokens == 1 {
             1
         } else {
-            u.n_outputs
+            n_outputs
         }
     }
 }

@@ -115,6 +115,29 @@ pub fn layer(v: Version, s: &Setup, u: UbatchShape, l: usize) -> Result<Vec<OpCa
     Ok(graph::layer(&Llama::of(v, s), &s.model, u, l))
 }
 
+/// [`layer`] in parts: the ops before and after the attention, for `n_tokens` tokens and
+/// `n_outputs` output rows (unchecked: [`attention`] refuses what [`layer`] does).
+pub fn around(
+    v: Version,
+    s: &Setup,
+    n_tokens: usize,
+    n_outputs: usize,
+    l: usize,
+) -> (Vec<OpCall>, Vec<OpCall>) {
+    graph::around(&Llama::of(v, s), &s.model, n_tokens, n_outputs, l)
+}
+
+/// [`layer`]'s attention for ubatch `u`, between [`around`]'s parts.
+pub fn attention(v: Version, s: &Setup, u: UbatchShape) -> Result<Vec<OpCall>, ProfileError> {
+    check(v, &s.model, s.weights, u, s.dev)?;
+    Ok(graph::attention(
+        &Llama::of(v, s),
+        &s.model,
+        u.n_tokens,
+        u.n_kv,
+    ))
+}
+
 /// The output matrix's requests, on the output rows.
 pub fn output(v: Version, s: &Setup, u: UbatchShape) -> Option<OpCall> {
     graph::output(&Llama::of(v, s), &s.model, u)

@@ -5,6 +5,7 @@
 //! The engine owns no startup memory: [`crate::Runtime`] allocates that and hands the engine
 //! its addresses; the planner runs an engine with the dry-run executor on a simulated card.
 
+mod peaks;
 mod ubatch;
 
 use crate::budget::{Budget, Projection};
@@ -20,6 +21,7 @@ use cupool_pool::adaptors::Phases;
 use cupool_pool::driver::Driver;
 use cupool_pool::trace::Recorder;
 use cupool_pool::Pool;
+use peaks::Peaks;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,7 +32,7 @@ pub(crate) type Observer = Box<dyn FnMut(&UbatchRow) + Send>;
 pub(crate) struct Engine {
     pub cfg: RunConfig,
     pub driver: Arc<dyn Driver>,
-    phases: Arc<Phases>,
+    phases: Phased,
     /// `phases`, as the pool scratch is taken from.
     pub pool: Arc<dyn Pool>,
     pub recorder: Option<Arc<Recorder>>,
@@ -45,20 +47,31 @@ pub(crate) struct Engine {
     prefill_tokens: usize,
     /// Where the decode in progress started (its batches count from there).
     decode_start: usize,
-    /// Dry runs only (the planner): skip what cannot change the pool's numbers. Rows, budget
-    /// checks and observers then cover the ubatches run, not all.
-    pub(crate) ff: FastForward,
+    /// Dry runs only (the planner): skip what cannot change the pool's numbers. Such a run
+    /// keeps no rows, calls no observer and checks no budget (it has none): its report's
+    /// totals are its result.
+    ff: FastForward,
+    /// A dry run's engine-profile requests around each layer's attention, by ubatch size.
+    around: crate::profiled::Around,
+}
+
+/// Where a ubatch's peaks come from: the pool's phases (a row's numbers), or in a dry run
+/// its own peaks, which read no pool statistics ([`peaks`]).
+enum Phased {
+    Phases(Arc<Phases>),
+    Peaks(Arc<Peaks>),
 }
 
 impl Engine {
     /// Builds the pool (with phases, and a recorder if asked for) on `driver` and initialises
-    /// the model in `bufs` with `exec`.
+    /// the model in `bufs` with `exec`; `ff` says whether it is a dry run that fast-forwards.
     pub fn new(
         driver: Arc<dyn Driver>,
         cfg: RunConfig,
         mut exec: Box<dyn Executor>,
         bufs: DeviceBuffers,
         budget_bytes: usize,
+        ff: FastForward,
     ) -> Result<Self, RuntimeError> {
         // An engine profile's legacy pool behaves as that engine's does on OOM; under a purge
         // policy it is libcupool's, which trims the device's pools and retries unless
@@ -75,8 +88,13 @@ impl Engine {
         if let Some(r) = &recorder {
             pool = r.clone();
         }
-        let phases = Arc::new(Phases::new(pool));
-        let phased: Arc<dyn Pool> = phases.clone();
+        let (phases, phased): (_, Arc<dyn Pool>) = if ff.on() {
+            let p = Arc::new(Peaks::new(pool));
+            (Phased::Peaks(p.clone()), p)
+        } else {
+            let p = Arc::new(Phases::new(pool));
+            (Phased::Phases(p.clone()), p)
+        };
         Model {
             m: &cfg.model,
             kv: cfg.kv_type,
@@ -84,14 +102,18 @@ impl Engine {
             pool: &phased,
         }
         .init(exec.as_mut())?;
+        // A dry run checks no budget (see `ff`): the compute buffer a check adds to the pool
+        // is not worked out (for a mainline profile, a replay of its allocator).
+        let compute = match ff.on() {
+            true => 0,
+            false => bufs.cl.bytes + cfg.profile_compute_bytes(cfg.n_ctx),
+        };
         Ok(Self {
             prefill_tokens: 0,
             decode_start: 0,
-            ff: FastForward::default(),
-            budget: Budget::new(
-                budget_bytes,
-                bufs.cl.bytes + cfg.profile_compute_bytes(cfg.n_ctx),
-            ),
+            ff,
+            around: Default::default(),
+            budget: Budget::new(budget_bytes, compute),
             pool: phased,
             phases,
             cfg,
@@ -156,14 +178,15 @@ impl Engine {
             let next = ubatches
                 .get(i + 1)
                 .map_or((pos0 + toks.len(), 1), |&(p, t)| (p, t.len()));
-            let mark = self.ff.mark(self.pool.as_ref());
+            let mark = self.ff.mark_ubatch(self.pool.as_ref());
             match self.ubatch(pos0, toks, next)? {
-                Ok(row) => {
+                Ok(Some(row)) => {
                     if let Some(f) = self.observer.as_mut() {
                         f(&row);
                     }
                     rows.push(row)
                 }
+                Ok(None) => {}
                 Err(report) => {
                     oom = Some((pos0, report));
                     break;

@@ -1,7 +1,7 @@
 //! One ubatch of the engine: a pool phase around the layers, then the boundary (the purge
 //! that [`Boundary::decide`] asks for) and the budget check.
 
-use super::Engine;
+use super::{Engine, Phased};
 use crate::error::RuntimeError;
 use crate::layer::{Model, Ubatch};
 use crate::profiled;
@@ -14,14 +14,22 @@ use cupool_profiles::{Profile, Setup, UbatchShape};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A ubatch's live peak, and its reserve peak and driver allocations where its phase counted
+/// them (not in a dry run, which keeps no row).
+struct UbatchPeaks {
+    live: usize,
+    row: Option<(usize, u64)>,
+}
+
 impl Engine {
-    /// One ubatch. The outer error is fatal; the inner one is an OOM that ends the run.
+    /// One ubatch: its row, or none in a dry run. The outer error is fatal; the inner one is an
+    /// OOM that ends the run.
     pub(super) fn ubatch(
         &mut self,
         pos0: usize,
         tokens: &[i32],
         next: (usize, usize),
-    ) -> Result<Result<UbatchRow, Box<OomReport>>, RuntimeError> {
+    ) -> Result<Result<Option<UbatchRow>, Box<OomReport>>, RuntimeError> {
         let n_tokens = tokens.len();
         let n_kv = fa::n_kv(pos0 + n_tokens, self.cfg.n_ctx);
         let index = self.ubatch_index;
@@ -35,16 +43,12 @@ impl Engine {
         };
         let prefill = n_tokens > 1;
         let t0 = Instant::now();
-        let name = format!("ubatch {index}");
-        self.phases.begin_phase(&name);
-        if let Some(r) = &self.recorder {
-            r.record_phase_begin(&name);
-        }
+        self.begin_phase(index);
         let result = self.layers(&ub);
-        let phase = self.phases.end_phase().unwrap_or_default();
+        let phase = self.end_phase();
         // Decided before the phase closes in a recording: its keep list belongs to the phase.
         let purge = match (&result, prefill) {
-            (Ok(()), true) => self.boundary_purge(next, phase.live_peak_bytes)?,
+            (Ok(()), true) => self.boundary_purge(next, phase.live)?,
             _ => None,
         };
         if let Some(r) = &self.recorder {
@@ -73,30 +77,64 @@ impl Engine {
             Some(what) => self.purge(what)?,
             None => 0,
         };
+        // A dry run has no budget to check (it is unbounded) and keeps no row: the pool's
+        // statistics a row reads are what it saves.
+        let Some((reserved_peak, driver_mallocs)) = phase.row else {
+            return Ok(Ok(None));
+        };
         let seconds = t0.elapsed().as_secs_f64();
         let stats = self.pool.stats();
         let device = self.driver.mem_info()?;
         let over = self.budget.check(
             index,
             (self.pos, self.prefill_tokens),
-            phase.reserved_peak_bytes,
+            reserved_peak,
             device.free,
         );
-        Ok(Ok(UbatchRow {
+        Ok(Ok(Some(UbatchRow {
             index,
             pos0,
             n_tokens,
             n_kv,
-            live_peak_bytes: phase.live_peak_bytes,
-            reserved_bytes: phase.reserved_peak_bytes,
+            live_peak_bytes: phase.live,
+            reserved_bytes: reserved_peak,
             cached_bytes: stats.cached_bytes,
             device_used_bytes: device.used(),
             budget_bytes: self.budget.bytes,
             over_budget: over,
-            driver_mallocs: phase.calls.acquisitions(),
+            driver_mallocs,
             purged_bytes,
             seconds,
-        }))
+        })))
+    }
+
+    /// Opens ubatch `index`'s phase.
+    fn begin_phase(&self, index: usize) {
+        let name = || format!("ubatch {index}");
+        match &self.phases {
+            Phased::Phases(p) => p.begin_phase(&name()),
+            Phased::Peaks(p) => p.begin(),
+        }
+        if let Some(r) = &self.recorder {
+            r.record_phase_begin(&name());
+        }
+    }
+
+    /// Closes the ubatch's phase.
+    fn end_phase(&self) -> UbatchPeaks {
+        match &self.phases {
+            Phased::Phases(p) => {
+                let s = p.end_phase().unwrap_or_default();
+                UbatchPeaks {
+                    live: s.live_peak_bytes,
+                    row: Some((s.reserved_peak_bytes, s.calls.acquisitions())),
+                }
+            }
+            Phased::Peaks(p) => UbatchPeaks {
+                live: p.end(),
+                row: None,
+            },
+        }
     }
 
     fn scratch(&self, n_tokens: usize, n_kv: usize) -> fa::FaScratch {
@@ -123,7 +161,8 @@ impl Engine {
                 n_kv: ub.n_kv,
                 n_outputs: self.outputs(ub.pos0, ub.n_tokens),
             };
-            profiled::take_ubatch(&self.pool, u, p, self.ff)?;
+            let around = self.ff.on().then_some(&mut self.around);
+            profiled::take_ubatch(&self.pool, u, p, &self.ff, around)?;
             return self.exec.sync();
         }
         let scratch = self.scratch(ub.n_tokens, ub.n_kv);
@@ -140,7 +179,7 @@ impl Engine {
         }
         model.embed(x, ub)?;
         for layer in 0..model.m.n_layer {
-            let mark = self.ff.mark(self.pool.as_ref());
+            let mark = self.ff.mark();
             model.pre_attention(x, layer, ub)?;
             let s = Scratch::take(&self.pool, scratch)?;
             model.attention(x, layer, ub, &s)?;
@@ -148,7 +187,7 @@ impl Engine {
             model.feed_forward(x, ub)?;
             // Every layer takes the same scratch: one served from the cache without a driver
             // call left it as it was, and so will the rest (the dry run computes nothing).
-            if self.ff.repeats(self.pool.as_ref(), mark) {
+            if self.ff.repeats(mark) {
                 break;
             }
         }
@@ -167,16 +206,40 @@ impl Engine {
         live_peak: usize,
     ) -> Result<Option<Purge>, RuntimeError> {
         let boundary = Boundary::new(self.cfg.purge, self.cfg.auto_headroom);
+        // A dry run's requests around the attention, kept across its ubatches.
+        let mut around = std::mem::take(&mut self.around);
         let decision = boundary.decide(
             self.pool.as_ref(),
             live_peak,
             || Ok(self.driver.mem_info()?.free),
-            || self.next_requests(next_pos, next_tokens),
-        )?;
+            || match self.nothing_to_release(next_pos + next_tokens) {
+                true => Ok(Vec::new()),
+                false => {
+                    let around = self.ff.on().then_some(&mut around);
+                    self.next_requests(next_pos, next_tokens, around)
+                }
+            },
+        );
+        self.around = around;
+        let decision = decision?;
         if let (Some(r), Some(keep)) = (&self.recorder, decision.recorded_keep()) {
             r.record_keep(keep.map(<[usize]>::to_vec));
         }
         Ok(decision.purge())
+    }
+
+    /// Whether a dry run's boundary may skip working out the next ubatch's requests, that
+    /// one ending at `next_end`: the pool would release nothing even keeping nothing (a VMM
+    /// pool's `KeepFor` never does; a legacy pool with nothing idle), so keeping anything
+    /// releases nothing either, and no purge follows. That ubatch belongs to the prompt: it
+    /// runs and asks its own requests, so a profile that refuses its shape still says so,
+    /// as it does here otherwise (the token after the prompt is only asked here). Not in a
+    /// recording, whose keep event lists the requests.
+    fn nothing_to_release(&self, next_end: usize) -> bool {
+        self.ff.on()
+            && self.recorder.is_none()
+            && next_end <= self.prefill_tokens
+            && self.pool.releasable(&Purge::KeepFor(Vec::new())) == 0
     }
 
     /// The requests the ubatch of `next_tokens` at `next_pos` is expected to make: what an
@@ -185,6 +248,7 @@ impl Engine {
         &self,
         next_pos: usize,
         next_tokens: usize,
+        around: Option<&mut profiled::Around>,
     ) -> Result<Vec<usize>, RuntimeError> {
         let n_kv = fa::n_kv(next_pos + next_tokens, self.cfg.n_ctx);
         Ok(match self.profile()? {
@@ -194,7 +258,7 @@ impl Engine {
                     n_kv,
                     n_outputs: self.outputs(next_pos, next_tokens),
                 };
-                profiled::keep(u, p)?
+                profiled::keep(u, p, around)?
             }
             None => {
                 // The workspace, one buffer of each size the GEMMs convert q8_0

@@ -8,6 +8,7 @@ use crate::config::RunConfig;
 use crate::error::RuntimeError;
 use crate::policy::PurgePolicy;
 use cupool_pool::PoolKind;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The plan's advice.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,19 +83,79 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
         }
     }
     // The pool and purge settings under which the largest context fits, if larger.
+    let searched: Vec<&(RunConfig, String)> = tries
+        .iter()
+        .filter(|(c, _)| c.n_ubatch == cfg.n_ubatch)
+        .collect();
+    // Each search runs two dry runs at a time: as many searches at once as that leaves cores.
+    let at_once = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
+    let configured = p.max_ctx_that_fits.unwrap_or(0);
+    let answers = larger_contexts(&searched, target, configured, at_once);
     let mut better: Option<(String, usize)> = None;
-    for (c, settings) in tries.iter().filter(|(c, _)| c.n_ubatch == cfg.n_ubatch) {
-        let m = super::max_ctx_that_fits(c, target)?;
-        if let Some(m) = m.filter(|&m| m > p.max_ctx_that_fits.unwrap_or(0)) {
-            if better.as_ref().is_none_or(|(_, b)| m > *b) {
-                better = Some((settings.clone(), m));
-            }
+    for ((_, settings), m) in searched.iter().zip(answers) {
+        let best = better
+            .as_ref()
+            .map_or(p.max_ctx_that_fits.unwrap_or(0), |(_, b)| *b);
+        if let Some(m) = m?.filter(|&m| m > best) {
+            better = Some((settings.clone(), m));
         }
     }
     Ok(Advice::Lower {
         max_ctx: p.max_ctx_that_fits,
         better,
     })
+}
+
+/// The largest context of each of `tries` where it may beat `configured` and the tries before
+/// it (`None` where it cannot: each search stops once it knows), `at_once` searched at a time.
+/// A try searched beside others knows only the answers of the tries before it that have
+/// finished, a lower bar, so it may answer more, never less; the caller compares the answers
+/// in order, as one after the other.
+fn larger_contexts(
+    tries: &[&(RunConfig, String)],
+    target: &PlanTarget,
+    configured: usize,
+    at_once: usize,
+) -> Vec<Result<Option<usize>, RuntimeError>> {
+    // The largest context each try has answered so far (0: none yet, or none above its bar).
+    let found: Vec<AtomicUsize> = tries.iter().map(|_| AtomicUsize::new(0)).collect();
+    let search = |i: usize| {
+        let bar = || {
+            found[..i]
+                .iter()
+                .map(|f| f.load(Ordering::Relaxed))
+                .fold(configured, usize::max)
+        };
+        let m = super::search::max_ctx_above(&tries[i].0, target, &bar);
+        if let Ok(Some(m)) = m {
+            found[i].store(m, Ordering::Relaxed);
+        }
+        m
+    };
+    if at_once < 2 {
+        return (0..tries.len()).map(search).collect();
+    }
+    let mut answers = Vec::with_capacity(tries.len());
+    for first in (0..tries.len()).step_by(at_once) {
+        let last = (first + at_once).min(tries.len());
+        std::thread::scope(|s| {
+            let search = &search;
+            let running: Vec<_> = (first + 1..last)
+                .map(|i| std::thread::Builder::new().spawn_scoped(s, move || search(i)))
+                .collect();
+            answers.push(search(first));
+            for (i, t) in (first + 1..).zip(running) {
+                answers.push(match t {
+                    Ok(t) => t
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                    // No thread to be had: this one after the others.
+                    Err(_) => search(i),
+                });
+            }
+        });
+    }
+    answers
 }
 
 impl Advice {
@@ -134,6 +195,80 @@ impl Advice {
                 gib(p.weights_bytes),
                 gib(p.outside.at_compute())
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine_kind::EngineKind;
+    use crate::model::ModelShape;
+    use crate::planner::{Outside, GPU_MALLOC_PAGE};
+    use cupool_profiles::Profile;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// However many tries are searched at once, the one whose larger context the advice
+        /// names is the one the whole searches, one after the other, name.
+        #[test]
+        fn searching_tries_at_once_names_what_one_after_the_other_does(
+            profile in prop::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833)]),
+            purges in prop::collection::vec(
+                (prop::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
+                 prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always])),
+                1..5),
+            room_mib in 0usize..1200,
+            configured_steps in 0usize..600,
+            at_once in 1usize..5,
+        ) {
+            let mut shape = ModelShape::preset("llama3-8b").unwrap();
+            shape.n_layer = 2;
+            let mut base = RunConfig::new(shape, 4096);
+            if let Some(profile) = profile {
+                base.engine = EngineKind::Profile { profile, cc: 900 };
+            }
+            let tries: Vec<(RunConfig, String)> = purges
+                .iter()
+                .map(|&(kind, purge)| {
+                    let mut c = base.clone();
+                    c.pool.kind = Some(kind);
+                    c.purge = purge;
+                    (c, format!("{kind:?} {purge:?}"))
+                })
+                .collect();
+            let (w, _) = base.resident_bytes(256);
+            let outside = Outside::of(base.engine, None, base.weight_type, 900);
+            let target = PlanTarget {
+                free_bytes: w + outside.at_compute() + (room_mib << 20),
+                vmm: true,
+                granularity: 2 << 20,
+                malloc_page: GPU_MALLOC_PAGE,
+                outside,
+            };
+            let configured = configured_steps * 256;
+            let pick = |answers: Vec<Result<Option<usize>, String>>| {
+                let mut better: Option<(String, usize)> = None;
+                for ((_, settings), m) in tries.iter().zip(answers) {
+                    let best = better.as_ref().map_or(configured, |(_, b)| *b);
+                    if let Some(m) = m?.filter(|&m| m > best) {
+                        better = Some((settings.clone(), m));
+                    }
+                }
+                Ok::<_, String>(better)
+            };
+            let whole = tries
+                .iter()
+                .map(|(c, _)| super::super::max_ctx_that_fits(c, &target).map_err(|e| e.to_string()))
+                .collect();
+            let refs: Vec<&(RunConfig, String)> = tries.iter().collect();
+            let found = larger_contexts(&refs, &target, configured, at_once)
+                .into_iter()
+                .map(|m| m.map_err(|e| e.to_string()))
+                .collect();
+            prop_assert_eq!(pick(found), pick(whole));
         }
     }
 }

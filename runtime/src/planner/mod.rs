@@ -21,7 +21,8 @@ pub use advice::{advise, Advice};
 pub use outside::Outside;
 pub use search::{max_ctx_that_fits, worst_case_pool_peak};
 
-use crate::config::RunConfig;
+use crate::config::{RunConfig, MAX_CTX};
+use crate::counting_driver::{Counter, CountingDriver};
 use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::executor::dry_run::DryRun;
@@ -32,7 +33,8 @@ use crate::policy::BudgetMode;
 use crate::report::RunReport;
 use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool_pool::driver::Driver;
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
 
 /// The device a plan is made for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,7 +126,8 @@ pub struct Plan {
 /// A dry run of a prefill of `n_prompt` tokens with `cfg`'s pool and purge policy on a
 /// simulated card whose pool has `pool_bytes` to itself (the startup buffers take none of it).
 /// `fast` skips the layers and ubatches that repeat one before them exactly (the engine's
-/// fast-forward): the same peaks, driver calls and failure, in a fraction of the time.
+/// fast-forward, told by a [`CountingDriver`] whether a step called the driver) and keeps no
+/// rows: the same peaks, driver calls and failure, in a fraction of the time.
 fn dry_run(
     cfg: &RunConfig,
     target: &PlanTarget,
@@ -146,8 +149,12 @@ fn dry_run(
         .backed(false)
         .record_calls(false);
     sim.capacity = pool_bytes.min(MAX_CAPACITY);
-    let driver: Arc<dyn Driver> =
-        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?);
+    // Counted: the fast-forward reads from it whether a step called the driver.
+    let counted = Arc::new(CountingDriver::new(
+        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?),
+        Counter::default(),
+    ));
+    let driver: Arc<dyn Driver> = counted.clone();
     let m = &c.model;
     // The dry run touches no memory: the startup buffers need no addresses.
     let bufs = DeviceBuffers {
@@ -158,13 +165,28 @@ fn dry_run(
         kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
         cl: ComputeLayout::new(m, c.n_ubatch),
     };
-    let tokens = c.prompt_tokens(n_prompt);
+    let tokens = dry_prompt(n_prompt);
     // A simulation's out-of-memory is its result, not news: its pool and engine log nothing.
     tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-        let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX)?;
-        engine.ff = FastForward::new(fast);
+        let ff = FastForward::new(fast.then_some(counted));
+        let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX, ff)?;
         engine.decode(&tokens)
     })
+}
+
+/// A dry run's prompt of `n` tokens. The dry-run executor reads no token: only the prompt's
+/// length shapes the run, so every dry run slices one buffer of zeros as long as the longest
+/// context, allocated once and never written (computing the ids, or zeroing a buffer per run,
+/// took a tenth of a long dry run).
+fn dry_prompt(n: usize) -> Cow<'static, [i32]> {
+    static ZEROS: OnceLock<Box<[i32]>> = OnceLock::new();
+    match ZEROS
+        .get_or_init(|| vec![0; MAX_CTX].into_boxed_slice())
+        .get(..n)
+    {
+        Some(t) => Cow::Borrowed(t),
+        None => Cow::Owned(vec![0; n]),
+    }
 }
 
 /// The pool's peaks over a prefill of `n_prompt` tokens on a card it never fills, by dry run.

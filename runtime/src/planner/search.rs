@@ -38,10 +38,14 @@
 //! positions) worth of KV cache and pool below where it starts, at a replay (0.02–1 ms) per
 //! context. Both steps assume what the bisection always did: with a given compute buffer, a
 //! longer context never needs less, and more room never hurts.
+//!
+//! Whether a context fits takes two dry runs, of the prompt that fills it and of the one
+//! ending in the worst short ubatch; they run at once, on two threads.
 
 use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
+use crate::profiled::LayerBytes;
 use std::collections::HashMap;
 
 /// Contexts are searched in multiples of this many tokens.
@@ -49,17 +53,18 @@ const STEP: usize = 256;
 
 /// The length of the short last ubatch whose requests are the largest at the full context
 /// (cupool's scratch, or the engine profile's requests among the tails it models), or `None`.
-fn worst_tail(cfg: &RunConfig) -> Option<usize> {
+/// `bytes` answers for `cfg`'s profile (kept across the contexts a search tries).
+fn worst_tail(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
     let attn = cfg.model.attn();
     let n_kv = cupool_kernels::fa::n_kv(cfg.n_ctx, cfg.n_ctx);
     let mut tails = Vec::with_capacity(cfg.n_ubatch);
     for t in 1..cfg.n_ubatch.min(cfg.n_ctx) {
-        let bytes = match crate::profiled::layer_bytes(cfg, t, n_kv) {
-            Ok(Some(b)) => b,
-            Ok(None) => {
+        let bytes = match bytes.of(t, n_kv) {
+            Some(Some(b)) => b,
+            Some(None) => {
                 cupool_kernels::fa::scratch(&attn, cfg.kv_type, t, n_kv, cfg.sms).total_bytes()
             }
-            Err(_) => continue,
+            None => continue,
         };
         tails.push((bytes, t));
     }
@@ -67,8 +72,8 @@ fn worst_tail(cfg: &RunConfig) -> Option<usize> {
 }
 
 /// The prompt that ends in the worst tail, if one is shorter than the context.
-fn tail_prompt(cfg: &RunConfig) -> Option<usize> {
-    match worst_tail(cfg) {
+fn tail_prompt(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
+    match worst_tail(cfg, bytes) {
         Some(t) if cfg.n_ctx > t => Some((cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t),
         _ => None,
     }
@@ -78,7 +83,7 @@ fn tail_prompt(cfg: &RunConfig) -> Option<usize> {
 /// fills.
 pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, RuntimeError> {
     let full = pool_peaks(cfg, target, cfg.n_ctx)?.0;
-    let short = match tail_prompt(cfg) {
+    let short = match tail_prompt(cfg, &mut LayerBytes::new(cfg)) {
         Some(p) => pool_peaks(cfg, target, p)?.0,
         None => 0,
     };
@@ -87,23 +92,42 @@ pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usiz
 
 /// Whether every prompt up to a context of `n_ctx` completes from `target`'s free memory (the
 /// one that fills it and the one ending in the worst short ubatch) beside a compute buffer of
-/// `compute` bytes: the context's own, or its floor.
+/// `compute` bytes: the context's own, or its floor. `bytes` answers for `cfg`'s profile.
 fn fits_beside(
     cfg: &RunConfig,
     target: &PlanTarget,
     n_ctx: usize,
     compute: usize,
+    bytes: &mut LayerBytes,
 ) -> Result<bool, RuntimeError> {
     let mut c = cfg.clone();
     c.n_ctx = n_ctx;
     let (w, kv) = c.resident_bytes(n_ctx);
     let buffers = (w, kv, compute);
-    if simulate_beside(&c, target, n_ctx, buffers)?.stop.is_some() {
-        return Ok(false);
-    }
-    Ok(match tail_prompt(&c) {
-        Some(p) => simulate_beside(&c, target, p, buffers)?.stop.is_none(),
-        None => true,
+    let completes = |n_prompt: usize| -> Result<bool, RuntimeError> {
+        Ok(simulate_beside(&c, target, n_prompt, buffers)?
+            .stop
+            .is_none())
+    };
+    let Some(p) = tail_prompt(&c, bytes) else {
+        return completes(n_ctx);
+    };
+    // The two prompts at once, on two threads: the search's time is these dry runs. The
+    // shorter one runs as long as the other even where the longer stops early (both see the
+    // same ubatches up to the shorter's last batch), so waiting for it costs nothing. The
+    // answer is the sequential one: the tail's result counts only where the full prompt
+    // completes (and where no thread can be had, the tail runs after it, as it did).
+    std::thread::scope(|s| {
+        let tail = std::thread::Builder::new().spawn_scoped(s, || completes(p));
+        let full = completes(n_ctx);
+        let tail = match tail {
+            Ok(t) => t
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) if matches!(full, Ok(true)) => completes(p),
+            Err(_) => Ok(false),
+        };
+        Ok(full? && tail?)
     })
 }
 
@@ -113,6 +137,29 @@ fn fits_beside(
 pub fn max_ctx_that_fits(
     cfg: &RunConfig,
     target: &PlanTarget,
+) -> Result<Option<usize>, RuntimeError> {
+    max_ctx_above(cfg, target, &|| 0)
+}
+
+/// [`max_ctx_that_fits`] where only an answer above `above()` counts (the advice's other
+/// settings, against the largest context found so far, which may grow meanwhile): the answer
+/// if it is above `above()`, else `None`. The search stops as soon as every context it can
+/// still answer is at most `above()`, the dry runs up to there the same; it stops early only
+/// where none of the dry runs it leaves out could fail (the engine profile refuses no ubatch it
+/// could ask), so an error comes back as it did.
+pub(crate) fn max_ctx_above(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    above: &dyn Fn() -> usize,
+) -> Result<Option<usize>, RuntimeError> {
+    Ok(search(cfg, target, above)?.filter(|&m| m > above()))
+}
+
+/// [`max_ctx_above`]'s search: the answer, or `None` where none fits or where it stopped early.
+fn search(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    above: &dyn Fn() -> usize,
 ) -> Result<Option<usize>, RuntimeError> {
     const LIMIT: usize = crate::config::MAX_CTX;
     let floor = |c: usize| cfg.compute_floor_bytes(c);
@@ -138,6 +185,9 @@ pub fn max_ctx_that_fits(
         target,
         buffer: HashMap::new(),
         fits: HashMap::new(),
+        above,
+        refuses_nothing: None,
+        bytes: LayerBytes::new(cfg),
     };
     // The exact start-up buffers, downwards from the floor's bound (a few contexts, where the
     // buffer is above its floor): none above `bound` starts. When the pool fits beside them
@@ -145,25 +195,31 @@ pub fn max_ctx_that_fits(
     let Some(bound) = walk.starts_at_or_below(s_lo * STEP) else {
         return Ok(None);
     };
+    if walk.answers_at_most(bound) {
+        return Ok(None);
+    }
     if walk.fits(bound)? {
         return Ok(Some(bound));
     }
-    let fits_floor = |c: usize| fits_beside(cfg, target, c, floor(c));
-    let top = if walk.compute(bound) != floor(bound) && fits_floor(bound)? {
+    let top = if walk.compute(bound) != floor(bound) && walk.fits_floor(bound)? {
         bound
     } else {
-        if !fits_floor(STEP)? {
+        if !walk.fits_floor(STEP)? {
             return Ok(None);
         }
         let mut lo = STEP;
-        while lo * 2 < bound && fits_floor(lo * 2)? {
+        while lo * 2 < bound && walk.fits_floor(lo * 2)? {
             lo *= 2;
         }
         let mut hi = (lo * 2).min(bound);
         // lo fits beside the floor, hi does not.
         while hi - lo > STEP {
+            // `top` ends below `hi`.
+            if walk.answers_at_most(hi - STEP) {
+                return Ok(None);
+            }
             let mid = (lo + hi) / 2 / STEP * STEP;
-            if fits_floor(mid)? {
+            if walk.fits_floor(mid)? {
                 lo = mid;
             } else {
                 hi = mid;
@@ -186,9 +242,26 @@ struct Walk<'a> {
     buffer: HashMap<usize, usize>,
     /// Whether each context probed fits.
     fits: HashMap<usize, bool>,
+    /// Only an answer above this counts ([`max_ctx_above`]).
+    above: &'a dyn Fn() -> usize,
+    /// Whether no dry run can fail (its pool is one the device has, and the engine profile
+    /// refuses no ubatch it could ask), once asked.
+    refuses_nothing: Option<bool>,
+    /// The profile's bytes for the short last ubatches.
+    bytes: LayerBytes,
 }
 
 impl Walk<'_> {
+    /// Whether the search may stop with no answer, every answer it has left being at most
+    /// `most`: only one above `above()` counts, and where no dry run left out could fail.
+    fn answers_at_most(&mut self, most: usize) -> bool {
+        let (cfg, vmm) = (self.cfg, self.target.vmm);
+        most <= (self.above)()
+            && *self.refuses_nothing.get_or_insert_with(|| {
+                cfg.pool.resolve(vmm).is_ok() && crate::profiled::refuses_no_ubatch(cfg)
+            })
+    }
+
     fn compute(&mut self, n_ctx: usize) -> usize {
         let cfg = self.cfg;
         *self
@@ -202,9 +275,15 @@ impl Walk<'_> {
             return Ok(f);
         }
         let compute = self.compute(n_ctx);
-        let f = fits_beside(self.cfg, self.target, n_ctx, compute)?;
+        let f = fits_beside(self.cfg, self.target, n_ctx, compute, &mut self.bytes)?;
         self.fits.insert(n_ctx, f);
         Ok(f)
+    }
+
+    /// Whether every prompt up to `n_ctx` completes beside the floor of its compute buffer.
+    fn fits_floor(&mut self, n_ctx: usize) -> Result<bool, RuntimeError> {
+        let floor = self.cfg.compute_floor_bytes(n_ctx);
+        fits_beside(self.cfg, self.target, n_ctx, floor, &mut self.bytes)
     }
 
     /// The largest context at or below `bound` whose start-up buffers fit beside what lies
@@ -219,8 +298,12 @@ impl Walk<'_> {
 
     /// The largest context from `lo` (which fits) below `fail` (which does not), both in one
     /// run of contexts whose buffer does not decrease: there whether a context fits is monotone.
-    fn bisect(&mut self, mut lo: usize, mut fail: usize) -> Result<usize, RuntimeError> {
+    fn bisect(&mut self, mut lo: usize, mut fail: usize) -> Result<Option<usize>, RuntimeError> {
         while fail - lo > STEP {
+            // The answer is below `fail`.
+            if self.answers_at_most(fail - STEP) {
+                return Ok(None);
+            }
             let mid = (lo + fail) / 2 / STEP * STEP;
             if self.fits(mid)? {
                 lo = mid;
@@ -228,7 +311,7 @@ impl Walk<'_> {
                 fail = mid;
             }
         }
-        Ok(lo)
+        Ok(Some(lo))
     }
 
     /// The largest context at or below `top` that fits, when none above `top` does: run by run
@@ -236,6 +319,10 @@ impl Walk<'_> {
     fn largest_from(&mut self, top: usize) -> Result<Option<usize>, RuntimeError> {
         let mut hi = top;
         loop {
+            // What is left to answer is at most `hi`.
+            if self.answers_at_most(hi) {
+                return Ok(None);
+            }
             // Every context above `hi` fails; the run goes down from `hi` while the buffer
             // does not grow below.
             let mut fail = hi + STEP;
@@ -243,9 +330,13 @@ impl Walk<'_> {
             loop {
                 if c == probe {
                     if self.fits(c)? {
-                        return self.bisect(c, fail).map(Some);
+                        return self.bisect(c, fail);
                     }
                     fail = c;
+                    // What is left to answer is below `fail`.
+                    if self.answers_at_most(fail - STEP) {
+                        return Ok(None);
+                    }
                     probe = c.saturating_sub(gap);
                     gap *= 2;
                 }
@@ -256,7 +347,7 @@ impl Walk<'_> {
             }
             // `c` is the run's bottom: if it fails, so does the whole run.
             if fail != c && self.fits(c)? {
-                return self.bisect(c, fail).map(Some);
+                return self.bisect(c, fail);
             }
             if c == STEP {
                 return Ok(None);
@@ -269,7 +360,8 @@ impl Walk<'_> {
 /// Whether every prompt up to a context of `n_ctx` completes beside its own compute buffer.
 #[cfg(test)]
 fn fits(cfg: &RunConfig, target: &PlanTarget, n_ctx: usize) -> Result<bool, RuntimeError> {
-    fits_beside(cfg, target, n_ctx, cfg.compute_buffer_bytes(n_ctx))
+    let compute = cfg.compute_buffer_bytes(n_ctx);
+    fits_beside(cfg, target, n_ctx, compute, &mut LayerBytes::new(cfg))
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! The largest context where mainline's compute buffer is not monotone in the context: a
-//! mixture of experts' (see `search.rs`), against every context tried one by one.
+//! mixture of experts' (see `search.rs`), against every context tried one by one; and the
+//! search's two prompts per context, run at once, against the same run one after the other;
+//! and a search that only needs to beat a context, against the whole one.
 
 use super::*;
 use crate::engine_kind::EngineKind;
@@ -187,5 +189,107 @@ fn the_compute_buffer_s_floor_is_below_it_and_monotone() {
     };
     for c in [256, 4096, 38400] {
         assert_eq!(ik.compute_floor_bytes(c), ik.compute_buffer_bytes(c));
+    }
+}
+
+/// Whether every prompt up to `n_ctx` completes beside a compute buffer of `compute` bytes, as
+/// the search asked before it ran the two prompts at once: the full one, then the one ending in
+/// the worst tail only where the full one completes.
+fn fits_one_after_the_other(
+    cfg: &RunConfig,
+    t: &PlanTarget,
+    n_ctx: usize,
+    compute: usize,
+) -> Result<bool, RuntimeError> {
+    let mut c = cfg.clone();
+    c.n_ctx = n_ctx;
+    let (w, kv) = c.resident_bytes(n_ctx);
+    let buffers = (w, kv, compute);
+    if simulate_beside(&c, t, n_ctx, buffers)?.stop.is_some() {
+        return Ok(false);
+    }
+    Ok(match tail_prompt(&c, &mut LayerBytes::new(&c)) {
+        Some(p) => simulate_beside(&c, t, p, buffers)?.stop.is_none(),
+        None => true,
+    })
+}
+
+/// A 2-layer Llama-3-8B-shaped configuration for the property tests.
+fn two_layers(
+    profile: Option<Profile>,
+    kind: PoolKind,
+    purge: PurgePolicy,
+    ubatch: usize,
+) -> RunConfig {
+    let mut shape = ModelShape::preset("llama3-8b").unwrap();
+    shape.n_layer = 2;
+    let mut cfg = RunConfig::new(shape, 4096);
+    if let Some(profile) = profile {
+        cfg.engine = EngineKind::Profile { profile, cc: 900 };
+    }
+    cfg.n_ubatch = ubatch;
+    cfg.n_batch = 4 * ubatch;
+    cfg.purge = purge;
+    cfg.pool.kind = Some(kind);
+    cfg
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// The two prompts run at once answer as they did one after the other, errors included,
+    /// around where the context stops fitting (the free memory a little above or below what
+    /// the start-up buffers and what lies outside them take).
+    #[test]
+    fn two_prompts_at_once_answer_as_one_after_the_other(
+        profile in proptest::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833), Some(Profile::Llama)]),
+        kind in proptest::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
+        purge in proptest::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+        ubatch in proptest::sample::select(vec![64usize, 256, 512]),
+        steps in 1usize..80,
+        floor in proptest::prelude::any::<bool>(),
+        room_mib in 0usize..600,
+    ) {
+        let cfg = two_layers(profile, kind, purge, ubatch);
+        let n_ctx = steps * STEP;
+        let compute = match floor {
+            true => cfg.compute_floor_bytes(n_ctx),
+            false => cfg.compute_buffer_bytes(n_ctx),
+        };
+        let (w, kv) = cfg.resident_bytes(n_ctx);
+        let outside = h100(&cfg, 0).outside.at_compute();
+        let t = h100(&cfg, w + kv + compute + outside + (room_mib << 20));
+        let at_once = fits_beside(&cfg, &t, n_ctx, compute, &mut LayerBytes::new(&cfg))
+            .map_err(|e| e.to_string());
+        let in_turn = fits_one_after_the_other(&cfg, &t, n_ctx, compute).map_err(|e| e.to_string());
+        proptest::prop_assert_eq!(at_once, in_turn);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// A search that only needs to beat a context answers what the whole search does, where
+    /// that is above it, and nothing otherwise: the advice's other settings lose nothing by
+    /// stopping early.
+    #[test]
+    fn a_search_above_a_context_answers_as_the_whole_one(
+        profile in proptest::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833), Some(Profile::Llama)]),
+        kind in proptest::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
+        purge in proptest::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+        ubatch in proptest::sample::select(vec![64usize, 256, 512]),
+        room_mib in 0usize..1500,
+        // Where the context to beat lies from the whole search's answer, in steps.
+        around in proptest::prop_oneof![-2isize..2, -40isize..40],
+    ) {
+        let cfg = two_layers(profile, kind, purge, ubatch);
+        let (w, _) = cfg.resident_bytes(STEP);
+        let outside = h100(&cfg, 0).outside.at_compute();
+        let t = h100(&cfg, w + outside + (room_mib << 20));
+        let whole = max_ctx_that_fits(&cfg, &t).map_err(|e| e.to_string());
+        let answer = whole.clone().ok().flatten().unwrap_or(0) as isize;
+        let above = (answer + around * STEP as isize).max(0) as usize;
+        let beyond = max_ctx_above(&cfg, &t, &|| above).map_err(|e| e.to_string());
+        proptest::prop_assert_eq!(beyond, whole.map(|m| m.filter(|&m| m > above)));
     }
 }

@@ -1,0 +1,94 @@
+//! An engine profile's op, its requests taken from the pool and returned as the engine does
+//! (`crate::profiled` says which ops a ubatch runs).
+
+use crate::error::RuntimeError;
+use crate::fast_forward::FastForward;
+use cupool_pool::adaptors::label;
+use cupool_pool::{Block, Pool};
+use cupool_profiles::OpCall;
+
+/// Takes `c`'s requests from `held`'s pool, `c.repeat` times. When fast-forwarding (dry runs),
+/// a run that made no driver call left the pool as it found it, and the runs after it would
+/// repeat it exactly: they are skipped.
+pub(crate) fn take_call(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), RuntimeError> {
+    for _ in 0..c.repeat {
+        let mark = ff.mark();
+        let base = held.blocks.len();
+        if let Err(e) = take_once(held, c, ff) {
+            // As the buffers of an op whose request failed drop: in the order taken.
+            held.give_back_from(base, false);
+            return Err(e);
+        }
+        held.give_back_from(base, true);
+        if ff.repeats(mark) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One run of `c`: its held buffers stay on `held` (above where they started) for the caller
+/// to return, a nested step's are returned by that step.
+fn take_once(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), RuntimeError> {
+    let pool = held.pool;
+    for r in &c.held {
+        let b = label::with(r.name, || pool.alloc(r.bytes))?;
+        held.blocks.push(b);
+    }
+    for r in &c.inner {
+        let b = label::with(r.name, || pool.alloc(r.bytes))?;
+        give_back(pool, b);
+    }
+    for n in &c.nested {
+        take_call(held, n, ff)?;
+    }
+    Ok(())
+}
+
+/// The blocks the ops of a ubatch hold, innermost last, taken from the pool as they are (a dry
+/// run makes millions of requests: no buffer object, no reference count, no list of its own
+/// each). Whatever is left when it drops (a panic) goes back to the pool.
+pub(crate) struct Held<'a> {
+    pool: &'a dyn Pool,
+    blocks: Vec<Block>,
+}
+
+impl<'a> Held<'a> {
+    /// None yet, from `pool`.
+    pub fn new(pool: &'a dyn Pool) -> Self {
+        Self {
+            pool,
+            blocks: Vec::new(),
+        }
+    }
+
+    /// Returns the blocks from `base` on: the last first (`reverse`, as an op ends), or in the
+    /// order taken.
+    fn give_back_from(&mut self, base: usize, reverse: bool) {
+        if reverse {
+            while self.blocks.len() > base {
+                if let Some(b) = self.blocks.pop() {
+                    give_back(self.pool, b);
+                }
+            }
+        } else {
+            for b in self.blocks.drain(base..) {
+                give_back(self.pool, b);
+            }
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.give_back_from(0, false);
+    }
+}
+
+/// Returns `b` to `pool`, as a buffer's drop does: a refusal is logged (the block then goes
+/// back to its pool core when dropped).
+fn give_back(pool: &dyn Pool, b: Block) {
+    if let Err(e) = pool.free(b) {
+        tracing::error!(error = %e, "returning a buffer to its pool failed");
+    }
+}
