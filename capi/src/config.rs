@@ -2,12 +2,14 @@
 //! or semicolons, with the names of the environment variables (a null string reads the
 //! environment itself). The names, what they accept and libcupool's defaults are the rows of
 //! cupool's settings table that libcupool reads (`cupool_pool::settings`, returned by
-//! `cupool_settings_json`); the defaults that differ from the library's are below.
+//! `cupool_settings_json`); the defaults that differ from the library's are below and in
+//! `cupool_pool::layering`.
 
 use crate::status::{CupoolStatus, Failure};
+use cupool_pool::layering::Layering;
 use cupool_pool::settings::{FrontEnd, SETTINGS};
 use cupool_pool::AutoHeadroom as Headroom;
-use cupool_pool::{PoolConfig, PoolKind, PurgePolicy};
+use cupool_pool::{PoolConfig, PurgePolicy};
 use std::collections::HashMap;
 
 /// The configuration's names: the settings libcupool reads, less those it reads from the
@@ -18,16 +20,6 @@ pub(crate) fn names() -> impl Iterator<Item = &'static str> {
         .filter(|s| s.is_read_by(FrontEnd::Libcupool) && !s.env_only)
         .map(|s| s.name)
 }
-
-/// The VMM pool's rounding of large requests unless configured: the 2 MiB granule. A
-/// framework's tensors are replaced by slightly larger ones (a KV cache concatenated every
-/// chunk); with ggml's 128 bytes the holes they leave are just too small (docs/pytorch.md).
-const ROUND_LARGE: usize = 2 << 20;
-
-/// The VMM pool's size classes unless configured: small (up to 1 MiB) and large requests in
-/// address ranges of their own, so small tensors do not pin the holes large ones leave
-/// (docs/pytorch.md).
-const SIZE_CLASSES: [usize; 1] = [1 << 20];
 
 /// The largest `CUPOOL_LIMIT_MIB`: 16 TiB, above any device.
 const MAX_LIMIT_MIB: usize = 16 << 20;
@@ -95,17 +87,11 @@ impl Config {
             }
         };
         let mut pool = PoolConfig::from_lookup(|k| pairs.get(k).cloned())?;
-        if !pairs.contains_key("CUPOOL_VMM_ROUND_LARGE") {
-            pool.vmm.large_rounding = ROUND_LARGE;
-        }
+        // The size classes and the rounding for a framework's traffic, unless set.
+        Layering::unless_set(|n| pairs.contains_key(n)).apply(&mut pool);
         // A framework frees out of order: the VMM pool recycles the pages of its holes.
         if !pairs.contains_key("CUPOOL_VMM_RECYCLE") {
             pool.vmm.recycle = true;
-        }
-        if !pairs.contains_key("CUPOOL_SIZE_CLASSES")
-            && matches!(pool.kind, None | Some(PoolKind::Vmm))
-        {
-            pool.size_classes = SIZE_CLASSES.to_vec();
         }
         let gib = match pairs.get("CUPOOL_SIM_GIB") {
             None => 16.0,

@@ -3,6 +3,7 @@
 use crate::cli::RunArgs;
 pub use crate::device::{gib_bytes, Device, GIB};
 use crate::gguf::GgufInput;
+use cupool::pool::layering::Layering;
 use cupool::pool::{PoolConfig, PoolKind};
 use cupool::runtime::planner::weights::device_weight_bytes;
 use cupool::runtime::profile::EngineModel;
@@ -90,6 +91,9 @@ fn preset_engine_model(a: &RunArgs) -> Option<EngineModel> {
 /// The base configuration from the arguments (pool settings filled in by the caller).
 pub fn run_config(a: &RunArgs, m: &Model, plan: bool) -> Result<RunConfig, String> {
     let mut c = RunConfig::new(m.shape.clone(), a.ctx);
+    // An engine profile's pool takes libcupool's defaults, as under the shim, for each of
+    // them the environment leaves unset.
+    c.layering = Layering::unless_set(|n| std::env::var_os(n).is_some());
     c.kv_type = a.kv_type;
     c.n_batch = a.batch;
     c.n_ubatch = a.ubatch;

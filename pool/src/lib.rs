@@ -47,6 +47,7 @@ pub mod driver;
 mod error;
 mod invalid;
 mod kind;
+pub mod layering;
 mod owners;
 pub mod placement;
 mod pool;

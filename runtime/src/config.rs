@@ -6,6 +6,7 @@ use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
 use crate::model::ModelShape;
 use crate::policy::{BudgetMode, PurgePolicy};
 use cupool_kernels::{KvType, QK8_0};
+use cupool_pool::layering::Layering;
 use cupool_pool::{AutoHeadroom, PoolConfig};
 use cupool_profiles::{llama, EngineModel, Weights};
 
@@ -34,6 +35,10 @@ pub struct RunConfig {
     pub seed: u64,
     /// Pool choice.
     pub pool: PoolConfig,
+    /// Which of libcupool's defaults an engine profile's pool takes (the pool the engine gets
+    /// through the ggml shim): those the user left unset. cupool's own engine builds the
+    /// library's pool as configured ([`RunConfig::pool_config`]).
+    pub layering: Layering,
     /// Purge policy at prefill ubatch boundaries.
     pub purge: PurgePolicy,
     /// With `auto`: return memory only while the device's free memory is below this (as
@@ -76,6 +81,7 @@ impl RunConfig {
             sms: 132,
             seed: 42,
             pool: PoolConfig::default(),
+            layering: Layering::default(),
             purge: PurgePolicy::Never,
             auto_headroom: AutoHeadroom::Ubatch,
             budget: BudgetMode::Ggml,
@@ -95,6 +101,18 @@ impl RunConfig {
         self.engine_model
             .clone()
             .or_else(|| EngineModel::preset(&self.model.name))
+    }
+
+    /// The pool the run builds on a device with or without VMM: [`Self::pool`], and for an
+    /// engine profile libcupool's [`Self::layering`] on the kind it resolves to (an engine
+    /// profile's legacy pool under a purge policy is libcupool's too, see `engine`).
+    pub fn pool_config(&self, vmm: bool) -> Result<PoolConfig, RuntimeError> {
+        let mut c = self.pool.clone();
+        if let EngineKind::Profile { .. } = self.engine {
+            c.kind = Some(c.resolve(vmm)?);
+            self.layering.apply(&mut c);
+        }
+        Ok(c)
     }
 
     /// Checks the settings; the error says which and what is accepted.

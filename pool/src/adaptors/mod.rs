@@ -5,6 +5,7 @@
 //! - [`Recorder`](crate::trace::Recorder): a replayable trace of every allocation, free and
 //!   phase (it lives with the trace format, in [`crate::trace`]);
 //! - [`ManagedFallback`]: on device OOM, serve that one allocation from managed memory;
+//! - [`PurgeRetry`]: on device OOM, purge every idle byte and try once more (libcupool's way);
 //! - [`SizeClasses`]: a pool for each range of request sizes;
 //! - [`ThreadCache`]: each thread keeps the small blocks it freed, for threads sharing a pool;
 //! - [`label`]: the name of what is being allocated, for the recorder.
@@ -77,10 +78,12 @@ macro_rules! forward_accounting {
 pub mod label;
 pub mod managed_fallback;
 pub mod phases;
+pub mod purge_retry;
 pub mod size_classes;
 pub mod thread_cache;
 
 pub use managed_fallback::ManagedFallback;
 pub use phases::Phases;
+pub use purge_retry::PurgeRetry;
 pub use size_classes::SizeClasses;
 pub use thread_cache::{ThreadBins, ThreadCache, ThreadCacheConfig};

@@ -69,7 +69,7 @@ pub const SETTINGS: &[Setting] = &[
         accepts: Text("byte bounds B1,B2,... strictly ascending, or none"),
         read_by: &[
             by(Library, "none"),
-            by(Cli, "none (replay --size-classes overrides)"),
+            by(Cli, "none, but libcupool's for an engine profile's pool (--engine), replay --size-classes overrides"),
             by(Libcupool, "1048576 for vmm (and an unset GGML_POOL), else none"),
         ],
         keyword: Some("size_classes"),
@@ -81,7 +81,7 @@ pub const SETTINGS: &[Setting] = &[
         accepts: Text("a power of two from 128 to 1073741824 (bytes)"),
         read_by: &[
             by(Library, "128"),
-            by(Cli, "128 (replay --round-large overrides)"),
+            by(Cli, "128, but libcupool's for an engine profile's pool (--engine), replay --round-large overrides"),
             by(Libcupool, "2097152 (the 2 MiB granule, for a framework's traffic)"),
         ],
         keyword: Some("vmm_round_large"),

@@ -17,7 +17,7 @@ use crate::fast_forward::FastForward;
 use crate::layer::Model;
 use crate::report::{RunReport, UbatchRow};
 use cupool_kernels::fa;
-use cupool_pool::adaptors::Phases;
+use cupool_pool::adaptors::{Phases, PurgeRetry};
 use cupool_pool::driver::Driver;
 use cupool_pool::trace::Recorder;
 use cupool_pool::Pool;
@@ -76,12 +76,20 @@ impl Engine {
         // An engine profile's legacy pool behaves as that engine's does on OOM; under a purge
         // policy it is libcupool's, which trims the device's pools and retries unless
         // CUPOOL_PURGE=never.
-        let mut pool_cfg = cfg.pool.clone();
+        let mut pool_cfg = cfg.pool_config(driver.vmm_supported())?;
         if let EngineKind::Profile { profile, .. } = cfg.engine {
             pool_cfg.legacy.flush_and_retry =
                 profile.legacy_flush_and_retry() || cfg.purge != crate::policy::PurgePolicy::Never;
         }
         let mut pool = pool_cfg.build(driver.clone())?;
+        // Under a purge policy libcupool answers a failed allocation by purging every pool of
+        // the device and retrying (its size classes included), and an engine profile's pool
+        // is libcupool's.
+        if matches!(cfg.engine, EngineKind::Profile { .. })
+            && cfg.purge != crate::policy::PurgePolicy::Never
+        {
+            pool = Arc::new(PurgeRetry::new(pool));
+        }
         let recorder = cfg
             .record_trace
             .then(|| Arc::new(Recorder::new(pool.clone(), 0)));
