@@ -10,9 +10,8 @@
 //! off the hot path: one lock each is nothing beside them.
 
 use crate::history::{self, Action};
-use cupool_pool::driver::{
-    DevicePtr, DeviceShared, Driver, DriverError, HostBuffer, MemInfo, PhysHandle, SyncEpoch,
-};
+use cupool_pool::driver::forward::Forward;
+use cupool_pool::driver::{DevicePtr, Driver, DriverError, PhysHandle};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -164,33 +163,9 @@ impl Tracked {
     }
 }
 
-impl Driver for Tracked {
-    fn ordinal(&self) -> usize {
-        self.inner.ordinal()
-    }
-
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-
-    fn shared(&self) -> &DeviceShared {
-        self.inner.shared()
-    }
-
-    fn epoch(&self) -> &SyncEpoch {
-        self.inner.epoch()
-    }
-
-    fn host_accessible(&self) -> bool {
-        self.inner.host_accessible()
-    }
-
-    fn mem_info(&self) -> Result<MemInfo, DriverError> {
-        self.inner.mem_info()
-    }
-
-    fn managed_headroom(&self) -> Result<usize, DriverError> {
-        self.inner.managed_headroom()
+impl Forward for Tracked {
+    fn inner(&self) -> &dyn Driver {
+        self.inner.as_ref()
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
@@ -215,22 +190,6 @@ impl Driver for Tracked {
         self.inner.free_managed(ptr)?;
         self.freed(ptr);
         Ok(())
-    }
-
-    fn open(&self) -> Result<(), DriverError> {
-        self.inner.open()
-    }
-
-    fn vmm_supported(&self) -> bool {
-        self.inner.vmm_supported()
-    }
-
-    fn malloc_page(&self) -> usize {
-        self.inner.malloc_page()
-    }
-
-    fn granularity(&self) -> Result<usize, DriverError> {
-        self.inner.granularity()
     }
 
     fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
@@ -274,29 +233,5 @@ impl Driver for Tracked {
         self.unmapped(from, bytes);
         self.mapped(to, bytes);
         Ok(())
-    }
-
-    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        self.inner.unalias(at, bytes)
-    }
-
-    fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        self.inner.poison(ptr, bytes)
-    }
-
-    fn host_buffer(&self, bytes: usize) -> Result<HostBuffer, DriverError> {
-        self.inner.host_buffer(bytes)
-    }
-
-    fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), DriverError> {
-        self.inner.copy_to_host(src, dst)
-    }
-
-    fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
-        self.inner.copy_from_host(dst, src)
-    }
-
-    fn synchronize_device(&self) -> Result<(), DriverError> {
-        self.inner.synchronize_device()
     }
 }

@@ -11,9 +11,8 @@
 //! second the memory is mapped and unmapped again. Removing one ([`Driver::unalias`]) is one
 //! (cuMemUnmap).
 
-use super::{
-    CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
-};
+use super::forward::Forward;
+use super::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, MemInfo, PhysHandle};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -110,21 +109,9 @@ impl FaultInjector {
     }
 }
 
-impl Driver for FaultInjector {
-    fn ordinal(&self) -> usize {
-        self.inner.ordinal()
-    }
-
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-
-    fn shared(&self) -> &DeviceShared {
-        self.inner.shared()
-    }
-
-    fn host_accessible(&self) -> bool {
-        self.inner.host_accessible()
+impl Forward for FaultInjector {
+    fn inner(&self) -> &dyn Driver {
+        self.inner.as_ref()
     }
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
@@ -155,18 +142,6 @@ impl Driver for FaultInjector {
     fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
         self.step(CallKind::FreeManaged)?;
         self.inner.free_managed(ptr)
-    }
-
-    fn malloc_page(&self) -> usize {
-        self.inner.malloc_page()
-    }
-
-    fn open(&self) -> Result<(), DriverError> {
-        self.inner.open()
-    }
-
-    fn vmm_supported(&self) -> bool {
-        self.inner.vmm_supported()
     }
 
     fn granularity(&self) -> Result<usize, DriverError> {
@@ -226,10 +201,6 @@ impl Driver for FaultInjector {
     fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
         self.step(CallKind::Unmap)?;
         self.inner.unalias(at, bytes)
-    }
-
-    fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        self.inner.poison(ptr, bytes)
     }
 
     fn host_buffer(&self, bytes: usize) -> Result<super::HostBuffer, DriverError> {

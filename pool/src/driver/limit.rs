@@ -9,9 +9,8 @@
 //! the wrapped driver is called, and given back if that call fails. Concurrent requests can
 //! therefore never pass the check together and overshoot the limit.
 
-use super::{
-    CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,
-};
+use super::forward::Forward;
+use super::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, MemInfo, PhysHandle};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -75,9 +74,9 @@ impl LimitedDriver {
     }
 }
 
-impl Driver for LimitedDriver {
-    fn ordinal(&self) -> usize {
-        self.inner.ordinal()
+impl Forward for LimitedDriver {
+    fn inner(&self) -> &dyn Driver {
+        self.inner.as_ref()
     }
 
     fn name(&self) -> String {
@@ -88,14 +87,6 @@ impl Driver for LimitedDriver {
         )
     }
 
-    fn shared(&self) -> &DeviceShared {
-        self.inner.shared()
-    }
-
-    fn host_accessible(&self) -> bool {
-        self.inner.host_accessible()
-    }
-
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         let real = self.inner.mem_info()?;
         let used = self.state.lock().used;
@@ -104,10 +95,6 @@ impl Driver for LimitedDriver {
             free: total.saturating_sub(used).min(real.free),
             total,
         })
-    }
-
-    fn managed_headroom(&self) -> Result<usize, DriverError> {
-        self.inner.managed_headroom()
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
@@ -143,38 +130,6 @@ impl Driver for LimitedDriver {
         Ok(())
     }
 
-    fn malloc_managed(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
-        self.inner.malloc_managed(bytes)
-    }
-
-    fn free_managed(&self, ptr: DevicePtr) -> Result<(), DriverError> {
-        self.inner.free_managed(ptr)
-    }
-
-    fn malloc_page(&self) -> usize {
-        self.inner.malloc_page()
-    }
-
-    fn open(&self) -> Result<(), DriverError> {
-        self.inner.open()
-    }
-
-    fn vmm_supported(&self) -> bool {
-        self.inner.vmm_supported()
-    }
-
-    fn granularity(&self) -> Result<usize, DriverError> {
-        self.inner.granularity()
-    }
-
-    fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
-        self.inner.reserve(bytes, hint)
-    }
-
-    fn release_reservation(&self, base: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        self.inner.release_reservation(base, bytes)
-    }
-
     fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError> {
         self.admit(CallKind::Create, bytes)?;
         self.inner
@@ -202,25 +157,5 @@ impl Driver for LimitedDriver {
     fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
         // The memory stays behind its other mapping.
         self.inner.unalias(at, bytes)
-    }
-
-    fn poison(&self, ptr: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        self.inner.poison(ptr, bytes)
-    }
-
-    fn host_buffer(&self, bytes: usize) -> Result<super::HostBuffer, DriverError> {
-        self.inner.host_buffer(bytes)
-    }
-
-    fn copy_to_host(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), DriverError> {
-        self.inner.copy_to_host(src, dst)
-    }
-
-    fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
-        self.inner.copy_from_host(dst, src)
-    }
-
-    fn synchronize_device(&self) -> Result<(), DriverError> {
-        self.inner.synchronize_device()
     }
 }

@@ -6,11 +6,13 @@
 //! behaviour wraps a driver, and works over either: a memory limit on a large card
 //! ([`limit::LimitedDriver`]), fault injection ([`fault::FaultInjector`]), opening a device
 //! on its first use ([`lazy::LazyDriver`]) and watching each call go by
-//! ([`observed::Observed`]; timing each call is [`timed::TimedDriver`]).
+//! ([`observed::Observed`]; timing each call is [`timed::TimedDriver`]). A wrapper implements
+//! [`forward::Forward`] and overrides only the calls it changes.
 
 pub mod cuda;
 mod error;
 pub mod fault;
+pub mod forward;
 mod host;
 pub mod lazy;
 pub mod limit;

@@ -6,8 +6,8 @@
 //! Queries that never reach the device (the ordinal, the granularity, ...) pass straight
 //! through and are not shown to the observer.
 
-use super::SyncEpoch;
-use super::{DevicePtr, DeviceShared, Driver, DriverError, HostBuffer, MemInfo, PhysHandle};
+use super::forward::Forward;
+use super::{DevicePtr, Driver, DriverError, HostBuffer, MemInfo, PhysHandle};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -37,33 +37,13 @@ impl<O: CallObserver> Observed<O> {
     }
 }
 
-impl<O: CallObserver> Driver for Observed<O> {
-    fn ordinal(&self) -> usize {
-        self.inner.ordinal()
-    }
-
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-
-    fn shared(&self) -> &DeviceShared {
-        self.inner.shared()
-    }
-
-    fn epoch(&self) -> &SyncEpoch {
-        self.inner.epoch()
-    }
-
-    fn host_accessible(&self) -> bool {
-        self.inner.host_accessible()
+impl<O: CallObserver> Forward for Observed<O> {
+    fn inner(&self) -> &dyn Driver {
+        self.inner.as_ref()
     }
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         self.observer.around("mem_info", || self.inner.mem_info())
-    }
-
-    fn managed_headroom(&self) -> Result<usize, DriverError> {
-        self.inner.managed_headroom()
     }
 
     fn malloc(&self, bytes: usize) -> Result<DevicePtr, DriverError> {
@@ -87,18 +67,6 @@ impl<O: CallObserver> Driver for Observed<O> {
 
     fn open(&self) -> Result<(), DriverError> {
         self.observer.around("open", || self.inner.open())
-    }
-
-    fn vmm_supported(&self) -> bool {
-        self.inner.vmm_supported()
-    }
-
-    fn malloc_page(&self) -> usize {
-        self.inner.malloc_page()
-    }
-
-    fn granularity(&self) -> Result<usize, DriverError> {
-        self.inner.granularity()
     }
 
     fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
