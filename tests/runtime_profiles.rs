@@ -3,6 +3,7 @@
 //! compute buffer with a profile matches what ik_llama.cpp logged (the logs are the profiles'
 //! test data, profiles/tests/data, gzipped).
 use cupool::kernels::KvType;
+use cupool::pool::layering::Layering;
 use cupool::pool::{PoolConfig, PoolKind, PurgePolicy};
 use cupool::runtime::profile::{Device, EngineModel, Profile, Setup, Weights};
 use std::io::Read;
@@ -47,6 +48,13 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                 cfg.pool = PoolConfig::default().kind(kind);
                 cfg.purge = purge;
                 cfg.n_ubatch = ubatch;
+                // The library's pool: every figure equal. With libcupool's size classes the
+                // reserve is still equal (checked below), the live peak of the runtime's
+                // requests up to 2 MiB above the trace's.
+                cfg.layering = Layering {
+                    round_large: false,
+                    size_classes: false,
+                };
                 let card = SimConfig::gib(64.0).backed(false).record_calls(false);
                 let driver = Arc::new(SimDevice::new(card).unwrap());
                 let mut rt = Runtime::new(driver, cfg.clone(), Box::new(DryRun)).unwrap();
@@ -65,7 +73,7 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                         ubatch,
                     },
                 };
-                let p = predict(&run, &cfg.pool, purge, None).unwrap();
+                let p = predict(&run, &cfg.pool_config(true).unwrap(), purge, None).unwrap();
                 let what = format!(
                     "{} {model} {kind:?} {purge:?} {prompt}/{ubatch}",
                     profile.name()
@@ -80,6 +88,21 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
                     ran.driver_mallocs,
                     p.replay.driver_mallocs + p.replay.driver_maps,
                     "{what}"
+                );
+                // libcupool's layering (what an engine profile's pool is by default).
+                cfg.layering = Layering::default();
+                let card = SimConfig::gib(64.0).backed(false).record_calls(false);
+                let driver = Arc::new(SimDevice::new(card).unwrap());
+                let mut rt = Runtime::new(driver, cfg.clone(), Box::new(DryRun)).unwrap();
+                let ran = rt.prefill(prompt).unwrap();
+                let p = predict(&run, &cfg.pool_config(true).unwrap(), purge, None).unwrap();
+                assert_eq!(
+                    ran.peak_reserved_bytes, p.replay.peak_reserved_bytes,
+                    "{what}, libcupool's layering"
+                );
+                assert!(
+                    ran.peak_live_bytes.abs_diff(p.replay.peak_live_bytes) <= 2 << 20,
+                    "{what}, libcupool's layering"
                 );
             }
         }

@@ -42,7 +42,9 @@ pub fn predict(mut a: PredictArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    let config = PoolConfig::default().kind(a.pool);
+    // The engine's pool as libcupool builds it (size classes and rounding for vmm).
+    let mut config = PoolConfig::default().kind(a.pool);
+    cupool::pool::layering::Layering::default().apply(&mut config);
     // One trace: written if asked for, then replayed.
     let trace = match engine_trace(&run) {
         Ok(t) => t,

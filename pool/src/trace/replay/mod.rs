@@ -180,7 +180,11 @@ pub fn replay_on(
                 let pool = match pools.get(stream) {
                     Some(p) => p.clone(),
                     None => {
-                        let p = config.build(driver.clone())?;
+                        let mut p = config.build(driver.clone())?;
+                        // libcupool purges and retries a failed allocation under a purge policy.
+                        if purge != PurgePolicy::Never {
+                            p = Arc::new(crate::adaptors::PurgeRetry::new(p));
+                        }
                         pools.insert(*stream, p.clone());
                         p
                     }
