@@ -457,6 +457,12 @@ void ggml_cupool_context(uint32_t n_ctx) {
     }
 }
 
+void ggml_cupool_context_ready() {
+    if (ggml_cupool_enabled()) {
+        memory_lines("context-created");
+    }
+}
+
 namespace {
 
 bool memory_log() {

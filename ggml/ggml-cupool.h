@@ -143,6 +143,11 @@ void ggml_cupool_buffer(int device, size_t size, bool ok);
 // in a start-up report).
 void ggml_cupool_context(uint32_t n_ctx);
 
+// The context's buffers (KV cache, compute buffers) are allocated: with CUPOOL_LOG=info each
+// device's `context-created` memory line, where no start-up hold gives it back at the first
+// compute (ik_llama.cpp; mainline logs it when its hold goes back).
+void ggml_cupool_context_ready();
+
 // A pool allocation cupool could not serve (its report is already printed), thrown only while a
 // ggml_cupool_oom_scope is open on the thread: the compute that opened it catches it and fails
 // cleanly (mainline: GGML_STATUS_ALLOC_FAILED, so llama_decode returns -2 and llama-server fails

@@ -19,9 +19,11 @@ ik_llama.cpp:
   new_pool_for_device return the shim's pool, names each op's pool allocations, and adds
   ggml_backend_cuda_ubatch_end() (the boundary), and recaptures CUDA graphs captured before pool
   memory went back to the driver;
-- include/ggml-cuda.h: declares ggml_backend_cuda_ubatch_end();
+- include/ggml-cuda.h: declares ggml_backend_cuda_ubatch_end() and the context's two memory
+  lines;
 - the flash-attention launchers: name their pool buffers;
-- src/llama.cpp: calls the boundary after each prefill ubatch of llama_decode_internal.
+- src/llama.cpp: calls the boundary after each prefill ubatch of llama_decode_internal, and
+  the memory lines before the context's KV cache and after its compute buffers.
 
 Mainline llama.cpp (after PR #23907; the pool interface is ik_llama.cpp's with a stream number):
 the same pool hook, start-up check, op and buffer names and graph recapture, and
@@ -96,6 +98,13 @@ def edit_ggml_cuda(t: str) -> str:
         "// graphs that captured memory given back are recaptured at their next use (graph_compute).\n"
         "extern \"C\" GGML_CALL size_t ggml_backend_cuda_ubatch_end(void) {\n"
         "    return ggml_cupool_ubatch_end();\n"
+        "}\n\n"
+        "// cupool: a context's buffers are about to be allocated, and are (memory lines).\n"
+        "extern \"C\" GGML_CALL void ggml_backend_cuda_context_begin(uint32_t n_ctx) {\n"
+        "    ggml_cupool_context(n_ctx);\n"
+        "}\n\n"
+        "extern \"C\" GGML_CALL void ggml_backend_cuda_context_end(void) {\n"
+        "    ggml_cupool_context_ready();\n"
         "}\n\n",
         p,
     )
@@ -152,14 +161,18 @@ def edit_header(t: str) -> str:
         "GGML_API GGML_CALL void ggml_backend_cuda_invalidate_graphs(const void * model);\n",
         "\n// cupool (GGML_POOL set): the end of a prefill ubatch; the pools apply CUPOOL_PURGE. Returns\n"
         "// the bytes given back to the driver (0 with ggml's own pools).\n"
-        "GGML_API GGML_CALL size_t ggml_backend_cuda_ubatch_end(void);\n",
+        "GGML_API GGML_CALL size_t ggml_backend_cuda_ubatch_end(void);\n"
+        "\n// cupool (GGML_POOL set, CUPOOL_LOG=info): the free memory of each device before a context's\n"
+        "// buffers (`model-loaded`) and after them (`context-created`).\n"
+        "GGML_API GGML_CALL void ggml_backend_cuda_context_begin(uint32_t n_ctx);\n"
+        "GGML_API GGML_CALL void ggml_backend_cuda_context_end(void);\n",
         p,
     )
 
 
 def edit_llama(t: str) -> str:
     p = "src/llama.cpp"
-    return insert_after(
+    t = insert_after(
         t,
         "        //fprintf(stderr, \"%s: invoking llama_graph_compute\\n\", __func__);\n"
         "        llama_graph_compute(lctx, gf, n_threads);\n",
@@ -167,6 +180,22 @@ def edit_llama(t: str) -> str:
         "        if (n_tokens > 1) {\n"
         "            ggml_backend_cuda_ubatch_end(); // cupool: purge at the prefill ubatch boundary\n"
         "        }\n"
+        "#endif\n",
+        p,
+    )
+    t = insert_before(
+        t,
+        "        if (!llama_kv_cache_init(ctx->kv_self, ctx, type_k, type_v, params.idx_type_k, kv_size, cparams.offload_kqv,\n",
+        "#ifdef GGML_USE_CUDA\n"
+        "        ggml_backend_cuda_context_begin(cparams.n_ctx); // cupool: free memory before the buffers\n"
+        "#endif\n",
+        p,
+    )
+    return insert_after(
+        t,
+        "            LLAMA_LOG_INFO(\"%s: graph splits = %d\\n\", __func__, n_splits);\n",
+        "#ifdef GGML_USE_CUDA\n"
+        "            ggml_backend_cuda_context_end(); // cupool: free memory after them\n"
         "#endif\n",
         p,
     )

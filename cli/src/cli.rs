@@ -104,6 +104,11 @@ pub struct PredictArgs {
     /// Instead of a prompt, llama-sweep-bench -n 1 over this many steps.
     #[arg(long)]
     pub sweep: Option<usize>,
+    /// Leave out the engine's warm-up decode, as the engines' own `--no-warmup` does
+    /// (ik_llama.cpp decodes the BOS token alone first, every expert of a mixture of experts
+    /// routed; its blocks stay in a legacy pool that is never purged).
+    #[arg(long)]
+    pub no_warmup: bool,
     /// The GPU's streaming multiprocessors (132: H100 SXM, H200).
     #[arg(long, default_value_t = 132)]
     pub sm: usize,
@@ -241,6 +246,11 @@ pub struct RunArgs {
     /// Physical batch (ubatch).
     #[arg(long, default_value_t = 512)]
     pub ubatch: usize,
+    /// With an engine profile: leave out the engine's warm-up decode, as the engines' own
+    /// `--no-warmup` does (ik_llama.cpp decodes the BOS token alone first, every expert of a
+    /// mixture of experts routed; its blocks stay in a legacy pool that is never purged).
+    #[arg(long)]
+    pub no_warmup: bool,
     /// Resident weights in GiB (default: the model's tensors in --weight-type on the device,
     /// e.g. 6.93 GiB for Phi-3-mini in f16).
     #[arg(long)]

@@ -127,6 +127,7 @@ pub fn run_config(a: &RunArgs, m: &Model, plan: bool) -> Result<RunConfig, Strin
         },
     };
     c.fa_occupancy = a.fa_occupancy;
+    c.warm_up = !a.no_warmup;
     c.validate().map_err(|e| e.to_string())?;
     if let Some(v) = a.vram {
         gib_bytes(v)?;

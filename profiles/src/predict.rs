@@ -43,6 +43,9 @@ pub struct EngineRun {
     pub setup: Setup,
     /// Which ubatches.
     pub schedule: Schedule,
+    /// Whether the engine's warm-up decode runs first ([`Profile::warm_up`]; the engines'
+    /// `--no-warmup` turns it off): a prompt's tools ask for its logits, sweep-bench does not.
+    pub warm_up: bool,
 }
 
 /// The engine's requests as a trace, and per phase (prefill ubatch) its first event's index and
@@ -64,6 +67,7 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, ProfileError> {
         profile,
         setup,
         schedule,
+        warm_up,
     } = run;
     let (profile, schedule) = (*profile, *schedule);
     let mut ops = Vec::new();
@@ -96,6 +100,13 @@ pub fn engine_trace(run: &EngineRun) -> Result<EngineTrace, ProfileError> {
             name: format!("ubatch {j}"),
         });
         let mut calls = Vec::new();
+        if j == 0 && *warm_up {
+            // Its requests share the first ubatch's phase (one token marks no end).
+            let outputs = usize::from(matches!(schedule, Schedule::Prompt { .. }));
+            if let Some((s, u)) = profile.warm_up(setup, outputs) {
+                calls.push(profile.ubatch(&s, u)?);
+            }
+        }
         match schedule {
             Schedule::Prompt { tokens, batch, .. } => {
                 let end = tokens.min((j + 1) * ubatch);
@@ -246,6 +257,7 @@ mod tests {
                 batch: 2048,
                 ubatch: 512,
             },
+            warm_up: false,
         }
     }
 

@@ -151,6 +151,36 @@ impl Profile {
         Ok(calls)
     }
 
+    /// The decode the engine's tools run before the first real one (unless `--no-warmup`), as
+    /// the setup and ubatch it runs: `None` where the profile models none.
+    ///
+    /// ik_llama.cpp's tools all decode the BOS token alone at position 0 (`test_prompt(ctx, 1,
+    /// ...)` in llama-bench, `llama_init_from_gpt_params` for llama-server and llama-cli, with
+    /// its logits; sweep-bench's own warm-up without, so `n_outputs` is 1 or 0), and a first
+    /// decode of one BOS token routes every token to every expert (`llm_build_context`'s
+    /// `n_expert_used` while `is_warming_up`). The shim marks no ubatch end after a one-token
+    /// decode, so its requests share the first ubatch's phase; in a legacy pool that is never
+    /// purged its blocks stay (3.1–3.4 MiB of the dense llama-bench runs' reserve, 13.4 MiB of
+    /// the MoE sweeps', data/h100x2-2026-11-27-ik-predict).
+    ///
+    /// Mainline's profiles model none: their plans are checked against `llama-bench`, whose
+    /// warm-up runs the whole prompt, and the measured pass takes the same blocks again.
+    pub fn warm_up(self, s: &Setup, n_outputs: usize) -> Option<(Setup, UbatchShape)> {
+        if self != Self::IkLlama {
+            return None;
+        }
+        let mut warm = s.clone();
+        if let Some(moe) = &mut warm.model.moe {
+            moe.n_expert_used = moe.n_expert;
+        }
+        let u = UbatchShape {
+            n_tokens: 1,
+            n_kv: crate::sweep::KV_PADDING,
+            n_outputs: n_outputs.min(1),
+        };
+        Some((warm, u))
+    }
+
     /// The mainline build a mainline profile models; `None` for ik_llama.cpp.
     pub fn llama_version(self) -> Option<llama::Version> {
         match self {

@@ -64,6 +64,9 @@ pub struct RunConfig {
     /// The model as the engines' graphs see it when no preset names it (a GGUF file's header
     /// gives every dimension, expert and latent rank); `None`: the preset of `model.name`.
     pub engine_model: Option<EngineModel>,
+    /// Whether an engine profile's warm-up decode runs before the first ubatch, in its phase
+    /// ([`cupool_profiles::Profile::warm_up`]; the engines' `--no-warmup` turns it off).
+    pub warm_up: bool,
 }
 
 impl RunConfig {
@@ -92,6 +95,7 @@ impl RunConfig {
             gemm_workspace_bytes: cupool_kernels::blas::WORKSPACE_BYTES,
             weight_type: Weights::F16,
             engine_model: None,
+            warm_up: true,
         }
     }
 

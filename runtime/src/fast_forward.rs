@@ -77,10 +77,12 @@ impl FastForward {
     /// repeat it exactly when it made no driver call (its boundary included) or started and
     /// ended with an empty pool; the last of a run of equal shapes still runs, since its
     /// boundary sees a different next ubatch. Their driver calls are counted as if they had run.
+    /// A ubatch that ran more than its shape says (`alone`: the engine's warm-up ran in it)
+    /// stands for none after it.
     pub fn ubatches_to_skip(
         &mut self,
         pool: &dyn Pool,
-        mark: Mark,
+        (mark, alone): (Mark, bool),
         done: usize,
         n: usize,
         shape: impl Fn(usize) -> (usize, usize),
@@ -89,6 +91,10 @@ impl FastForward {
             return 0;
         }
         let empty_after = pool.reserved_bytes() == 0;
+        if alone {
+            self.empty_before = empty_after;
+            return 0;
+        }
         let calls = if self.repeats(mark) {
             Some((0, 0))
         } else {

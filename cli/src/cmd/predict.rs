@@ -132,6 +132,7 @@ fn engine_run(a: &PredictArgs, file: Option<&GgufInput>) -> Result<EngineRun, St
             dev,
         },
         schedule,
+        warm_up: !a.no_warmup,
     })
 }
 

@@ -8,6 +8,9 @@
 //! full of holes that only a trim returns (with a 64 MiB bound as well, that trace's peak grew
 //! by 4.2 GiB). Each class is a whole pool; a free goes to the class whose pool handed the
 //! block out.
+//!
+//! The peaks are the adaptor's own: the classes peak at different moments, so the sum of their
+//! peaks would overstate what was live or reserved at once.
 
 use crate::block::Block;
 use crate::driver::Driver;
@@ -18,6 +21,7 @@ use crate::pool::{Moved, Pool, Purge, Released};
 use crate::stats::PoolStats;
 use crate::sync::SyncToken;
 use crate::PoolId;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Pools by request size. See the module docs.
@@ -27,6 +31,13 @@ pub struct SizeClasses {
     bounds: Vec<usize>,
     /// One pool a class: `bounds.len() + 1` of them.
     pools: Vec<Arc<dyn Pool>>,
+    /// Bytes asked for and held, over every class.
+    live: AtomicUsize,
+    /// The highest `live` since creation or the last peak reset.
+    live_peak: AtomicUsize,
+    /// The highest sum of the classes' reserves since then (a reserve grows only in an
+    /// allocation or a wake).
+    reserved_peak: AtomicUsize,
 }
 
 impl SizeClasses {
@@ -49,7 +60,19 @@ impl SizeClasses {
         if pools.iter().any(|p| p.driver().ordinal() != device) {
             return invalid(true);
         }
-        Ok(Self { bounds, pools })
+        Ok(Self {
+            bounds,
+            pools,
+            live: AtomicUsize::new(0),
+            live_peak: AtomicUsize::new(0),
+            reserved_peak: AtomicUsize::new(0),
+        })
+    }
+
+    /// Raises the reserve's peak to the classes' reserve now.
+    fn note_reserve(&self) {
+        self.reserved_peak
+            .fetch_max(self.reserved_bytes(), Ordering::Relaxed);
     }
 
     /// The pool serving `bytes`.
@@ -101,13 +124,22 @@ impl Pool for SizeClasses {
 
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
-        self.class(bytes).alloc(bytes)
+        let b = self.class(bytes).alloc(bytes)?;
+        let live = self.live.fetch_add(b.size, Ordering::Relaxed) + b.size;
+        self.live_peak.fetch_max(live, Ordering::Relaxed);
+        self.note_reserve();
+        Ok(b)
     }
 
     #[inline]
     fn free(&self, block: Block) -> Result<(), FreeError> {
         match self.pools.iter().find(|p| p.id() == block.pool) {
-            Some(p) => p.free(block),
+            Some(p) => {
+                let size = block.size;
+                p.free(block)?;
+                self.live.fetch_sub(size, Ordering::Relaxed);
+                Ok(())
+            }
             None => {
                 let error = PoolError::WrongPool {
                     owner: block.pool,
@@ -138,6 +170,10 @@ impl Pool for SizeClasses {
         for p in &self.pools {
             t.merge(&p.stats());
         }
+        t.live_peak_bytes = t.live_bytes.max(self.live_peak.load(Ordering::Relaxed));
+        t.reserved_peak_bytes = t
+            .reserved_bytes
+            .max(self.reserved_peak.load(Ordering::Relaxed));
         t
     }
 
@@ -147,6 +183,10 @@ impl Pool for SizeClasses {
 
     fn reset_peaks(&self) {
         self.pools.iter().for_each(|p| p.reset_peaks());
+        self.live_peak
+            .store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.reserved_peak
+            .store(self.reserved_bytes(), Ordering::Relaxed);
     }
 
     fn sleep(&self, token: &SyncToken, offload: bool) -> Result<Moved, PoolError> {
@@ -166,6 +206,7 @@ impl Pool for SizeClasses {
             out.bytes += m.bytes;
             out.copied += m.copied;
         }
+        self.note_reserve();
         Ok(out)
     }
 }
@@ -202,6 +243,31 @@ mod tests {
         let stranger = pools(1)[0].alloc(64).unwrap();
         let e = p.free(stranger).unwrap_err();
         assert!(matches!(e.error, PoolError::WrongPool { .. }));
+    }
+
+    /// The classes peak at different moments: the adaptor's peaks are what was live and
+    /// reserved at once, not the sum of the classes' peaks.
+    #[test]
+    fn peaks_are_what_was_held_at_once() {
+        let p = SizeClasses::new(vec![1 << 20], pools(2)).unwrap();
+        let small = p.alloc(1 << 20).unwrap();
+        p.free(small).unwrap();
+        let large = p.alloc(4 << 20).unwrap();
+        p.free(large).unwrap();
+        let s = p.stats();
+        assert_eq!(s.live_peak_bytes, 4 << 20, "not 5 MiB: never live together");
+        let classes: usize = p.pools.iter().map(|c| c.stats().reserved_peak_bytes).sum();
+        assert!(s.reserved_peak_bytes <= classes);
+        assert!(s.reserved_peak_bytes >= s.reserved_bytes);
+        // A free the pool refuses changes nothing; a reset starts from what is held now.
+        let kept = p.alloc(64).unwrap();
+        let stranger = pools(1)[0].alloc(64).unwrap();
+        assert!(p.free(stranger).is_err());
+        p.reset_peaks();
+        assert_eq!(p.stats().live_peak_bytes, 64);
+        assert_eq!(p.stats().reserved_peak_bytes, p.reserved_bytes());
+        p.free(kept).unwrap();
+        assert_eq!(p.stats().live_bytes, 0);
     }
 
     #[test]

@@ -200,9 +200,18 @@ impl Engine {
                     break;
                 }
             }
-            let skip = self
-                .ff
-                .ubatches_to_skip(self.pool.as_ref(), mark, i, ubatches.len(), shape);
+            // The first ubatch of an engine profile's run may hold its warm-up.
+            let alone = pos0 == 0
+                && self.ubatch_index == 1
+                && self.cfg.warm_up
+                && matches!(self.cfg.engine, EngineKind::Profile { .. });
+            let skip = self.ff.ubatches_to_skip(
+                self.pool.as_ref(),
+                (mark, alone),
+                i,
+                ubatches.len(),
+                shape,
+            );
             self.ubatch_index += skip;
             i += 1 + skip;
         }
