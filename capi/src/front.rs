@@ -7,7 +7,7 @@ use crate::owners::Owners;
 use crate::peaks::Peaks;
 use crate::status::Failure;
 use cupool_pool::adaptors::ThreadCacheConfig;
-use cupool_pool::{Block, Pool};
+use cupool_pool::{Block, Pool, PoolKind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -25,9 +25,21 @@ pub(crate) struct Front<T> {
 
 impl<T> Front<T> {
     pub(crate) fn new(inner: Arc<dyn Pool>, at: (u64, u32)) -> Self {
+        // ggml's legacy pool decides which cached buffer serves each request (the smallest
+        // that fits, whatever size it was made for); blocks a thread kept by request size would
+        // be missing from that choice, and the pool would grow for requests they could serve
+        // (13.4 MiB more on ik_llama.cpp's MoE prefill, data/h100-2026-11-27-ik-warmup). So a
+        // legacy pool's threads keep nothing.
+        let config = match inner.kind() {
+            PoolKind::Legacy => ThreadCacheConfig {
+                max_block: 0,
+                max_bytes: 0,
+            },
+            _ => ThreadCacheConfig::default(),
+        };
         Self {
             inner,
-            config: ThreadCacheConfig::default(),
+            config,
             asleep: AtomicBool::new(false),
             owners: Owners::default(),
             at,

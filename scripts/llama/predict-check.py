@@ -146,10 +146,14 @@ START_REPORT = re.compile(r"cannot allocate a ggml buffer of ([\d.]+) MiB.*?allo
 
 def context_buffers_mib(r: dict, log: str):
     """What the context's buffers (KV cache, compute buffer, outputs) took or asked for, in MiB: from
-    cupool's memory lines when the context was created, else from its start-up report."""
-    stages = {m["stage"]: m["buffers_mib"] for m in r.get("memory", []) if m.get("device") == 0}
+    cupool's memory lines when the context was created (the shim's ledger of ggml's buffers; where
+    the engine's patch hooks none, ik_llama.cpp's, what left the device between the two lines, in
+    whole pages), else from its start-up report."""
+    stages = {m["stage"]: m for m in r.get("memory", []) if m.get("device") == 0}
     if "context-created" in stages and "model-loaded" in stages:
-        return stages["context-created"] - stages["model-loaded"]
+        loaded, created = stages["model-loaded"], stages["context-created"]
+        ledger = created["buffers_mib"] - loaded["buffers_mib"]
+        return ledger if ledger > 0 else loaded["free_mib"] - created["free_mib"]
     m = START_REPORT.search(log)
     return float(m.group(1)) + float(m.group(2)) if m else None
 
