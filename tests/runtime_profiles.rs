@@ -114,9 +114,10 @@ fn the_runtime_with_a_profile_equals_the_profile_s_replay() {
 
 /// The startup compute buffer of a profile against the one ik_llama.cpp logged (`-ub 512`,
 /// `-c 20480`): where the engine's peak is the output stage (every row's logits beside the
-/// final norm), exactly; where it peaks inside a layer (Phi-3's fused FFN, DeepSeek's latent
-/// attention), cupool's own layout is the estimate: within 5% for phi3-mini, and above the
-/// engine's for deepseek-v3 (the plan errs towards not fitting).
+/// final norm) or Phi-3's feed-forward stage beside the mask, exactly; where it peaks inside
+/// DeepSeek's latent attention, cupool's own layout is the estimate, above the engine's (the
+/// plan errs towards not fitting). (The f16 Phi-3's, 80.00 MiB at 20,480 and 84.00 MiB at
+/// 24,576 positions, are checked in ggml/tests/test_predict_engines.py.)
 #[test]
 fn compute_buffers_against_the_engine_s_logs() {
     use cupool::runtime::profile::{EngineKind, Profile};
@@ -154,7 +155,7 @@ fn compute_buffers_against_the_engine_s_logs() {
         (
             "h200-2026-11-22-traces/phi3-mini-q8_0-trace.log.gz",
             "phi3-mini",
-            false,
+            true,
         ),
         (
             "h200-2026-11-22-moe/ds-q8_0-kvq8_0-trace.log.gz",
@@ -169,16 +170,11 @@ fn compute_buffers_against_the_engine_s_logs() {
             cc: 900,
         };
         cfg.weight_type = Weights::Q8_0;
-        let ours = cfg.compute_bytes();
+        let ours = cfg.compute_buffer_bytes(20480);
         if exact {
             assert_eq!(ours, engine, "{model}");
-        } else if model == "deepseek-v3" {
-            assert!(ours >= engine, "{model}: {ours} < {engine}");
         } else {
-            assert!(
-                ours.abs_diff(engine) * 20 <= engine,
-                "{model}: {ours} vs {engine}"
-            );
+            assert!(ours >= engine, "{model}: {ours} < {engine}");
         }
     }
 }

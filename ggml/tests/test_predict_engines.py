@@ -230,8 +230,19 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
             assert out.returncode in (0, 3), out.stderr
             got = json.loads(out.stdout)
             name = f"{folder}/{os.path.basename(path)}"
-            for k in ("weights_bytes", "kv_bytes", "compute_bytes"):
+            for k in ("weights_bytes", "kv_bytes"):
                 assert got[k] == want[k], f"{name}: {k} {got[k]} != recorded {want[k]}"
+            if folder in (IK, IK_WARM) and shape == "phi3-f16" and got["compute_bytes"] != want["compute_bytes"]:
+                # Recorded before the plan counted ik_llama.cpp's feed-forward stage beside the
+                # mask (Profile::layer_stage_bytes): today's is the buffer the engine logged at
+                # that context, where a run logged it (the sweeps), else a larger lower bound.
+                if ".ctx." in path:
+                    run = next(r for r in runs_of(path) if "-ctx-" in r["name"])
+                    logged = re.search(r"CUDA0 compute buffer size = +([\d.]+) MiB", logs_of(folder, run["name"]))
+                    assert abs(got["compute_bytes"] / 2**20 - float(logged.group(1))) < 0.005, name
+                assert got["compute_bytes"] > want["compute_bytes"], name
+            else:
+                assert got["compute_bytes"] == want["compute_bytes"], name
             if folder == IK:
                 # Recorded before the plan modelled ik_llama.cpp's warm-up (a one-token decode
                 # whose blocks stay in a legacy pool never purged): today's plan answers as the
@@ -285,7 +296,10 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
                 assert over == 4 << 20, f"{name}: {over} bytes fewer than recorded"
                 assert want["peak_device_bytes"] - got["peak_device_bytes"] == over, name
             else:
-                for k in ("fits", "oom_at_token", "max_ctx_that_fits", "pool_peak_reserved_bytes", "peak_device_bytes"):
+                for k in ("fits", "oom_at_token", "max_ctx_that_fits", "pool_peak_reserved_bytes"):
                     assert got[k] == want[k], f"{name}: {k} {got[k]} != recorded {want[k]}"
+                # The device's peak, up by the compute buffer's growth where it grew.
+                grew = got["compute_bytes"] - want["compute_bytes"]
+                assert got["peak_device_bytes"] - want["peak_device_bytes"] == grew, name
             checked += 1
     assert checked == 12 + 11 + 2 + 6 + 3 + 1

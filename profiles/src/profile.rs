@@ -3,7 +3,7 @@
 //! compute buffer's lower bound, cuBLAS's workspace).
 
 use crate::error::ProfileError;
-use crate::model::EngineModel;
+use crate::model::{Arch, EngineModel};
 use crate::op::OpCall;
 use crate::setup::{Setup, UbatchShape, Weights};
 use crate::{ik_llama, llama};
@@ -78,9 +78,28 @@ impl Profile {
     /// matrix runs. The runtime takes the larger of this and its own compute layout. Against
     /// ik_llama.cpp's logged buffers at `-ub 512` (profiles/tests/data): llama3-8b 266.50 MiB
     /// and qwen3-30b-a3b 304.75 MiB exactly (this stage is their peak); phi3-mini's 80.00 MiB
-    /// and deepseek-v3's 388.13 MiB peak inside a layer instead.
+    /// ([`Profile::layer_stage_bytes`]) and deepseek-v3's 388.13 MiB peak inside a layer
+    /// instead.
     pub fn output_stage_bytes(self, m: &EngineModel, n_ubatch: usize) -> usize {
         (m.n_vocab + 2 * m.n_embd) * n_ubatch * 4
+    }
+
+    /// Another lower bound of ik_llama.cpp's compute buffer, where Phi-3's peak lies: the
+    /// feed-forward stage of a layer beside the flash-attention mask. The worst-case graph's
+    /// mask is a graph input every layer reads, so it lives through them all: f16, `n_ctx`
+    /// wide and `n_ubatch` rows padded to `GGML_KQ_MASK_PAD` (16) (`build_inp_KQ_mask`). At
+    /// the feed-forward stage the residual and the normed input (f32, `n_embd` wide) sit beside
+    /// the gate-and-up matrix's output (`2 × n_ff`) and the activation's (`n_ff`). Against the
+    /// buffers ik_llama.cpp logged for phi3-mini f16 at `-ub 512`: 80.00 MiB at 20,480
+    /// positions and 84.00 MiB at 24,576 (data/h100-2026-11-27-ik-warmup), exactly. Only for
+    /// Phi-3 (its one gate-and-up matrix); 0 for the other models and engines, whose peak this
+    /// stage does not reach at the contexts checked (the output stage's, above).
+    pub fn layer_stage_bytes(self, m: &EngineModel, n_ubatch: usize, n_ctx: usize) -> usize {
+        if self != Self::IkLlama || m.arch != Arch::Phi3 || m.moe.is_some() || m.mla.is_some() {
+            return 0;
+        }
+        let mask = n_ctx * n_ubatch.next_multiple_of(16) * 2;
+        (2 * m.n_embd + 3 * m.n_ff) * n_ubatch * 4 + mask
     }
 
     /// Device memory the engine takes outside its pool and its startup buffers, which no
@@ -268,5 +287,35 @@ mod tests {
         assert!(Profile::ALL
             .iter()
             .all(|p| Profile::parse(p.name()) == Some(*p)));
+    }
+
+    /// Phi-3's feed-forward stage beside the mask is the buffer ik_llama.cpp logged at two
+    /// contexts (data/h100-2026-11-27-ik-warmup); no other model or engine has it.
+    #[test]
+    fn phi3_s_layer_stage_is_the_engine_s_buffer() {
+        let phi = EngineModel::preset("phi3-mini").unwrap();
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        assert_eq!(
+            mib(Profile::IkLlama.layer_stage_bytes(&phi, 512, 20480)),
+            80.0
+        );
+        assert_eq!(
+            mib(Profile::IkLlama.layer_stage_bytes(&phi, 512, 24576)),
+            84.0
+        );
+        // Rows of the mask padded to 16.
+        let padded = Profile::IkLlama.layer_stage_bytes(&phi, 500, 1000);
+        assert_eq!(padded, (2 * 3072 + 3 * 8192) * 500 * 4 + 1000 * 512 * 2);
+        for name in ["llama3-8b", "qwen3-30b-a3b", "deepseek-v3"] {
+            let m = EngineModel::preset(name).unwrap();
+            assert_eq!(
+                Profile::IkLlama.layer_stage_bytes(&m, 512, 20480),
+                0,
+                "{name}"
+            );
+        }
+        for p in [Profile::Llama, Profile::LlamaB8833] {
+            assert_eq!(p.layer_stage_bytes(&phi, 512, 20480), 0);
+        }
     }
 }

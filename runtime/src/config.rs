@@ -266,7 +266,9 @@ impl RunConfig {
         }
         match (self.engine, self.profile_model()) {
             (EngineKind::Profile { profile, .. }, Some(m)) => {
-                self.compute_bytes() - own + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
+                let layer = profile.layer_stage_bytes(&m, self.n_ubatch, n_ctx);
+                self.compute_bytes().max(layer) - own
+                    + profile.startup_extra_bytes(&m, self.kv_type, n_ctx)
             }
             _ => 0,
         }
