@@ -26,6 +26,9 @@ HELD_OUT_CTX = "data/h100-2026-11-27-mainline-predict-heldout"
 # The MoE cases again with libcupool's pool in the plan: its layering, then its purge-and-retry.
 LAYERING = "data/h100-2026-11-27-mainline-moe-layering"
 RETRY = "data/h100-2026-11-27-mainline-moe-retry"
+# The MoE at 10 GiB again with libcupool's legacy pools keeping no thread's blocks, with the
+# engine's CUDA graphs and without them (GGML_CUDA_DISABLE_GRAPHS=1).
+IK_GRAPHS = ["data/h100-2026-11-27-ik-graphs/graphs-on", "data/h100-2026-11-27-ik-graphs/graphs-off"]
 UBATCH = 512
 
 
@@ -190,6 +193,40 @@ def logs_of(folder, name):
         return t.extractfile(member).read().decode(errors="replace")
 
 
+def test_the_moe_s_returned_memory_is_ik_s_cuda_graph():
+    """The MoE at 10 GiB with libcupool's legacy pools keeping no thread's blocks: its pool's
+    peak is the plan's to the byte at every ubatch end, with the engine's CUDA graphs and without.
+    With them, its first compute takes 32 MiB more outside the pool (the warm-up's graph), and at
+    the one ubatch above the plan's largest context the pool's last growth of 146 MiB, asked with
+    146.6 MiB free, leaves 30.6 MiB: the driver gave back 30 MiB. Without them nothing is given
+    back, and the run has those 32 MiB all along; docs/repro-prefill.md shows the memory lines."""
+    pc = module("scripts/llama/predict-check.py")
+    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
+    b = block(report("memory", *IK_GRAPHS), "predict-memory")
+    first, last = {}, {}
+    for folder in IK_GRAPHS:
+        path = os.path.join(ROOT, folder, "qwen3-q8-10.plan.json")
+        plan, runs = json.load(open(path)), runs_of(path)
+        for r in runs:
+            assert r["rc"] == 0, r["name"]
+            logged = [int(x) for x in re.findall(r"peak_reserved=(\d+)", logs_of(folder, r["name"]))]
+            assert max(logged) == plan["pool_peak_reserved_bytes"], f"{folder}/{r['name']}"
+            ub = [m for m in r["memory"] if m["device"] == 0 and m["stage"] == "ubatch"]
+            created = next(m for m in r["memory"] if m["device"] == 0 and m["stage"] == "context-created")
+            key = (folder, "-above-" in r["name"])
+            first[key] = created["free_mib"] - ub[0]["free_mib"]
+            moved = [(a["free_mib"] - c["free_mib"], c["pool_reserved_mib"] - a["pool_reserved_mib"])
+                     for a, c in zip(ub, ub[1:]) if abs(a["free_mib"] - c["free_mib"]) > 0.05]
+            last[key] = moved[-1]
+        assert not plan["fits"] or plan["max_ctx_that_fits"] == 73_728
+    on, off = IK_GRAPHS
+    for above in (False, True):
+        assert abs(first[(on, above)] - first[(off, above)] - 32.0) < 0.05
+    assert [round(x, 1) for x in last[(on, True)]] == [116.0, 146.0]
+    assert [round(x, 1) for x in last[(off, True)]] == [148.0, 146.0]
+    assert b in docs, f"docs/repro-prefill.md: predict-check.py memory {' '.join(IK_GRAPHS)}"
+
+
 def test_today_s_plan_gives_the_recorded_answers(tmp_path):
     """Every recorded plan of these checks (the ik cases, and the MoE with the driver's last page
     kept) is today's plan of the same case, planned from a header-only GGUF of the same preset:
@@ -209,10 +246,12 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
         (HELD_OUT_OOM, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"), (HELD_OUT_CTX, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
         (RETRY, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "4"),
         (IK_WARM, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
+        (IK_GRAPHS[0], "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
+        (IK_GRAPHS[1], "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
     }
     files = {}
     checked = 0
-    for folder in (IK, IK_WARM, MOE[1], HELD_OUT_OOM, HELD_OUT_CTX, RETRY):
+    for folder in (IK, IK_WARM, MOE[1], HELD_OUT_OOM, HELD_OUT_CTX, RETRY, *IK_GRAPHS):
         for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.plan.json"))):
             want = json.load(open(path))
             shape, free = case_of(path).rsplit("-", 1)
@@ -302,4 +341,4 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
                 grew = got["compute_bytes"] - want["compute_bytes"]
                 assert got["peak_device_bytes"] - want["peak_device_bytes"] == grew, name
             checked += 1
-    assert checked == 12 + 11 + 2 + 6 + 3 + 1
+    assert checked == 12 + 11 + 2 + 6 + 3 + 1 + 2

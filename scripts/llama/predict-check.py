@@ -275,6 +275,28 @@ def room_row(p: dict, r: dict):
             f"{stats['reserved_bytes.all.peak'] / 2**20:,.1f} | {extra:,.1f} | {pages} of {drops} |")
 
 
+def memory(a) -> None:
+    """Each run's memory lines where the device's free memory moved: the stage, the free memory
+    and the pool's reserve after it, and how much free memory fell against how much the pool
+    grew since the line before (a fall short of the growth is memory the driver gave back)."""
+    lines = ["<!-- predict-memory: begin (python3 scripts/llama/predict-check.py memory DATA) -->",
+             "| run | stage | free (MiB) | pool reserve (MiB) | free fell by (MiB) | pool grew by (MiB) |",
+             "|---|---|---:|---:|---:|---:|"]
+    for folder in a.folders:
+        for rj in sorted(Path(folder).glob("*/runs.jsonl")):
+            for r in map(json.loads, rj.read_text().splitlines()):
+                prev = None
+                for m in (m for m in r.get("memory", []) if m.get("device") == 0):
+                    if prev is None or m["stage"] != "ubatch" or abs(prev["free_mib"] - m["free_mib"]) > 0.05:
+                        fell = f"{prev['free_mib'] - m['free_mib']:,.1f}" if prev else "–"
+                        grew = f"{m['pool_reserved_mib'] - prev['pool_reserved_mib']:,.1f}" if prev else "–"
+                        lines.append(f"| {Path(folder).name}/{r['name']} | {m['stage']} | {m['free_mib']:,.1f} | "
+                                     f"{m['pool_reserved_mib']:,.1f} | {fell} | {grew} |")
+                    prev = m
+    lines.append("<!-- predict-memory: end -->")
+    print("\n".join(lines))
+
+
 def add_sweeps(a) -> None:
     models = dict(g.split(":", 1) for g in a.gguf)
     for pj in sorted(Path(a.folder).glob("*.ctx.plan.json")):
@@ -309,6 +331,8 @@ def main() -> None:
     p.add_argument("folders", nargs="+")
     o = sub.add_parser("report-oom")
     o.add_argument("folders", nargs="+")
+    m = sub.add_parser("memory", help="each run's memory lines where the free memory moved")
+    m.add_argument("folders", nargs="+")
     w = sub.add_parser("sweep", help="add `predict --sweep`'s plan of each ik_llama.cpp run at CTX to DIR's "
                                      "NAME.ctx.plan.json (what `run` records itself)")
     w.add_argument("--repro", required=True)
@@ -316,7 +340,7 @@ def main() -> None:
                    help="the model of the cases whose name starts with NAME (a header-only file does)")
     w.add_argument("folder")
     a = ap.parse_args()
-    {"run": run, "report": report, "report-oom": report_oom, "sweep": add_sweeps}[a.cmd](a)
+    {"run": run, "report": report, "report-oom": report_oom, "memory": memory, "sweep": add_sweeps}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+// How much more than the free memory the driver reports can one cudaMalloc get, once the card is
+// nearly full, after a given piece of CUDA work? ik_llama.cpp's MoE runs at 10 GiB free grew
+// their pool by 146 MiB with 136.6 MiB free and kept 20.6 MiB free after it: about 30 MiB came
+// from somewhere the free figure does not show (data/h100-2026-11-27-ik-warmup). The kernels'
+// stacks are not it (data/h100-2026-11-27-lmem-giveback). This tries the other candidates, one
+// fresh process (and CUDA context) per mode, and prints one JSON line per mode:
+//
+//     nvcc -O2 -arch=sm_90 -o reclaim scripts/llama/reclaim_probe.cu -lcublas
+//     for m in none graph graph-destroyed async cublas; do ./reclaim $m; done
+//
+// Modes (what runs before the card is filled):
+// - `none`: nothing beyond the context;
+// - `graph`: a CUDA graph of `NODES` kernel launches captured from a stream, instantiated,
+//   launched once, and kept (ik_llama.cpp captures its one-token warm-up);
+// - `graph-destroyed`: the same graph, then its executable and the graph destroyed;
+// - `async`: 256 MiB from the stream-ordered allocator, freed on the stream, stream synchronized;
+// - `cublas`: a cuBLAS handle and one SGEMM (its workspace comes from the driver).
+//
+// Then the card is held by 2 MiB allocations down to about 40 MiB free, and cudaMalloc is asked
+// for the free memory plus 2, 4, ... MiB until it fails: `beyond_mib` is the most it got above
+// the free figure (0 when even the free memory plus 2 MiB failed).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+static const size_t MiB = 1 << 20;
+static const int NODES = 4000;
+
+static size_t free_now() {
+    size_t f = 0, t = 0;
+    cudaMemGetInfo(&f, &t);
+    return f;
+}
+
+__global__ void touch(float * x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += 1.0f;
+}
+
+static bool run_graph(bool destroy) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float * x = nullptr;
+    cudaMalloc(&x, 4096 * sizeof(float));
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    for (int i = 0; i < NODES; ++i) {
+        touch<<<16, 256, 0, s>>>(x, 4096);
+    }
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess) return false;
+    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
+    cudaGraphLaunch(e, s);
+    bool ok = cudaStreamSynchronize(s) == cudaSuccess;
+    if (destroy) {
+        cudaGraphExecDestroy(e);
+        cudaGraphDestroy(g);
+    }
+    return ok;
+}
+
+static bool run_async() {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    void * p = nullptr;
+    if (cudaMallocAsync(&p, 256 * MiB, s) != cudaSuccess) return false;
+    cudaMemsetAsync(p, 0, 256 * MiB, s);
+    cudaFreeAsync(p, s);
+    return cudaStreamSynchronize(s) == cudaSuccess;
+}
+
+static bool run_cublas() {
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
+    const int n = 1024;
+    float *a, *b, *c;
+    cudaMalloc(&a, n * n * sizeof(float));
+    cudaMalloc(&b, n * n * sizeof(float));
+    cudaMalloc(&c, n * n * sizeof(float));
+    const float one = 1.0f, zero = 0.0f;
+    bool ok = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n) == CUBLAS_STATUS_SUCCESS;
+    return ok && cudaDeviceSynchronize() == cudaSuccess;
+}
+
+int main(int argc, char ** argv) {
+    const char * mode = argc > 1 ? argv[1] : "none";
+    if (cudaFree(0) != cudaSuccess) {
+        printf("{\"error\":\"no CUDA device\"}\n");
+        return 1;
+    }
+    const size_t f0 = free_now();
+    bool ok = true;
+    if (!strcmp(mode, "graph")) ok = run_graph(false);
+    else if (!strcmp(mode, "graph-destroyed")) ok = run_graph(true);
+    else if (!strcmp(mode, "async")) ok = run_async();
+    else if (!strcmp(mode, "cublas")) ok = run_cublas();
+    else if (strcmp(mode, "none")) {
+        printf("{\"error\":\"unknown mode %s: none, graph, graph-destroyed, async or cublas\"}\n", mode);
+        return 2;
+    }
+    const size_t f1 = free_now();
+    std::vector<void *> held;
+    while (free_now() > 42 * MiB) {
+        void * p = nullptr;
+        if (cudaMalloc(&p, 2 * MiB) != cudaSuccess) {
+            (void) cudaGetLastError();
+            break;
+        }
+        held.push_back(p);
+    }
+    const size_t f2 = free_now();
+    size_t beyond = 0;
+    for (size_t extra = 2 * MiB; extra <= 512 * MiB; extra += 2 * MiB) {
+        void * p = nullptr;
+        if (cudaMalloc(&p, f2 + extra) != cudaSuccess) {
+            (void) cudaGetLastError();
+            break;
+        }
+        beyond = extra;
+        cudaFree(p);
+    }
+    const size_t f3 = free_now();
+    printf("{\"mode\":\"%s\",\"ok\":%d,\"free_start_mib\":%.1f,\"work_took_mib\":%.1f,\"free_held_mib\":%.1f,"
+           "\"beyond_mib\":%.1f,\"free_end_mib\":%.1f}\n",
+           mode, ok, f0 / (double) MiB, ((double) f0 - (double) f1) / MiB, f2 / (double) MiB,
+           beyond / (double) MiB, f3 / (double) MiB);
+    for (void * h : held) cudaFree(h);
+    return 0;
+}
