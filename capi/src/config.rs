@@ -41,6 +41,8 @@ pub(crate) struct Config {
     pub headroom: Headroom,
     /// `CUPOOL_LIMIT_MIB`: the most each device's pools may hold, in bytes.
     pub limit: Option<usize>,
+    /// `CUPOOL_TIME_DRIVER`: time every driver call (`state.rs`, `stats.rs`).
+    pub time_driver: bool,
 }
 
 fn invalid(text: String) -> Failure {
@@ -161,12 +163,18 @@ impl Config {
                     })?,
             ),
         };
+        let time_driver = match pairs.get("CUPOOL_TIME_DRIVER") {
+            None => false,
+            Some(v) => cupool_pool::config::parse_bool("CUPOOL_TIME_DRIVER", v)
+                .map_err(|e| invalid(e.to_string()))?,
+        };
         Ok(Self {
             pool,
             devices,
             purge,
             headroom,
             limit,
+            time_driver,
         })
     }
 }

@@ -14,6 +14,7 @@ use cupool_pool::driver::cuda::device_count;
 use cupool_pool::driver::lazy::LazyDriver;
 use cupool_pool::driver::limit::LimitedDriver;
 use cupool_pool::driver::sim::{SimConfig, SimDevice};
+use cupool_pool::driver::timed::TimedDriver;
 use cupool_pool::driver::Driver;
 use cupool_pool::{PurgePolicy, Registry, StreamId};
 use parking_lot::{Mutex, MutexGuard, RwLock};
@@ -93,6 +94,8 @@ pub(crate) struct Lib {
     pub devices: usize,
     /// What each device's pools hold from the driver (the memory snapshot's segments).
     pub segments: Vec<Arc<Tracked>>,
+    /// Each device's driver calls and their time, with `CUPOOL_TIME_DRIVER` (else empty).
+    pub timers: Vec<Arc<TimedDriver>>,
     streams: RwLock<HashMap<(usize, u64, u32), Arc<StreamPool>>>,
 }
 
@@ -127,6 +130,24 @@ impl Lib {
                 }
             },
         };
+        // CUPOOL_TIME_DRIVER: innermost, so that it times the device's calls alone (not the
+        // bookkeeping of the layers above it), every call any pool on the device makes.
+        let timers: Vec<Arc<TimedDriver>> = if config.time_driver {
+            drivers
+                .iter()
+                .map(|d| Arc::new(TimedDriver::timed(d.clone())))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let drivers: Vec<Arc<dyn Driver>> = if timers.is_empty() {
+            drivers
+        } else {
+            timers
+                .iter()
+                .map(|t| t.clone() as Arc<dyn Driver>)
+                .collect()
+        };
         // CUPOOL_LIMIT_MIB: each device's driver counts what its pools take and refuses beyond the
         // limit, so every stream's pool on that device shares one budget.
         let drivers: Vec<Arc<dyn Driver>> = match config.limit {
@@ -149,6 +170,7 @@ impl Lib {
         Ok(Self {
             devices: segments.len(),
             segments,
+            timers,
             purge: config.purge,
             headroom: config.headroom,
             registry: Registry::new(config.pool, drivers),

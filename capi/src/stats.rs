@@ -3,14 +3,17 @@
 //! Per device, over its stream pools. Peaks are each stream's own, added up: exact with one
 //! stream, an upper bound with several; a stream's live peak is its threads' own peaks added
 //! up (`usage.rs`), exact with one thread, an upper bound with several. As in PyTorch, they restart
-//! only when the user asks (`cupool_reset_peaks`), not at an ubatch boundary.
+//! only when the user asks (`cupool_reset_peaks`), not at an ubatch boundary. With
+//! `CUPOOL_TIME_DRIVER`, the driver calls of the devices asked about and the time they took.
 
 use crate::state::StreamPool;
+use cupool_pool::driver::timed::{CallTime, TimedDriver};
 use cupool_pool::{Pool, PoolStats};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
+pub(crate) fn json(pools: &[Arc<StreamPool>], timers: &[&Arc<TimedDriver>]) -> String {
     let mut t = PoolStats::default();
     let (mut live_peak, mut reserved_peak) = (0, 0);
     for p in pools {
@@ -48,6 +51,21 @@ pub(crate) fn json(pools: &[Arc<StreamPool>]) -> String {
     put("cupool.asleep_bytes.current", t.asleep_bytes as u64);
     put("cupool.driver_allocations", t.calls.acquisitions());
     put("cupool.driver_releases", t.calls.releases());
+    if !timers.is_empty() {
+        let mut calls: BTreeMap<&str, CallTime> = BTreeMap::new();
+        for t in timers {
+            for (name, c) in t.times() {
+                let e = calls.entry(name).or_default();
+                e.calls += c.calls;
+                e.nanos = e.nanos.saturating_add(c.nanos);
+            }
+        }
+        put("cupool.driver_ns", calls.values().map(|c| c.nanos).sum());
+        for (name, c) in &calls {
+            put(&format!("cupool.driver_calls.{name}"), c.calls);
+            put(&format!("cupool.driver_ns.{name}"), c.nanos);
+        }
+    }
     out.push('}');
     out
 }

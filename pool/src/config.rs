@@ -19,9 +19,11 @@ use crate::settings::{self, FrontEnd};
 use crate::upstream::vmm::VmmConfig;
 use std::sync::Arc;
 
-pub(crate) const BOOL_VALUES: &str = "1, 0, true, false, yes, no, on, off";
+/// The values a yes-or-no setting accepts.
+pub const BOOL_VALUES: &str = "1, 0, true, false, yes, no, on, off";
 
-fn parse_bool(var: &'static str, value: &str) -> Result<bool, InvalidConfig> {
+/// A yes-or-no setting's value ([`BOOL_VALUES`]); the error names `var` and what it accepts.
+pub fn parse_bool(var: &'static str, value: &str) -> Result<bool, InvalidConfig> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),

@@ -47,6 +47,7 @@ OPTIONS = {
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",
     "limit_mib": "CUPOOL_LIMIT_MIB",
+    "time_driver": "CUPOOL_TIME_DRIVER",
 }
 
 

@@ -59,6 +59,11 @@ def test_the_recycling_on_and_off_table_is_its_runs():
     check("data/h100-2026-11-25-recycle-off/prefill.jsonl")
 
 
+def test_the_driver_time_tables_are_their_runs():
+    check("data/h100-2026-11-27-prefill-driver-time/prefill-phi3.jsonl")
+    check("data/h100-2026-11-27-prefill-driver-time/prefill-llama3-moe.jsonl")
+
+
 def test_the_backing_aware_placement_tables_are_their_runs():
     check("data/h100-2026-11-26-recycle-placement-phi3/prefill.jsonl")
     check("data/h100-2026-11-26-recycle-placement-llama3-moe/prefill.jsonl")

@@ -107,6 +107,9 @@ if a.warmup:
 sampler = Sampler(a.sample_ms)
 time.sleep(0.3)
 torch.cuda.synchronize()
+# With CUPOOL_TIME_DRIVER=on libcupool counts and times its driver calls: read before and after
+# the timed prefill, the difference is what its allocations cost this thread in the driver.
+timed_before = cupool.stats(dev) if a.allocator.startswith("cupool") else {}
 t0 = time.time()
 cache = DynamicCache()
 with torch.no_grad():
@@ -121,6 +124,7 @@ with torch.no_grad():
         del out
     torch.cuda.synchronize()
     prefill_s = time.time() - t0
+    timed_after = cupool.stats(dev) if "cupool.driver_ns" in timed_before else {}
     time.sleep(0.3)
     samples = sampler.stop()
     peak_torch = {}
@@ -147,8 +151,16 @@ result = {
     "warmup": a.warmup, "prefill_tok_s": a.prompt / prefill_s, "decode_tok_s": a.decode / decode_s,
     "build_s": build_s, "baseline_used_mib": base,
     "driver_peak_mib": (max(samples) - base) if samples else None, "samples": len(samples),
+    "prefill_s": prefill_s,
     **peak_torch,
 }
+if timed_after:
+    def delta(prefix):
+        return {k[len(prefix):]: timed_after[k] - timed_before.get(k, 0)
+                for k in timed_after if k.startswith(prefix) and timed_after[k] != timed_before.get(k, 0)}
+    result.update({"cupool_driver_ms": (timed_after["cupool.driver_ns"] - timed_before["cupool.driver_ns"]) / 1e6,
+                   "cupool_driver_calls": delta("cupool.driver_calls."),
+                   "cupool_driver_call_ms": {k: v / 1e6 for k, v in delta("cupool.driver_ns.").items()}})
 if a.allocator.startswith("cupool"):
     s = cupool.stats(dev)
     result.update({"cupool_peak_reserved_mib": s["reserved_bytes.all.peak"] / 2**20,

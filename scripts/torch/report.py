@@ -51,6 +51,24 @@ for model in sorted({m for m, _ in runs}):
             r["ratio"] = r["driver_peak_mib"] / alloc
         print(f"| {a} | {len(ok)} | {cell(ok, 'reserved')} | {cell(ok, 'driver_peak_mib')} | {cell(ok, 'ratio', '{:.3f}')} "
               f"| {cell(ok, 'prefill_tok_s')} | {cell(ok, 'decode_tok_s', '{:.1f}')} |")
+    timed = [(a, [r for r in rs if r.get("cupool_driver_ms") is not None]) for (m, a), rs in sorted(runs.items())
+             if m == model]
+    timed = [(a, rs) for a, rs in timed if rs]
+    if timed:
+        # What libcupool's driver calls took of the timed prefill (CUPOOL_TIME_DRIVER=on).
+        calls = sorted({c for _, rs in timed for r in rs for c in r["cupool_driver_calls"]})
+        print(f"\n| allocator | runs | prefill (s) | in libcupool's driver calls (ms) | share of the prefill | "
+              + " | ".join(f"{c}: calls, ms" for c in calls) + " |")
+        print("|---|---|---|---|---|" + "---|" * len(calls))
+        for a, rs in timed:
+            for r in rs:
+                r["share"] = 100 * r["cupool_driver_ms"] / 1e3 / r["prefill_s"]
+                for c in calls:
+                    r[f"n_{c}"] = r["cupool_driver_calls"].get(c, 0)
+                    r[f"ms_{c}"] = r["cupool_driver_call_ms"].get(c, 0.0)
+            print(f"| {a} | {len(rs)} | {cell(rs, 'prefill_s', '{:.2f}')} | {cell(rs, 'cupool_driver_ms', '{:.1f}')} | "
+                  f"{cell(rs, 'share', '{:.1f}%')} | "
+                  + " | ".join(f"{cell(rs, f'n_{c}')}, {cell(rs, f'ms_{c}', '{:.1f}')}" for c in calls) + " |")
 
 
 def micro(path):

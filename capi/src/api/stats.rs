@@ -38,7 +38,11 @@ pub unsafe extern "C" fn cupool_stats_json(device: i32, buf: *mut c_char, cap: u
         || {
             let lib = state::lib()?;
             let d = super::devices_arg(&lib, device)?;
-            let json = crate::stats::json(&lib.pools_of(d));
+            let timers: Vec<_> = match d {
+                Some(i) => lib.timers.get(i).into_iter().collect(),
+                None => lib.timers.iter().collect(),
+            };
+            let json = crate::stats::json(&lib.pools_of(d), &timers);
             // SAFETY: the caller passes null or `cap` writable bytes.
             Ok(unsafe { super::write_text(&json, buf, cap) })
         },

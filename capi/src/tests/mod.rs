@@ -9,3 +9,4 @@ mod registered;
 mod settings;
 mod sleep;
 mod threads;
+mod timing;

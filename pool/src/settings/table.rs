@@ -161,6 +161,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "the most device memory libcupool's pools may hold on each device, all streams together (like PyTorch's per-process memory fraction): beyond it a request fails as out-of-memory, with cupool's report, after the pool's own purge-and-retry; managed memory is not counted",
     },
     Setting {
+        name: "CUPOOL_TIME_DRIVER",
+        accepts: Bool,
+        read_by: &[by(Libcupool, "off")],
+        keyword: Some("time_driver"),
+        env_only: false,
+        doc: "libcupool times every driver call its pools make (creating, mapping, moving and unmapping memory, synchronizing) and adds the calls and nanoseconds per call to cupool_stats_json (`cupool.driver_ns` and `cupool.driver_calls.NAME`, `cupool.driver_ns.NAME`): what the pool costs the allocating thread in the driver; two clock reads and a lock per driver call",
+    },
+    Setting {
         name: "CUPOOL_LOG",
         accepts: Text("a log filter (RUST_LOG's syntax), or off"),
         read_by: &[by(Libcupool, "RUST_LOG's filter, else warnings and errors")],
