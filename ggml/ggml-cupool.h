@@ -30,6 +30,10 @@
 //       too until a later synchronize, so a move never waits for the device): the least footprint
 //       for out-of-order frees, at the cost of driver calls when it grows. Unset: off (ggml frees
 //       in stack order, and a CUDA graph capture may not be synchronized).
+//   CUPOOL_VMM_RECYCLE_PAGE (a number of MiB from 1 to 1024): with CUPOOL_VMM_RECYCLE on: the size
+//       of the pages the VMM pool creates memory in (rounded up to the granularity), the unit a
+//       page moves in; larger pages mean fewer driver calls per byte, smaller ones that fewer pages
+//       straddle a hole's edge and stay behind free space. Unset: 8.
 //   CUPOOL_VMM_RECYCLE_FREE (a percent from 0 to 100): with CUPOOL_VMM_RECYCLE on: the percent of
 //       the VMM pool's memory that may lie free in its holes before it moves free pages to a block
 //       that needs memory instead of creating it; less holds less memory and moves more pages (each

@@ -143,6 +143,21 @@ impl PoolConfig {
         if let Some(v) = get("CUPOOL_VMM_RECYCLE") {
             c.vmm.recycle = parse_bool("CUPOOL_VMM_RECYCLE", &v)?;
         }
+        if let Some(v) = get("CUPOOL_VMM_RECYCLE_PAGE") {
+            c.vmm.recycle_page = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|m| (1..=1024).contains(m))
+                .map(|m| m << 20)
+                .ok_or_else(|| {
+                    InvalidConfig::new(
+                        "CUPOOL_VMM_RECYCLE_PAGE",
+                        &v,
+                        "a number of MiB from 1 to 1024",
+                    )
+                })?;
+        }
         if let Some(v) = get("CUPOOL_VMM_RECYCLE_FREE") {
             c.vmm.recycle_free = v.trim().parse().ok().filter(|p| *p <= 100).ok_or_else(|| {
                 InvalidConfig::new("CUPOOL_VMM_RECYCLE_FREE", &v, "a percent from 0 to 100")

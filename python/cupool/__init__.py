@@ -43,6 +43,7 @@ OPTIONS = {
     "vmm_round_large": "CUPOOL_VMM_ROUND_LARGE",
     "vmm_recycle": "CUPOOL_VMM_RECYCLE",
     "vmm_recycle_free": "CUPOOL_VMM_RECYCLE_FREE",
+    "vmm_recycle_page": "CUPOOL_VMM_RECYCLE_PAGE",
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",

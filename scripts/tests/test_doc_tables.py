@@ -62,6 +62,8 @@ def test_the_recycling_on_and_off_table_is_its_runs():
 def test_the_driver_time_tables_are_their_runs():
     check("data/h100-2026-11-27-prefill-driver-time/prefill-phi3.jsonl")
     check("data/h100-2026-11-27-prefill-driver-time/prefill-llama3-moe.jsonl")
+    check("data/h100-2026-11-27-recycle-page-timed/prefill-phi3.jsonl",
+          "data/h100-2026-11-27-recycle-page-timed/prefill-llama3.jsonl")
 
 
 def test_the_backing_aware_placement_tables_are_their_runs():

@@ -30,9 +30,15 @@ def cell(rs, key, fmt="{:,.0f}"):
 
 for model in sorted({m for m, _ in runs}):
     # PyTorch's own count of live bytes, from its native allocator's runs (else any of its).
-    src = next(a for a in ["native", "expandable", "async"] if runs.get((model, a)))
-    alloc = statistics.median(r["peak_allocated_mib"] for r in runs[(model, src)] if "failed" not in r)
-    print(f"\n{model}: PyTorch's peak allocated ({src} runs) {alloc:,.0f} MiB\n")
+    src = next((a for a in ["native", "expandable", "async"] if runs.get((model, a))), None)
+    if src:
+        alloc = statistics.median(r["peak_allocated_mib"] for r in runs[(model, src)] if "failed" not in r)
+        print(f"\n{model}: PyTorch's peak allocated ({src} runs) {alloc:,.0f} MiB\n")
+    else:
+        # Only cupool ran: its own count of live bytes.
+        alloc = statistics.median(r["cupool_peak_allocated_mib"] for (m, _), rs in runs.items() if m == model
+                                  for r in rs if "failed" not in r)
+        print(f"\n{model}: cupool's peak allocated {alloc:,.0f} MiB\n")
     print("| allocator | runs | reserved peak (MiB) | driver peak (MiB) | driver / allocated | prefill tok/s | decode tok/s |")
     print("|---|---|---|---|---|---|---|")
     # Variants not in ORDER (cupool-freeN, ...) follow it, by name.

@@ -11,8 +11,9 @@
 # recycling off: CUPOOL_VMM_RECYCLE=off) and cupool-base (the libcupool at $BASE_LIB, such as
 # the previous commit's, to compare two builds in one call); cupool-freeN sets
 # CUPOOL_VMM_RECYCLE_FREE=N (the percent of free memory kept before pages move); cupool-timed
-# (and cupool-timed-norecycle) time libcupool's driver calls (CUPOOL_TIME_DRIVER=on), and the
-# report adds what the prefill spent in them.
+# (cupool-timed-norecycle, cupool-timed-pageN with CUPOOL_VMM_RECYCLE_PAGE=N MiB) time
+# libcupool's driver calls (CUPOOL_TIME_DRIVER=on), and the report adds what the prefill spent
+# in them.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -30,6 +31,7 @@ if [ "$what" = prefill ]; then
           cupool-norecycle) run=cupool; env=(CUPOOL_VMM_RECYCLE=off) ;;
           cupool-timed) run=cupool; env=(CUPOOL_TIME_DRIVER=on) ;;
           cupool-timed-norecycle) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE=off) ;;
+          cupool-timed-page*) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE_PAGE="${a#cupool-timed-page}") ;;
           cupool-base) run=cupool; env=(CUPOOL_LIB="${BASE_LIB:?cupool-base needs BASE_LIB}") ;;
           cupool-free*) run=cupool; env=(CUPOOL_VMM_RECYCLE_FREE="${a#cupool-free}") ;;
           *) run=$a; env=() ;;

@@ -227,6 +227,27 @@ fn libcupool_names_and_defaults_are_the_table_s() {
             "{e}"
         );
     }
+    // The page size, in MiB (the table's defaults are the library's, in MiB).
+    assert_eq!(
+        c.pool.vmm.recycle_page >> 20,
+        number("CUPOOL_VMM_RECYCLE_PAGE", FrontEnd::Libcupool)
+    );
+    assert_eq!(
+        PoolConfig::default().vmm.recycle_page >> 20,
+        number("CUPOOL_VMM_RECYCLE_PAGE", FrontEnd::Library)
+    );
+    let big = Config::parse(Some("CUPOOL_VMM_RECYCLE_PAGE=64")).unwrap();
+    assert_eq!(big.pool.vmm.recycle_page, 64 << 20);
+    for bad in ["0", "1025", "-8", "8MiB", ""] {
+        let e = Config::parse(Some(&format!("CUPOOL_VMM_RECYCLE_PAGE={bad}")))
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} accepted"))
+            .text;
+        assert!(
+            e.contains("CUPOOL_VMM_RECYCLE_PAGE") && e.contains("a number of MiB from 1 to 1024"),
+            "{e}"
+        );
+    }
     let lib = PoolConfig::default();
     assert!(!lib.vmm.recycle);
     assert_eq!(default("CUPOOL_VMM_RECYCLE", FrontEnd::Library), "off");

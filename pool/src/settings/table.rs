@@ -102,6 +102,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "the VMM pool moves the free pages of its holes to where it must grow instead of mapping new memory (a page stays mapped at its old place too until a later synchronize, so a move never waits for the device): the least footprint for out-of-order frees, at the cost of driver calls when it grows",
     },
     Setting {
+        name: "CUPOOL_VMM_RECYCLE_PAGE",
+        accepts: Text("a number of MiB from 1 to 1024"),
+        read_by: &[by(Library, "8"), by(Cli, "8"), by(Libcupool, "8")],
+        keyword: Some("vmm_recycle_page"),
+        env_only: false,
+        doc: "with CUPOOL_VMM_RECYCLE on: the size of the pages the VMM pool creates memory in (rounded up to the granularity), the unit a page moves in; larger pages mean fewer driver calls per byte, smaller ones that fewer pages straddle a hole's edge and stay behind free space",
+    },
+    Setting {
         name: "CUPOOL_VMM_RECYCLE_FREE",
         accepts: Text("a percent from 0 to 100"),
         read_by: &[by(Library, "6"), by(Cli, "6"), by(Libcupool, "6")],

@@ -36,8 +36,10 @@ pub struct VmmConfig {
     /// the granularity (0: one granule), 0 to 256 TiB. A block's tail takes a smaller page, and
     /// a page moves whole, to a vacant range it fits. Larger pages mean fewer driver calls per
     /// byte created or moved, smaller ones that fewer pages straddle a hole's edge and stay
-    /// behind free space. 8 MiB by default: on the PyTorch prefill traces it cut the pages
-    /// created and moved 3× against one granule, with the mapped peak no higher
+    /// behind free space (`CUPOOL_VMM_RECYCLE_PAGE`, in MiB). 8 MiB by default: on the PyTorch
+    /// prefill traces it cut the pages created and moved 3× against one granule, with the
+    /// mapped peak no higher; 64 and 128 MiB create half as many pages for Phi-3 but drop twice
+    /// as many old mappings, and took as long in the driver, timed in the prefill on an H100
     /// (docs/pytorch.md).
     pub recycle_page: usize,
     /// With [`VmmConfig::recycle`]: the percent of the pool's memory (0 to 100) that may lie
