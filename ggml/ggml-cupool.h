@@ -55,9 +55,9 @@
 //       the pool's own purge-and-retry; managed memory is not counted. Unset: off.
 //   CUPOOL_TIME_DRIVER=1|0|true|false|yes|no|on|off: libcupool times every driver call its pools
 //       make (creating, mapping, moving and unmapping memory, synchronizing) and adds the calls and
-//       nanoseconds per call to cupool_stats_json (cupool.driver_ns and cupool.driver_calls.NAME,
-//       cupool.driver_ns.NAME): what the pool costs the allocating thread in the driver; two clock
-//       reads and a lock per driver call. Unset: off.
+//       nanoseconds per primitive to cupool_stats_json (cupool.driver_ns and
+//       cupool.driver_calls.NAME, cupool.driver_ns.NAME): what the pool costs the allocating thread
+//       in the driver; two clock reads and a lock per driver call. Unset: off.
 //   CUPOOL_LOG (a log filter (RUST_LOG's syntax), or off): libcupool's log filter: info prints each
 //       ubatch's peaks and what its boundary returned; off silences it. Unset: RUST_LOG's filter,
 //       else warnings and errors.

@@ -130,8 +130,9 @@ impl Lib {
                 }
             },
         };
-        // CUPOOL_TIME_DRIVER: innermost, so that it times the device's calls alone (not the
-        // bookkeeping of the layers above it), every call any pool on the device makes.
+        // CUPOOL_TIME_DRIVER: right above the device (the lazy driver, whose opening, the CUDA
+        // context's creation, the timer leaves out), so that it times the device's calls alone,
+        // not the bookkeeping of the layers above, and every call any pool on the device makes.
         let timers: Vec<Arc<TimedDriver>> = if config.time_driver {
             drivers
                 .iter()

@@ -60,7 +60,10 @@ pub(crate) fn json(pools: &[Arc<StreamPool>], timers: &[&Arc<TimedDriver>]) -> S
                 e.nanos = e.nanos.saturating_add(c.nanos);
             }
         }
-        put("cupool.driver_ns", calls.values().map(|c| c.nanos).sum());
+        put(
+            "cupool.driver_ns",
+            calls.values().map(|c| c.nanos).fold(0, u64::saturating_add),
+        );
         for (name, c) in &calls {
             put(&format!("cupool.driver_calls.{name}"), c.calls);
             put(&format!("cupool.driver_ns.{name}"), c.nanos);

@@ -194,8 +194,9 @@ def logs_of(folder, name):
 
 
 def test_the_moe_s_returned_memory_is_ik_s_cuda_graph():
-    """The MoE at 10 GiB with libcupool's legacy pools keeping no thread's blocks: its pool's
-    peak is the plan's to the byte at every ubatch end, with the engine's CUDA graphs and without.
+    """The MoE at 10 GiB with libcupool's legacy pools keeping no thread's blocks: the largest
+    reserve it logged at a ubatch end is the plan's peak to the byte, with the engine's CUDA
+    graphs and without.
     With them, its first compute takes 32 MiB more outside the pool (the warm-up's graph), and at
     the one ubatch above the plan's largest context the pool's last growth of 146 MiB, asked with
     146.6 MiB free, leaves 30.6 MiB: the driver gave back 30 MiB. Without them nothing is given

@@ -160,13 +160,20 @@ def encode(config):
 
 
 def stats_json(device):
+    """``cupool_stats_json`` as a dict. The text may grow between asking its size and fetching it
+    (another thread's allocation adds digits, or a driver call timed for the first time a key):
+    a truncated one is fetched again, larger."""
     lib = load()
     n = lib.cupool_stats_json(device, None, 0)
-    if n == 0:
-        raise CupoolError(NOT_INITIALIZED, last_error())
-    buf = ctypes.create_string_buffer(n + 1)
-    lib.cupool_stats_json(device, buf, n + 1)
-    return json.loads(buf.value)
+    while True:
+        if n == 0:
+            raise CupoolError(NOT_INITIALIZED, last_error())
+        cap = n + 1024
+        buf = ctypes.create_string_buffer(cap)
+        m = lib.cupool_stats_json(device, buf, cap)
+        if 0 < m < cap:
+            return json.loads(buf.raw[:m])
+        n = m
 
 
 def snapshot_json(device):

@@ -276,9 +276,10 @@ def room_row(p: dict, r: dict):
 
 
 def memory(a) -> None:
-    """Each run's memory lines where the device's free memory moved: the stage, the free memory
-    and the pool's reserve after it, and how much free memory fell against how much the pool
-    grew since the line before (a fall short of the growth is memory the driver gave back)."""
+    """Each run's memory lines where the device's free memory or the pool's reserve moved: the
+    stage, the free memory and the pool's reserve after it, and how much free memory fell against
+    how much the pool grew since the line before (a fall short of the growth is memory the driver
+    gave back)."""
     lines = ["<!-- predict-memory: begin (python3 scripts/llama/predict-check.py memory DATA) -->",
              "| run | stage | free (MiB) | pool reserve (MiB) | free fell by (MiB) | pool grew by (MiB) |",
              "|---|---|---:|---:|---:|---:|"]
@@ -287,7 +288,9 @@ def memory(a) -> None:
             for r in map(json.loads, rj.read_text().splitlines()):
                 prev = None
                 for m in (m for m in r.get("memory", []) if m.get("device") == 0):
-                    if prev is None or m["stage"] != "ubatch" or abs(prev["free_mib"] - m["free_mib"]) > 0.05:
+                    moved = (abs(prev["free_mib"] - m["free_mib"]) > 0.05
+                             or abs(prev["pool_reserved_mib"] - m["pool_reserved_mib"]) > 0.05) if prev else True
+                    if m["stage"] != "ubatch" or moved:
                         fell = f"{prev['free_mib'] - m['free_mib']:,.1f}" if prev else "–"
                         grew = f"{m['pool_reserved_mib'] - prev['pool_reserved_mib']:,.1f}" if prev else "–"
                         lines.append(f"| {Path(folder).name}/{r['name']} | {m['stage']} | {m['free_mib']:,.1f} | "

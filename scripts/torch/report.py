@@ -36,8 +36,9 @@ for model in sorted({m for m, _ in runs}):
         print(f"\n{model}: PyTorch's peak allocated ({src} runs) {alloc:,.0f} MiB\n")
     else:
         # Only cupool ran: its own count of live bytes.
-        alloc = statistics.median(r["cupool_peak_allocated_mib"] for (m, _), rs in runs.items() if m == model
-                                  for r in rs if "failed" not in r)
+        own = [r["cupool_peak_allocated_mib"] for (m, _), rs in runs.items() if m == model
+               for r in rs if "failed" not in r]
+        alloc = statistics.median(own) if own else float("nan")
         print(f"\n{model}: cupool's peak allocated {alloc:,.0f} MiB\n")
     print("| allocator | runs | reserved peak (MiB) | driver peak (MiB) | driver / allocated | prefill tok/s | decode tok/s |")
     print("|---|---|---|---|---|---|---|")

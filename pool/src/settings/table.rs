@@ -174,7 +174,7 @@ pub const SETTINGS: &[Setting] = &[
         read_by: &[by(Libcupool, "off")],
         keyword: Some("time_driver"),
         env_only: false,
-        doc: "libcupool times every driver call its pools make (creating, mapping, moving and unmapping memory, synchronizing) and adds the calls and nanoseconds per call to cupool_stats_json (`cupool.driver_ns` and `cupool.driver_calls.NAME`, `cupool.driver_ns.NAME`): what the pool costs the allocating thread in the driver; two clock reads and a lock per driver call",
+        doc: "libcupool times every driver call its pools make (creating, mapping, moving and unmapping memory, synchronizing) and adds the calls and nanoseconds per primitive to cupool_stats_json (`cupool.driver_ns` and `cupool.driver_calls.NAME`, `cupool.driver_ns.NAME`): what the pool costs the allocating thread in the driver; two clock reads and a lock per driver call",
     },
     Setting {
         name: "CUPOOL_LOG",
