@@ -159,35 +159,28 @@ def encode(config):
     return " ".join(parts).encode()
 
 
-def stats_json(device):
-    """``cupool_stats_json`` as a dict. The text may grow between asking its size and fetching it
-    (another thread's allocation adds digits, or a driver call timed for the first time a key):
-    a truncated one is fetched again, larger."""
-    lib = load()
-    n = lib.cupool_stats_json(device, None, 0)
-    while True:
-        if n == 0:
-            raise CupoolError(NOT_INITIALIZED, last_error())
-        cap = n + 1024
-        buf = ctypes.create_string_buffer(cap)
-        m = lib.cupool_stats_json(device, buf, cap)
-        if 0 < m < cap:
-            return json.loads(buf.raw[:m])
-        n = m
-
-
-def snapshot_json(device):
-    """``cupool_memory_snapshot_json`` as a dict. The snapshot may grow between asking its size
-    and fetching it (another thread allocates): a truncated one is fetched again, larger."""
-    lib = load()
-    n = lib.cupool_memory_snapshot_json(device, None, 0)
+def _grown_json(call, device):
+    """What ``call`` (a ``cupool_*_json(device, buf, cap)`` entry point) writes, as a dict. The
+    text may grow between asking its size and fetching it (another thread allocates, or a driver
+    call timed for the first time adds a key): a truncated one is fetched again, larger."""
+    n = call(device, None, 0)
     while True:
         if n == 0:
             text = last_error()
             raise CupoolError(NOT_INITIALIZED if "cupool_init" in text else INVALID_ARGUMENT, text)
         cap = n + n // 8 + 4096
         buf = ctypes.create_string_buffer(cap)
-        m = lib.cupool_memory_snapshot_json(device, buf, cap)
+        m = call(device, buf, cap)
         if 0 < m < cap:
             return json.loads(buf.raw[:m])
         n = m
+
+
+def stats_json(device):
+    """``cupool_stats_json`` as a dict."""
+    return _grown_json(load().cupool_stats_json, device)
+
+
+def snapshot_json(device):
+    """``cupool_memory_snapshot_json`` as a dict."""
+    return _grown_json(load().cupool_memory_snapshot_json, device)

@@ -334,7 +334,7 @@ def main() -> None:
     p.add_argument("folders", nargs="+")
     o = sub.add_parser("report-oom")
     o.add_argument("folders", nargs="+")
-    m = sub.add_parser("memory", help="each run's memory lines where the free memory moved")
+    m = sub.add_parser("memory", help="each run's memory lines where the free memory or the pool's reserve moved")
     m.add_argument("folders", nargs="+")
     w = sub.add_parser("sweep", help="add `predict --sweep`'s plan of each ik_llama.cpp run at CTX to DIR's "
                                      "NAME.ctx.plan.json (what `run` records itself)")
