@@ -10,6 +10,8 @@ by nvidia-smi in another process (no load on this one), over the prefill, above 
 in use just before the model is built.
 """
 import argparse
+import datetime
+import gc
 import json
 import os
 import subprocess
@@ -26,6 +28,11 @@ p.add_argument("--decode", type=int, default=32)
 p.add_argument("--pool", help="cupool's pool kind (default: vmm installed, direct as a MemPool)")
 p.add_argument("--record", help="write cupool's trace here (cupool allocators only)")
 p.add_argument("--sample-ms", type=int, default=50)
+p.add_argument("--speed-reps", type=int, default=0,
+               help="after the measured run, prefill the prompt this many more times, each from an "
+                    "empty cache with the allocator's free memory given back to the driver first "
+                    "(torch.cuda.empty_cache, cupool.trim), so every one starts as the first did: "
+                    "repeated timings in one process, with the GPU's busy share of each")
 p.add_argument("--warmup", type=int, default=0,
                help="tokens run through the model (their cache dropped) before the timed prefill, "
                     "so the first chunk's one-off set-up (cuBLAS, kernel loading) is not timed")
@@ -62,18 +69,32 @@ cfg._attn_implementation = "sdpa"
 
 
 class Sampler:
-    """nvidia-smi's memory.used of this GPU, sampled in another process."""
+    """nvidia-smi's memory.used and utilization.gpu of this GPU, sampled in another process."""
 
     def __init__(self, ms):
         self.p = subprocess.Popen(
             ["nvidia-smi", f"--id=GPU-{torch.cuda.get_device_properties(dev).uuid}",
-             "--query-gpu=memory.used", "--format=csv,noheader,nounits", f"-lms={ms}"],
+             "--query-gpu=timestamp,memory.used,utilization.gpu", "--format=csv,noheader,nounits",
+             f"-lms={ms}"],
             stdout=subprocess.PIPE, text=True)
 
     def stop(self):
+        """[(time.time() of the sample, MiB used, percent of the sample's period a kernel ran)]."""
         self.p.terminate()
         out, _ = self.p.communicate()
-        return [int(x) for x in out.split() if x.isdigit()]
+        rows = []
+        for line in out.splitlines():
+            f = [x.strip() for x in line.split(",")]
+            if len(f) == 3 and f[1].isdigit() and f[2].isdigit():
+                t = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                rows.append((t, int(f[1]), int(f[2])))
+        return rows
+
+
+def busy(rows, t0, t1):
+    """The mean GPU utilization (percent) of the samples taken between t0 and t1."""
+    u = [r[2] for r in rows if t0 <= r[0] <= t1]
+    return sum(u) / len(u) if u else None
 
 
 def used_mib():
@@ -110,9 +131,12 @@ torch.cuda.synchronize()
 # With CUPOOL_TIME_DRIVER=on libcupool counts and times its driver calls: read before and after
 # the timed prefill, the difference is what its allocations cost this thread in the driver.
 timed_before = cupool.stats(dev) if a.allocator.startswith("cupool") else {}
-t0 = time.time()
-cache = DynamicCache()
-with torch.no_grad():
+
+
+def prefill():
+    """Prefills the prompt in chunks into a new cache: (cache, next token, seconds)."""
+    t0 = time.time()
+    cache = DynamicCache()
     for s in range(0, a.prompt, a.chunk):
         if rec:
             with cupool.phase(f"prefill {s}"):
@@ -123,10 +147,17 @@ with torch.no_grad():
         nxt = out.logits[:, -1:].argmax(-1)
         del out
     torch.cuda.synchronize()
-    prefill_s = time.time() - t0
+    return cache, nxt, time.time() - t0
+
+
+with torch.no_grad():
+    t_start = time.time()
+    cache, nxt, prefill_s = prefill()
     timed_after = cupool.stats(dev) if "cupool.driver_ns" in timed_before else {}
     time.sleep(0.3)
-    samples = sampler.stop()
+    rows = sampler.stop()
+    samples = [r[1] for r in rows]
+    util = busy(rows, t_start, t_start + prefill_s)
     peak_torch = {}
     if a.allocator in ("native", "expandable", "async"):
         st = torch.cuda.memory_stats()
@@ -141,6 +172,26 @@ with torch.no_grad():
         del out
     torch.cuda.synchronize()
     decode_s = time.time() - t1
+    own = cupool.stats(dev) if a.allocator.startswith("cupool") else None
+    # Repeated timings: every prefill from an empty cache, the allocator's free memory back
+    # with the driver, as before the first.
+    speed, speed_driver_ms = [], []
+    for _ in range(a.speed_reps):
+        del cache, nxt
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        if a.allocator.startswith("cupool"):
+            cupool.trim(dev)
+        sampler = Sampler(a.sample_ms)
+        time.sleep(0.3)
+        before = cupool.stats(dev) if timed_after else None
+        t_start = time.time()
+        cache, nxt, took = prefill()
+        if before:
+            speed_driver_ms.append((cupool.stats(dev)["cupool.driver_ns"] - before["cupool.driver_ns"]) / 1e6)
+        time.sleep(0.3)
+        speed.append((took, busy(sampler.stop(), t_start, t_start + took)))
 
 if rec:
     rec.stop()
@@ -151,7 +202,9 @@ result = {
     "warmup": a.warmup, "prefill_tok_s": a.prompt / prefill_s, "decode_tok_s": a.decode / decode_s,
     "build_s": build_s, "baseline_used_mib": base,
     "driver_peak_mib": (max(samples) - base) if samples else None, "samples": len(samples),
-    "prefill_s": prefill_s,
+    "prefill_s": prefill_s, "gpu_busy_pct": util,
+    **({"speed_prefill_s": [t for t, _ in speed], "speed_gpu_busy_pct": [u for _, u in speed]} if speed else {}),
+    **({"speed_driver_ms": speed_driver_ms} if speed_driver_ms else {}),
     **peak_torch,
 }
 if timed_after:
@@ -161,11 +214,10 @@ if timed_after:
     result.update({"cupool_driver_ms": (timed_after["cupool.driver_ns"] - timed_before["cupool.driver_ns"]) / 1e6,
                    "cupool_driver_calls": delta("cupool.driver_calls."),
                    "cupool_driver_call_ms": {k: v / 1e6 for k, v in delta("cupool.driver_ns.").items()}})
-if a.allocator.startswith("cupool"):
-    s = cupool.stats(dev)
-    result.update({"cupool_peak_reserved_mib": s["reserved_bytes.all.peak"] / 2**20,
-                   "cupool_peak_allocated_mib": s["allocated_bytes.all.peak"] / 2**20,
-                   "cupool_ooms": s["num_ooms"]})
+if own is not None:
+    result.update({"cupool_peak_reserved_mib": own["reserved_bytes.all.peak"] / 2**20,
+                   "cupool_peak_allocated_mib": own["allocated_bytes.all.peak"] / 2**20,
+                   "cupool_ooms": own["num_ooms"]})
 if mempool is not None:
     st = torch.cuda.memory_stats()
     result.update({"peak_allocated_mib": st.get("allocated_bytes.all.peak", 0) / 2**20,

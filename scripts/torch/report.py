@@ -28,6 +28,7 @@ def cell(rs, key, fmt="{:,.0f}"):
     return m if min(v) == max(v) else f"{m} [{fmt.format(min(v))}, {fmt.format(max(v))}]"
 
 
+model_prompt = {m: rs[0].get("prompt", 0) for (m, _), rs in runs.items()}
 for model in sorted({m for m, _ in runs}):
     # PyTorch's own count of live bytes, from its native allocator's runs (else any of its).
     src = next((a for a in ["native", "expandable", "async"] if runs.get((model, a))), None)
@@ -58,6 +59,33 @@ for model in sorted({m for m, _ in runs}):
             r["ratio"] = r["driver_peak_mib"] / alloc
         print(f"| {a} | {len(ok)} | {cell(ok, 'reserved')} | {cell(ok, 'driver_peak_mib')} | {cell(ok, 'ratio', '{:.3f}')} "
               f"| {cell(ok, 'prefill_tok_s')} | {cell(ok, 'decode_tok_s', '{:.1f}')} |")
+    speed = {a: [(t, u) for r in rs if "failed" not in r
+                 for t, u in zip(r.get("speed_prefill_s", []), r.get("speed_gpu_busy_pct", []))]
+             for (m, a), rs in runs.items() if m == model}
+    speed = {a: v for a, v in speed.items() if v}
+    if speed:
+        # Repeated prefills (prefill.py --speed-reps), each from an empty cache with the
+        # allocator's free memory given back first: the median over every process's prefills,
+        # against the fastest of PyTorch's allocators by that median.
+        def med(a):
+            return statistics.median(t for t, _ in speed[a])
+        peers = [a for a in ("native", "expandable", "async") if a in speed]
+        best = min(peers, key=med) if peers else None
+        print(f"\n| allocator | processes | prefills | prefill (s) | prefill tok/s | against {best or 'the fastest peer'} "
+              "| GPU busy | in libcupool's driver calls (ms) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for a in ORDER + sorted(x for x in speed if x not in ORDER):
+            if a not in speed:
+                continue
+            ts = [t for t, _ in speed[a]]
+            us = [u for _, u in speed[a] if u is not None]
+            procs = sum(1 for r in runs[(model, a)] if r.get("speed_prefill_s"))
+            rel = f"{med(best) / med(a):.3f}" if best else "–"
+            busy = f"{statistics.median(us):.0f}%" if us else "–"
+            dms = [x for r in runs[(model, a)] for x in r.get("speed_driver_ms", [])]
+            dcell = f"{statistics.median(dms):.1f} [{min(dms):.1f}, {max(dms):.1f}]" if dms else "–"
+            print(f"| {a} | {procs} | {len(ts)} | {statistics.median(ts):.2f} [{min(ts):.2f}, {max(ts):.2f}] "
+                  f"| {model_prompt[model] / statistics.median(ts):,.0f} | {rel} | {busy} | {dcell} |")
     timed = [(a, [r for r in rs if r.get("cupool_driver_ms") is not None]) for (m, a), rs in sorted(runs.items())
              if m == model]
     timed = [(a, rs) for a, rs in timed if rs]

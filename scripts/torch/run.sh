@@ -12,8 +12,9 @@
 # the previous commit's, to compare two builds in one call); cupool-freeN sets
 # CUPOOL_VMM_RECYCLE_FREE=N (the percent of free memory kept before pages move); cupool-timed
 # (cupool-timed-norecycle, cupool-timed-pageN with CUPOOL_VMM_RECYCLE_PAGE=N MiB) time
-# libcupool's driver calls (CUPOOL_TIME_DRIVER=on), and the report adds what the prefill spent
-# in them.
+# libcupool's driver calls (CUPOOL_TIME_DRIVER=on; cupool-timed-freeN with
+# CUPOOL_VMM_RECYCLE_FREE=N), and the report adds what the prefill spent in them.
+# PREFILL_ARGS="--speed-reps N" times N more prefills in each process (see prefill.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -31,6 +32,7 @@ if [ "$what" = prefill ]; then
           cupool-norecycle) run=cupool; env=(CUPOOL_VMM_RECYCLE=off) ;;
           cupool-timed) run=cupool; env=(CUPOOL_TIME_DRIVER=on) ;;
           cupool-timed-norecycle) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE=off) ;;
+          cupool-timed-free*) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE_FREE="${a#cupool-timed-free}") ;;
           cupool-timed-page*) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE_PAGE="${a#cupool-timed-page}") ;;
           cupool-base) run=cupool; env=(CUPOOL_LIB="${BASE_LIB:?cupool-base needs BASE_LIB}") ;;
           cupool-free*) run=cupool; env=(CUPOOL_VMM_RECYCLE_FREE="${a#cupool-free}") ;;
