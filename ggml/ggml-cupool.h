@@ -58,6 +58,13 @@
 //       nanoseconds per primitive to cupool_stats_json (cupool.driver_ns and
 //       cupool.driver_calls.NAME, cupool.driver_ns.NAME): what the pool costs the allocating thread
 //       in the driver; two clock reads and a lock per driver call. Unset: off.
+//   CUPOOL_VMM_DEFER=1|0|true|false|yes|no|on|off: with CUPOOL_VMM_RECYCLE on: a worker thread per
+//       device makes the driver calls that move pages (a second mapping where a block lands,
+//       dropping the old one), and the allocating stream waits for them on the device
+//       (cuStreamWaitValue32), not the allocating thread: memory is usable in the allocating
+//       stream's order, as cudaMallocAsync's (another stream waits for that one first); a stream
+//       being captured, or a device whose streams cannot wait on memory, makes the thread wait
+//       instead. Unset: off.
 //   CUPOOL_LOG (a log filter (RUST_LOG's syntax), or off): libcupool's log filter: info prints each
 //       ubatch's peaks and what its boundary returned; off silences it. Unset: RUST_LOG's filter,
 //       else warnings and errors.

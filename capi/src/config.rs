@@ -43,6 +43,8 @@ pub(crate) struct Config {
     pub limit: Option<usize>,
     /// `CUPOOL_TIME_DRIVER`: time every driver call (`state.rs`, `stats.rs`).
     pub time_driver: bool,
+    /// `CUPOOL_VMM_DEFER`: page moves made by a worker thread, the stream waiting for them.
+    pub vmm_defer: bool,
 }
 
 fn invalid(text: String) -> Failure {
@@ -168,6 +170,11 @@ impl Config {
             Some(v) => cupool_pool::config::parse_bool("CUPOOL_TIME_DRIVER", v)
                 .map_err(|e| invalid(e.to_string()))?,
         };
+        let vmm_defer = match pairs.get("CUPOOL_VMM_DEFER") {
+            None => false,
+            Some(v) => cupool_pool::config::parse_bool("CUPOOL_VMM_DEFER", v)
+                .map_err(|e| invalid(e.to_string()))?,
+        };
         Ok(Self {
             pool,
             devices,
@@ -175,6 +182,7 @@ impl Config {
             headroom,
             limit,
             time_driver,
+            vmm_defer,
         })
     }
 }

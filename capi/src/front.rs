@@ -71,6 +71,13 @@ impl<T> Front<T> {
     ) -> Result<Block, Failure> {
         // Memory the pool takes from the driver for this block is this stream's segment.
         let b = crate::segments::on_stream(self.at.0, self.at.1, || self.inner.alloc(size))?;
+        // Where the driver maps pages behind the pool's back (CUPOOL_VMM_DEFER), the stream
+        // waits for what is queued before it runs anything queued after this allocation. A
+        // block from a thread's bins needs none: it was handed out on this stream before.
+        if let Err(e) = self.inner.driver().fence(self.at.0) {
+            let _ = self.inner.free(b);
+            return Err(Failure::from(cupool_pool::PoolError::from(e)));
+        }
         self.owners.insert(b.ptr(), owner.clone());
         peaks.note(self.inner.reserved_bytes());
         Ok(b)

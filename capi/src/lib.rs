@@ -28,6 +28,7 @@ mod api;
 mod boundary;
 mod cached;
 mod config;
+mod drivers;
 mod front;
 mod hash;
 mod history;

@@ -6,14 +6,10 @@
 //! advance; that state's own lock guards the thread's kept and live blocks (`local.rs`).
 
 use crate::cached::Cached;
-use crate::config::{Config, Devices};
+use crate::config::Config;
 use crate::local::{Held, Local};
 use crate::segments::Tracked;
 use crate::status::{CupoolStatus, Failure};
-use cupool_pool::driver::cuda::device_count;
-use cupool_pool::driver::lazy::LazyDriver;
-use cupool_pool::driver::limit::LimitedDriver;
-use cupool_pool::driver::sim::{SimConfig, SimDevice};
 use cupool_pool::driver::timed::TimedDriver;
 use cupool_pool::driver::Driver;
 use cupool_pool::{PurgePolicy, Registry, StreamId};
@@ -101,69 +97,7 @@ pub(crate) struct Lib {
 
 impl Lib {
     fn open(config: Config) -> Result<Self, Failure> {
-        let sims = |gib: f64, count: usize| -> Result<Vec<Arc<dyn Driver>>, Failure> {
-            (0..count)
-                .map(|i| {
-                    let mut c = SimConfig::gib(gib).record_calls(false);
-                    c.ordinal = i;
-                    let d: Arc<dyn Driver> =
-                        Arc::new(SimDevice::new(c).map_err(cupool_pool::PoolError::from)?);
-                    Ok(d)
-                })
-                .collect()
-        };
-        // Each device is opened (its CUDA context made) when a pool first needs it: a process
-        // that sees several GPUs and uses one pays no context on the others.
-        let cuda = || -> Result<Vec<Arc<dyn Driver>>, Failure> {
-            Ok((0..device_count()?)
-                .map(|i| Arc::new(LazyDriver::cuda(i)) as Arc<dyn Driver>)
-                .collect())
-        };
-        let drivers = match config.devices {
-            Devices::Cuda => cuda()?,
-            Devices::Sim { gib, count } => sims(gib, count)?,
-            Devices::Auto { gib, count } => match cuda() {
-                Ok(d) if !d.is_empty() => d,
-                _ => {
-                    tracing::info!("no CUDA device: cupool runs on simulated cards");
-                    sims(gib, count)?
-                }
-            },
-        };
-        // CUPOOL_TIME_DRIVER: right above the device (the lazy driver, whose opening, the CUDA
-        // context's creation, the timer leaves out), so that it times the device's calls alone,
-        // not the bookkeeping of the layers above, and every call any pool on the device makes.
-        let timers: Vec<Arc<TimedDriver>> = if config.time_driver {
-            drivers
-                .iter()
-                .map(|d| Arc::new(TimedDriver::timed(d.clone())))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let drivers: Vec<Arc<dyn Driver>> = if timers.is_empty() {
-            drivers
-        } else {
-            timers
-                .iter()
-                .map(|t| t.clone() as Arc<dyn Driver>)
-                .collect()
-        };
-        // CUPOOL_LIMIT_MIB: each device's driver counts what its pools take and refuses beyond the
-        // limit, so every stream's pool on that device shares one budget.
-        let drivers: Vec<Arc<dyn Driver>> = match config.limit {
-            None => drivers,
-            Some(limit) => drivers
-                .into_iter()
-                .map(|d| Arc::new(LimitedDriver::new(d, limit)) as Arc<dyn Driver>)
-                .collect(),
-        };
-        // Outermost: only what the device (and the limit) granted is a segment.
-        let segments: Vec<Arc<Tracked>> = drivers
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| Arc::new(Tracked::new(d, i)))
-            .collect();
+        let crate::drivers::Stack { segments, timers } = crate::drivers::stack(&config)?;
         let drivers = segments
             .iter()
             .map(|t| t.clone() as Arc<dyn Driver>)

@@ -47,7 +47,8 @@ impl DriverCalls {
             | K::ReleaseReservation
             | K::Init
             | K::HostAlloc
-            | K::Copy => return,
+            | K::Copy
+            | K::StreamWait => return,
         };
         *counter += 1;
     }

@@ -6,7 +6,7 @@
 //! Run on a machine with CUDA: `cargo test -p cupool-pool --release --test gpu_recycle -- --ignored`.
 mod common;
 
-use cudarc::driver::{sys, PushKernelArg};
+use cudarc::driver::sys;
 use cupool_pool::driver::cuda::CudaDriver;
 use cupool_pool::driver::Driver;
 use cupool_pool::pools::VmmPool;
@@ -14,26 +14,8 @@ use cupool_pool::upstream::vmm::VmmConfig;
 use cupool_pool::{synchronize, Pool, PoolBuffer, Purge};
 use std::sync::Arc;
 
-use common::kernels::{cfg, kernels, Kernels};
+use common::kernels::kernels;
 use common::MIB;
-
-impl Kernels {
-    fn fill(&self, buf: &PoolBuffer<u32>, tag: u32) {
-        let n = buf.len() as u64;
-        let mut b = self.stream.launch_builder(&self.fill);
-        b.arg(buf).arg(&tag).arg(&n);
-        // SAFETY: writes `n` u32 into a live buffer of exactly that length.
-        unsafe { b.launch(cfg(buf.len())) }.unwrap();
-    }
-
-    fn check(&self, buf: &PoolBuffer<u32>, tag: u32, bad: &cudarc::driver::CudaSlice<u32>) {
-        let n = buf.len() as u64;
-        let mut b = self.stream.launch_builder(&self.check);
-        b.arg(buf).arg(&tag).arg(&n).arg(bad);
-        // SAFETY: reads `n` u32 from a live buffer of that length, adds to a one-element counter.
-        unsafe { b.launch(cfg(buf.len())) }.unwrap();
-    }
-}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -258,14 +258,8 @@ proptest! {
                 }
                 Op::Fault(k, n) => inj.fail_nth(FAULTS[k as usize], n, ErrorCode::Injected),
             }
-            prop_assert_eq!(p.stats().reserved_bytes, dev.ledger().device_bytes);
-            queued.retain(|&(_, _, e)| !dev.epoch().idle_since(e));
-            for &(at, len, _) in &queued {
-                prop_assert!(dev.contains(at, len), "{at:#x} unmapped under queued work");
-            }
-            for (b, s) in &live {
-                prop_assert!(dev.contains(b.ptr(), b.size()), "{:#x} unmapped", b.ptr());
-                prop_assert!(holds(b, *s), "bytes at {:#x}", b.ptr());
+            if let Err(e) = recycling_invariants(&p, &dev, &mut queued, &live) {
+                prop_assert!(false, "{e}");
             }
         }
         inj.clear_faults();

@@ -49,6 +49,7 @@ OPTIONS = {
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",
     "limit_mib": "CUPOOL_LIMIT_MIB",
     "time_driver": "CUPOOL_TIME_DRIVER",
+    "vmm_defer": "CUPOOL_VMM_DEFER",
 }
 
 

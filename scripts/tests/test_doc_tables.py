@@ -66,6 +66,12 @@ def test_the_driver_time_tables_are_their_runs():
           "data/h100-2026-11-27-recycle-page-timed/prefill-llama3.jsonl")
 
 
+def test_the_repeated_prefill_tables_are_their_runs():
+    check("data/h100-2026-11-27-prefill-repeated/prefill.jsonl")
+    check("data/h100-2026-11-27-prefill-repeated-free2/prefill.jsonl")
+    check("data/h100-2026-11-27-defer/prefill.jsonl")
+
+
 def test_the_backing_aware_placement_tables_are_their_runs():
     check("data/h100-2026-11-26-recycle-placement-phi3/prefill.jsonl")
     check("data/h100-2026-11-26-recycle-placement-llama3-moe/prefill.jsonl")

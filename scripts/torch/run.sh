@@ -7,13 +7,13 @@
 # REPS=2 runs every allocator twice, the second time in reverse order (a GPU warming up or a
 # neighbour's load then favours none); RECORD=1 records cupool's trace (its own run).
 # A short warm-up run comes first and is discarded.
-# Two labels run cupool in a variant, relabelled in the results: cupool-norecycle (page
-# recycling off: CUPOOL_VMM_RECYCLE=off) and cupool-base (the libcupool at $BASE_LIB, such as
-# the previous commit's, to compare two builds in one call); cupool-freeN sets
-# CUPOOL_VMM_RECYCLE_FREE=N (the percent of free memory kept before pages move); cupool-timed
-# (cupool-timed-norecycle, cupool-timed-pageN with CUPOOL_VMM_RECYCLE_PAGE=N MiB) time
-# libcupool's driver calls (CUPOOL_TIME_DRIVER=on; cupool-timed-freeN with
-# CUPOOL_VMM_RECYCLE_FREE=N), and the report adds what the prefill spent in them.
+# Labels cupool-WORD-WORD... run cupool in a variant, relabelled in the results, one setting
+# per word: norecycle (page recycling off: CUPOOL_VMM_RECYCLE=off), base (the libcupool at
+# $BASE_LIB, such as the previous commit's, to compare two builds in one call), freeN
+# (CUPOOL_VMM_RECYCLE_FREE=N, the percent of free memory kept before pages move), pageN
+# (CUPOOL_VMM_RECYCLE_PAGE=N MiB), defer (CUPOOL_VMM_DEFER=on: page moves on a worker thread)
+# and timed (CUPOOL_TIME_DRIVER=on: the report adds what the prefill spent in driver calls);
+# e.g. cupool-timed-defer-free2.
 # PREFILL_ARGS="--speed-reps N" times N more prefills in each process (see prefill.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,16 +28,23 @@ if [ "$what" = prefill ]; then
     for rep in $(seq 1 "${REPS:-1}"); do
       for a in $order; do
         echo "== prefill $m $a rep $rep" >>"$out/bench.log"
-        case $a in
-          cupool-norecycle) run=cupool; env=(CUPOOL_VMM_RECYCLE=off) ;;
-          cupool-timed) run=cupool; env=(CUPOOL_TIME_DRIVER=on) ;;
-          cupool-timed-norecycle) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE=off) ;;
-          cupool-timed-free*) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE_FREE="${a#cupool-timed-free}") ;;
-          cupool-timed-page*) run=cupool; env=(CUPOOL_TIME_DRIVER=on CUPOOL_VMM_RECYCLE_PAGE="${a#cupool-timed-page}") ;;
-          cupool-base) run=cupool; env=(CUPOOL_LIB="${BASE_LIB:?cupool-base needs BASE_LIB}") ;;
-          cupool-free*) run=cupool; env=(CUPOOL_VMM_RECYCLE_FREE="${a#cupool-free}") ;;
-          *) run=$a; env=() ;;
-        esac
+        # cupool-WORD-WORD...: cupool with each word's setting (composable, in any order).
+        run=$a; env=()
+        if [[ $a == cupool-* && $a != cupool-mempool ]]; then
+          run=cupool
+          IFS=- read -ra words <<<"${a#cupool-}"
+          for w in "${words[@]}"; do
+            case $w in
+              norecycle) env+=(CUPOOL_VMM_RECYCLE=off) ;;
+              timed) env+=(CUPOOL_TIME_DRIVER=on) ;;
+              defer) env+=(CUPOOL_VMM_DEFER=on) ;;
+              page*) env+=(CUPOOL_VMM_RECYCLE_PAGE="${w#page}") ;;
+              free*) env+=(CUPOOL_VMM_RECYCLE_FREE="${w#free}") ;;
+              base) env+=(CUPOOL_LIB="${BASE_LIB:?cupool-base needs BASE_LIB}") ;;
+              *) echo "unknown word $w in $a" >&2; exit 2 ;;
+            esac
+          done
+        fi
         err=$(mktemp)
         env "${env[@]}" timeout 400 python3 scripts/torch/prefill.py --allocator "$run" --model "$m" ${PREFILL_ARGS:-} \
           2>"$err" | sed "s/\"allocator\": \"$run\"/\"allocator\": \"$a\"/" >>"$out/prefill.jsonl"

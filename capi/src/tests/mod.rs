@@ -2,6 +2,7 @@
 //! static library (no Rust library, whose file name would collide with the `cupool` crate's).
 
 mod api;
+mod deferred;
 mod ggml_stream;
 mod header;
 mod history;

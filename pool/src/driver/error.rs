@@ -37,11 +37,13 @@ pub enum CallKind {
     HostAlloc,
     /// cuMemcpyDtoH / cuMemcpyHtoD.
     Copy,
+    /// cuStreamWaitValue32, and what it needs (a word the device reads, the capture state).
+    StreamWait,
 }
 
 impl CallKind {
     /// Every kind, in declaration order.
-    pub const ALL: [CallKind; 17] = [
+    pub const ALL: [CallKind; 18] = [
         CallKind::MemInfo,
         CallKind::Malloc,
         CallKind::Free,
@@ -59,6 +61,7 @@ impl CallKind {
         CallKind::Init,
         CallKind::HostAlloc,
         CallKind::Copy,
+        CallKind::StreamWait,
     ];
 
     /// The CUDA driver function this kind stands for.
@@ -81,6 +84,7 @@ impl CallKind {
             CallKind::Init => "driver initialisation",
             CallKind::HostAlloc => "cuMemAllocHost",
             CallKind::Copy => "cuMemcpy",
+            CallKind::StreamWait => "cuStreamWaitValue32",
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use super::{
     DevicePtr, DeviceShared, Driver, DriverError, HostBuffer, MemInfo, PhysHandle, SyncEpoch,
+    WaitWord,
 };
 use std::fmt::Debug;
 
@@ -149,9 +150,39 @@ pub trait Forward: Debug + Send + Sync {
     fn synchronize_device(&self) -> Result<(), DriverError> {
         self.inner().synchronize_device()
     }
+
+    /// [`Driver::wait_word`], by default the wrapped driver's.
+    fn wait_word(&self) -> Result<Option<WaitWord>, DriverError> {
+        self.inner().wait_word()
+    }
+
+    /// [`Driver::stream_wait`], by default the wrapped driver's.
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+        self.inner().stream_wait(stream, word, value)
+    }
+
+    /// [`Driver::fence`], by default the wrapped driver's.
+    fn fence(&self, stream: u64) -> Result<(), DriverError> {
+        self.inner().fence(stream)
+    }
 }
 
 impl<T: Forward> Driver for T {
+    #[inline]
+    fn wait_word(&self) -> Result<Option<WaitWord>, DriverError> {
+        Forward::wait_word(self)
+    }
+
+    #[inline]
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+        Forward::stream_wait(self, stream, word, value)
+    }
+
+    #[inline]
+    fn fence(&self, stream: u64) -> Result<(), DriverError> {
+        Forward::fence(self, stream)
+    }
+
     #[inline]
     fn ordinal(&self) -> usize {
         Forward::ordinal(self)

@@ -7,7 +7,9 @@
 //! allocation) and answers what needs no device without opening it (a synchronize of a device
 //! never opened has nothing to wait for).
 
-use super::{DevicePtr, DeviceShared, Driver, DriverError, HostBuffer, MemInfo, PhysHandle};
+use super::{
+    DevicePtr, DeviceShared, Driver, DriverError, HostBuffer, MemInfo, PhysHandle, WaitWord,
+};
 use parking_lot::Mutex;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -182,6 +184,21 @@ impl Driver for LazyDriver {
 
     fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
         self.dev()?.copy_from_host(dst, src)
+    }
+
+    fn wait_word(&self) -> Result<Option<WaitWord>, DriverError> {
+        self.dev()?.wait_word()
+    }
+
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+        self.dev()?.stream_wait(stream, word, value)
+    }
+
+    fn fence(&self, stream: u64) -> Result<(), DriverError> {
+        match self.opened.get() {
+            Some(d) => d.fence(stream),
+            None => Ok(()),
+        }
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {

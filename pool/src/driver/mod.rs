@@ -6,10 +6,12 @@
 //! behaviour wraps a driver, and works over either: a memory limit on a large card
 //! ([`limit::LimitedDriver`]), fault injection ([`fault::FaultInjector`]), opening a device
 //! on its first use ([`lazy::LazyDriver`]) and watching each call go by
-//! ([`observed::Observed`]; timing each call is [`timed::TimedDriver`]). A wrapper implements
+//! ([`observed::Observed`]; timing each call is [`timed::TimedDriver`]) and moving page
+//! mappings off the allocating thread ([`deferred::DeferredDriver`]). A wrapper implements
 //! [`forward::Forward`] and overrides only the calls it changes.
 
 pub mod cuda;
+pub mod deferred;
 mod error;
 pub mod fault;
 pub mod forward;
@@ -20,10 +22,12 @@ pub mod observed;
 mod shared;
 pub mod sim;
 pub mod timed;
+mod wait;
 
 pub use error::{CallKind, DriverError, ErrorCode};
 pub use host::{HostBuffer, HostMemory};
 pub use shared::{DeviceShared, ManagedLedger, SyncEpoch};
+pub use wait::WaitWord;
 
 use std::fmt;
 
@@ -198,6 +202,31 @@ pub trait Driver: Send + Sync + fmt::Debug {
     fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
         let _ = src;
         Err(no_copy(dst))
+    }
+
+    /// A word in host memory this device's streams can wait on ([`Driver::stream_wait`]);
+    /// `None` where they cannot (the default: the simulated device has no streams).
+    fn wait_word(&self) -> Result<Option<WaitWord>, DriverError> {
+        Ok(None)
+    }
+
+    /// Queues on `stream` (a `CUstream`; 0: the legacy default stream) a wait until `word`
+    /// reaches `value` (cyclic, so the count may wrap: `(int32_t)(word - value) >= 0`); work
+    /// queued on the stream after it runs only then. `Ok(false)`, with nothing queued, where
+    /// the stream is being captured into a graph (the wait would be part of every replay) or
+    /// the driver cannot wait: the caller waits on the host instead.
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+        let _ = (stream, word, value);
+        Ok(false)
+    }
+
+    /// Makes sure work queued on `stream` after this call sees every mapping the calls so far
+    /// made. Drivers whose calls are done when they return (the default) do nothing; one that
+    /// maps memory behind the caller's back ([`deferred::DeferredDriver`]) queues a wait on the
+    /// stream, or waits.
+    fn fence(&self, stream: u64) -> Result<(), DriverError> {
+        let _ = stream;
+        Ok(())
     }
 
     /// Waits until all work queued on the device has finished (cuCtxSynchronize).

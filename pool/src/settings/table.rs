@@ -177,6 +177,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "libcupool times every driver call its pools make (creating, mapping, moving and unmapping memory, synchronizing) and adds the calls and nanoseconds per primitive to cupool_stats_json (`cupool.driver_ns` and `cupool.driver_calls.NAME`, `cupool.driver_ns.NAME`): what the pool costs the allocating thread in the driver; two clock reads and a lock per driver call",
     },
     Setting {
+        name: "CUPOOL_VMM_DEFER",
+        accepts: Bool,
+        read_by: &[by(Libcupool, "off")],
+        keyword: Some("vmm_defer"),
+        env_only: false,
+        doc: "with CUPOOL_VMM_RECYCLE on: a worker thread per device makes the driver calls that move pages (a second mapping where a block lands, dropping the old one), and the allocating stream waits for them on the device (cuStreamWaitValue32), not the allocating thread: memory is usable in the allocating stream's order, as cudaMallocAsync's (another stream waits for that one first); a stream being captured, or a device whose streams cannot wait on memory, makes the thread wait instead",
+    },
+    Setting {
         name: "CUPOOL_LOG",
         accepts: Text("a log filter (RUST_LOG's syntax), or off"),
         read_by: &[by(Libcupool, "RUST_LOG's filter, else warnings and errors")],

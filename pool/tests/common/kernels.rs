@@ -1,7 +1,8 @@
 //! The GPU tests' kernels: `fill` writes a pattern, `check` counts the words that differ from it.
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use cupool_pool::driver::cuda::CudaDriver;
+use cupool_pool::PoolBuffer;
 use std::sync::Arc;
 
 const SRC: &str = r#"
@@ -43,5 +44,25 @@ pub fn kernels(drv: &CudaDriver) -> Kernels {
         stream: drv.context().default_stream(),
         fill: module.load_function("fill").unwrap(),
         check: module.load_function("check").unwrap(),
+    }
+}
+
+/// Launches on the kernels' stream, for tests whose blocks are `PoolBuffer<u32>`.
+#[allow(dead_code)]
+impl Kernels {
+    pub fn fill(&self, buf: &PoolBuffer<u32>, tag: u32) {
+        let n = buf.len() as u64;
+        let mut b = self.stream.launch_builder(&self.fill);
+        b.arg(buf).arg(&tag).arg(&n);
+        // SAFETY: writes `n` u32 into a live buffer of exactly that length.
+        unsafe { b.launch(cfg(buf.len())) }.unwrap();
+    }
+
+    pub fn check(&self, buf: &PoolBuffer<u32>, tag: u32, bad: &cudarc::driver::CudaSlice<u32>) {
+        let n = buf.len() as u64;
+        let mut b = self.stream.launch_builder(&self.check);
+        b.arg(buf).arg(&tag).arg(&n).arg(bad);
+        // SAFETY: reads `n` u32 from a live buffer of that length, adds to a one-element counter.
+        unsafe { b.launch(cfg(buf.len())) }.unwrap();
     }
 }

@@ -69,3 +69,34 @@ pub fn holds(b: &cupool_pool::Block, seed: u8) -> bool {
         .enumerate()
         .all(|(i, &x)| x == seed.wrapping_add((i % 251) as u8))
 }
+
+/// A recycling pool's invariants after one step of a random sequence, on a backed simulated
+/// device: its reserve is what the device holds, every block freed since the last finished
+/// synchronize (address, size, the epoch of its free; those the device is past are dropped) is
+/// still mapped, and every live block is mapped and keeps the bytes `fill` gave it.
+pub fn recycling_invariants(
+    p: &dyn cupool_pool::Pool,
+    dev: &SimDevice,
+    queued: &mut Vec<(u64, usize, u64)>,
+    live: &[(cupool_pool::Block, u8)],
+) -> Result<(), String> {
+    let (reserved, held) = (p.stats().reserved_bytes, dev.ledger().device_bytes);
+    if reserved != held {
+        return Err(format!(
+            "the pool counts {reserved} bytes, the device holds {held}"
+        ));
+    }
+    queued.retain(|&(_, _, e)| !dev.epoch().idle_since(e));
+    if let Some(&(at, _, _)) = queued.iter().find(|&&(at, len, _)| !dev.contains(at, len)) {
+        return Err(format!("{at:#x} unmapped under queued work"));
+    }
+    for (b, s) in live {
+        if !dev.contains(b.ptr(), b.size()) {
+            return Err(format!("{:#x} unmapped", b.ptr()));
+        }
+        if !holds(b, *s) {
+            return Err(format!("bytes at {:#x}", b.ptr()));
+        }
+    }
+    Ok(())
+}

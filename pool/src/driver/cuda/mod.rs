@@ -8,13 +8,14 @@ mod create;
 mod devices;
 mod host;
 mod moves;
+mod wait;
 
 use devices::peers;
 pub use devices::{device_count, unavailable};
 
 use super::{
     CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, HostBuffer, MemInfo,
-    PhysHandle,
+    PhysHandle, WaitWord,
 };
 use cudarc::driver::{result, sys, CudaContext};
 use std::mem::MaybeUninit;
@@ -368,6 +369,14 @@ impl Driver for CudaDriver {
 
     fn copy_from_host(&self, dst: DevicePtr, src: &[u8]) -> Result<(), DriverError> {
         self.htod(dst, src)
+    }
+
+    fn wait_word(&self) -> Result<Option<WaitWord>, DriverError> {
+        self.host_word()
+    }
+
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+        self.wait_on_stream(stream, word, value)
     }
 
     fn synchronize_device(&self) -> Result<(), DriverError> {
