@@ -6,53 +6,16 @@ mod common;
 use common::*;
 use cupool_pool::driver::deferred::DeferredDriver;
 use cupool_pool::driver::fault::FaultInjector;
-use cupool_pool::driver::forward::Forward;
-use cupool_pool::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode, PhysHandle};
+use cupool_pool::driver::{CallKind, Driver, ErrorCode};
 use cupool_pool::{synchronize, Block, Pool, PoolError, Purge};
 use proptest::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A driver whose second mappings take `delay` to make or drop: the worker lags behind.
-#[derive(Debug)]
-struct Slow {
-    inner: Arc<dyn Driver>,
-    delay: Duration,
-}
-
-impl Forward for Slow {
-    fn inner(&self) -> &dyn Driver {
-        self.inner.as_ref()
-    }
-
-    fn alias(
-        &self,
-        from: DevicePtr,
-        to: DevicePtr,
-        bytes: usize,
-        h: PhysHandle,
-    ) -> Result<(), DriverError> {
-        std::thread::sleep(self.delay);
-        self.inner.alias(from, to, bytes, h)
-    }
-
-    fn unalias(&self, at: DevicePtr, bytes: usize) -> Result<(), DriverError> {
-        std::thread::sleep(self.delay);
-        self.inner.unalias(at, bytes)
-    }
-}
-
-fn slow(dev: &Arc<cupool_pool::driver::sim::SimDevice>, ms: u64) -> Arc<dyn Driver> {
-    Arc::new(Slow {
-        inner: as_driver(dev),
-        delay: Duration::from_millis(ms),
-    })
-}
-
 #[test]
 fn a_queued_move_returns_at_once_and_a_fence_waits_for_it() {
     let dev = sim(0.0625);
-    let deferred = DeferredDriver::new(slow(&dev, 50));
+    let deferred = DeferredDriver::new(slow(as_driver(&dev), 50));
     let d: &dyn Driver = &deferred;
     let gran = d.granularity().unwrap();
     let base = d.reserve(4 * gran, 0).unwrap();
@@ -139,7 +102,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..80), lag in 0u64..2
     ) {
         let dev = sim(0.0625);
-        let d: Arc<DeferredDriver> = Arc::new(DeferredDriver::new(slow(&dev, lag)));
+        let d: Arc<DeferredDriver> = Arc::new(DeferredDriver::new(slow(as_driver(&dev), lag)));
         let p = recycling_vmm(d.clone(), 2 * MIB);
         let mut live: Vec<(Block, u8)> = Vec::new();
         let mut queued: Vec<(u64, usize, u64)> = Vec::new();

@@ -101,3 +101,43 @@ fn cuda_queued_moves_are_waited_for_by_the_stream_and_keep_every_byte() {
     assert_eq!(pool.stats().reserved_bytes, 0);
     assert_eq!(deferred.pending(), 0);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_a_stream_being_captured_waits_on_the_host() {
+    if common::no_gpu() {
+        return;
+    }
+    let cuda = CudaDriver::new(0).unwrap();
+    let ctx = cuda.context().clone();
+    // Moves made 50 ms late: the fences below find them queued.
+    let deferred = DeferredDriver::new(common::slow(Arc::new(cuda), 50));
+    let d: &dyn Driver = &deferred;
+    let gran = d.granularity().unwrap();
+    let base = d.reserve(4 * gran, 0).unwrap();
+    let h = d.map(base, gran).unwrap();
+    let to = base + 2 * gran as u64;
+    // A move queued, then a fence on a stream being captured into a graph: a wait in the graph
+    // would be part of every replay, so the host waits for the move instead.
+    let s = ctx.new_stream().unwrap();
+    s.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    d.alias(base, to, gran, h).unwrap();
+    d.fence(s.cu_stream() as u64).unwrap();
+    let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    assert_eq!(deferred.pending(), 0);
+    assert_eq!(
+        deferred.waits(),
+        (0, 1),
+        "the captured stream was given a wait"
+    );
+    drop(graph);
+    // The same fence on the stream outside a capture waits on the device.
+    d.unalias(base, gran).unwrap();
+    d.fence(s.cu_stream() as u64).unwrap();
+    assert_eq!(deferred.waits(), (1, 1));
+    s.synchronize().unwrap();
+    d.synchronize_device().unwrap();
+    d.unmap(to, gran, h).unwrap();
+    d.release_reservation(base, 4 * gran).unwrap();
+}

@@ -100,3 +100,40 @@ pub fn recycling_invariants(
     }
     Ok(())
 }
+
+/// A driver whose second mappings take `delay` to make or drop: the worker lags behind.
+#[derive(Debug)]
+pub struct Slow {
+    pub inner: Arc<dyn Driver>,
+    pub delay: std::time::Duration,
+}
+
+impl cupool_pool::driver::forward::Forward for Slow {
+    fn inner(&self) -> &dyn Driver {
+        self.inner.as_ref()
+    }
+
+    fn alias(
+        &self,
+        from: u64,
+        to: u64,
+        bytes: usize,
+        h: cupool_pool::driver::PhysHandle,
+    ) -> Result<(), cupool_pool::driver::DriverError> {
+        std::thread::sleep(self.delay);
+        self.inner.alias(from, to, bytes, h)
+    }
+
+    fn unalias(&self, at: u64, bytes: usize) -> Result<(), cupool_pool::driver::DriverError> {
+        std::thread::sleep(self.delay);
+        self.inner.unalias(at, bytes)
+    }
+}
+
+/// `inner`, its second mappings made or dropped `ms` milliseconds late.
+pub fn slow(inner: Arc<dyn Driver>, ms: u64) -> Arc<dyn Driver> {
+    Arc::new(Slow {
+        inner,
+        delay: std::time::Duration::from_millis(ms),
+    })
+}
