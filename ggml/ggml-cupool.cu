@@ -221,6 +221,12 @@ void ggml_cupool_startup() {
     // and CUDA graphs capture pool allocations: the synchronize recycling needs may not run
     // inside a capture. Off unless the user asks for it.
     setenv("CUPOOL_VMM_RECYCLE", "off", 0);
+    // ggml names a device's streams by index, and libcupool's stream argument is that index
+    // here, not a CUstream: page moves on a worker would have the "stream" wait on garbage.
+    if (const char * d = getenv("CUPOOL_VMM_DEFER"); d != nullptr && strcmp(d, "off") != 0 && strcmp(d, "0") != 0) {
+        fprintf(stderr, "cupool: CUPOOL_VMM_DEFER=%s is ignored inside ggml (its streams are indices, not CUDA streams)\n", d);
+    }
+    setenv("CUPOOL_VMM_DEFER", "off", 1);
     if (api.init(nullptr) != CUPOOL_STATUS_OK) {
         fail(std::string("libcupool refused the configuration: ") + api.last_error());
     }

@@ -64,7 +64,9 @@
 //       (cuStreamWaitValue32), not the allocating thread: memory is usable in the allocating
 //       stream's order, as cudaMallocAsync's (another stream waits for that one first); a stream
 //       being captured, or a device whose streams cannot wait on memory, makes the thread wait
-//       instead. Unset: off.
+//       instead. The stream a C caller passes must then be the CUstream the memory is used on (0:
+//       the legacy default stream). Unset: always off (ggml's streams are indices, not CUDA
+//       streams).
 //   CUPOOL_LOG (a log filter (RUST_LOG's syntax), or off): libcupool's log filter: info prints each
 //       ubatch's peaks and what its boundary returned; off silences it. Unset: RUST_LOG's filter,
 //       else warnings and errors.

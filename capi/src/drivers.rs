@@ -21,6 +21,8 @@ pub(crate) struct Stack {
     pub segments: Vec<Arc<Tracked>>,
     /// Each device's timer (empty without `CUPOOL_TIME_DRIVER`).
     pub timers: Vec<Arc<TimedDriver>>,
+    /// Each device's page-move worker (empty without `CUPOOL_VMM_DEFER`).
+    pub deferred: Vec<Arc<DeferredDriver>>,
 }
 
 /// The driver stack of every device `config` names.
@@ -56,10 +58,18 @@ pub(crate) fn stack(config: &Config) -> Result<Stack, Failure> {
     };
     // CUPOOL_VMM_DEFER: right above the device, so that every layer above sees its calls
     // return at once (the timer then measures what they cost the allocating thread).
-    if config.vmm_defer {
-        drivers = drivers
-            .into_iter()
-            .map(|d| Arc::new(DeferredDriver::new(d)) as Arc<dyn Driver>)
+    let deferred: Vec<Arc<DeferredDriver>> = if config.vmm_defer {
+        drivers
+            .iter()
+            .map(|d| Arc::new(DeferredDriver::new(d.clone())))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !deferred.is_empty() {
+        drivers = deferred
+            .iter()
+            .map(|d| d.clone() as Arc<dyn Driver>)
             .collect();
     }
     // CUPOOL_TIME_DRIVER: right above the device (the lazy driver, whose opening, the CUDA
@@ -93,5 +103,9 @@ pub(crate) fn stack(config: &Config) -> Result<Stack, Failure> {
         .enumerate()
         .map(|(i, d)| Arc::new(Tracked::new(d, i)))
         .collect();
-    Ok(Stack { segments, timers })
+    Ok(Stack {
+        segments,
+        timers,
+        deferred,
+    })
 }

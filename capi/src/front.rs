@@ -75,7 +75,9 @@ impl<T> Front<T> {
         // waits for what is queued before it runs anything queued after this allocation. A
         // block from a thread's bins needs none: it was handed out on this stream before.
         if let Err(e) = self.inner.driver().fence(self.at.0) {
-            let _ = self.inner.free(b);
+            if let Err(back) = self.inner.free(b) {
+                tracing::error!(error = %back.error, "a block refused at its fence could not go back to the pool");
+            }
             return Err(Failure::from(cupool_pool::PoolError::from(e)));
         }
         self.owners.insert(b.ptr(), owner.clone());

@@ -92,12 +92,18 @@ pub(crate) struct Lib {
     pub segments: Vec<Arc<Tracked>>,
     /// Each device's driver calls and their time, with `CUPOOL_TIME_DRIVER` (else empty).
     pub timers: Vec<Arc<TimedDriver>>,
+    /// Each device's page-move worker, with `CUPOOL_VMM_DEFER` (else empty).
+    pub deferred: Vec<Arc<cupool_pool::driver::deferred::DeferredDriver>>,
     streams: RwLock<HashMap<(usize, u64, u32), Arc<StreamPool>>>,
 }
 
 impl Lib {
     fn open(config: Config) -> Result<Self, Failure> {
-        let crate::drivers::Stack { segments, timers } = crate::drivers::stack(&config)?;
+        let crate::drivers::Stack {
+            segments,
+            timers,
+            deferred,
+        } = crate::drivers::stack(&config)?;
         let drivers = segments
             .iter()
             .map(|t| t.clone() as Arc<dyn Driver>)
@@ -106,6 +112,7 @@ impl Lib {
             devices: segments.len(),
             segments,
             timers,
+            deferred,
             purge: config.purge,
             headroom: config.headroom,
             registry: Registry::new(config.pool, drivers),

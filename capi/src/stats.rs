@@ -4,16 +4,27 @@
 //! stream, an upper bound with several; a stream's live peak is its threads' own peaks added
 //! up (`usage.rs`), exact with one thread, an upper bound with several. As in PyTorch, they restart
 //! only when the user asks (`cupool_reset_peaks`), not at an ubatch boundary. With
-//! `CUPOOL_TIME_DRIVER`, the driver calls of the devices asked about and the time they took.
+//! `CUPOOL_TIME_DRIVER`, the driver calls of the devices asked about and the time they took;
+//! with `CUPOOL_VMM_DEFER`, how allocations waited for queued page moves.
 
 use crate::state::StreamPool;
+use cupool_pool::driver::deferred::DeferredDriver;
 use cupool_pool::driver::timed::{CallTime, TimedDriver};
 use cupool_pool::{Pool, PoolStats};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-pub(crate) fn json(pools: &[Arc<StreamPool>], timers: &[&Arc<TimedDriver>]) -> String {
+/// The drivers of the devices asked about that report on themselves.
+pub(crate) struct Drivers<'a> {
+    /// `CUPOOL_TIME_DRIVER`'s timers.
+    pub timers: Vec<&'a Arc<TimedDriver>>,
+    /// `CUPOOL_VMM_DEFER`'s page-move workers.
+    pub deferred: Vec<&'a Arc<DeferredDriver>>,
+}
+
+pub(crate) fn json(pools: &[Arc<StreamPool>], drivers: &Drivers) -> String {
+    let timers = &drivers.timers;
     let mut t = PoolStats::default();
     let (mut live_peak, mut reserved_peak) = (0, 0);
     for p in pools {
@@ -68,6 +79,19 @@ pub(crate) fn json(pools: &[Arc<StreamPool>], timers: &[&Arc<TimedDriver>]) -> S
             put(&format!("cupool.driver_calls.{name}"), c.calls);
             put(&format!("cupool.driver_ns.{name}"), c.nanos);
         }
+    }
+    if !drivers.deferred.is_empty() {
+        // How the allocations that followed queued page moves waited for them.
+        let sum = |f: &dyn Fn(&DeferredDriver) -> u64| -> u64 {
+            drivers
+                .deferred
+                .iter()
+                .map(|d| f(d))
+                .fold(0, u64::saturating_add)
+        };
+        put("cupool.defer.stream_waits", sum(&|d| d.waits().0));
+        put("cupool.defer.host_waits", sum(&|d| d.waits().1));
+        put("cupool.defer.host_wait_ns", sum(&|d| d.host_wait_nanos()));
     }
     out.push('}');
     out

@@ -56,21 +56,79 @@ fn a_failed_queued_move_fails_every_later_call_and_the_fence() {
     let gran = d.granularity().unwrap();
     let base = d.reserve(4 * gran, 0).unwrap();
     let h = d.map(base, gran).unwrap();
-    // Both tries of the worker fail.
-    inj.fail_from(CallKind::Map, 1, ErrorCode::Injected);
+    inj.fail_nth(CallKind::Map, 1, ErrorCode::Injected);
     d.alias(base, base + 2 * gran as u64, gran, h).unwrap();
+    // The worker is done with it (and failed): the fence still says so, though nothing is
+    // left to wait for, and so does every later call that could hand out memory.
+    while deferred.pending() > 0 {
+        std::thread::yield_now();
+    }
     let e = d.fence(0).unwrap_err();
     assert_eq!(e.code, ErrorCode::Injected, "{e}");
-    inj.clear_faults();
+    assert!(!dev.contains(base + 2 * gran as u64, gran));
     assert!(
         d.alias(base, base + 3 * gran as u64, gran, h).is_err(),
         "a later move was queued"
     );
-    assert!(d.synchronize_device().is_err());
     assert!(
-        d.map(base + gran as u64, gran).is_ok(),
-        "memory creation does not depend on the queue"
+        d.map(base + gran as u64, gran).is_err(),
+        "memory mapped after a failed move"
     );
+    assert!(d.synchronize_device().is_err());
+}
+
+/// A driver whose second mappings all fail.
+#[derive(Debug)]
+struct NoAlias(Arc<dyn Driver>);
+
+impl cupool_pool::driver::forward::Forward for NoAlias {
+    fn inner(&self) -> &dyn Driver {
+        self.0.as_ref()
+    }
+
+    fn alias(
+        &self,
+        from: u64,
+        _to: u64,
+        _bytes: usize,
+        _h: cupool_pool::driver::PhysHandle,
+    ) -> Result<(), cupool_pool::driver::DriverError> {
+        Err(cupool_pool::driver::DriverError::new(
+            CallKind::Map,
+            ErrorCode::Injected,
+            format!("no second mapping of {from:#x}"),
+        ))
+    }
+}
+
+/// A recycling pool over a driver whose queued moves fail: an allocation whose memory was to
+/// come from a failed move is refused at its fence, never handed out unmapped.
+#[test]
+fn a_block_whose_move_failed_is_refused_at_its_fence() {
+    let dev = sim(0.0625);
+    let d: Arc<DeferredDriver> = Arc::new(DeferredDriver::new(Arc::new(NoAlias(as_driver(&dev)))));
+    let p = recycling_vmm(d.clone(), 2 * MIB);
+    // A hole between two live blocks, then a larger successor: the hole's pages move.
+    let a = p.alloc(8 * MIB).unwrap();
+    let hole = p.alloc(8 * MIB).unwrap();
+    let c = p.alloc(8 * MIB).unwrap();
+    p.free(hole).unwrap();
+    match p.alloc(10 * MIB) {
+        Ok(b) => {
+            while d.pending() > 0 {
+                std::thread::yield_now();
+            }
+            let fenced = Driver::fence(d.as_ref(), 0);
+            assert!(
+                fenced.is_err() || dev.contains(b.ptr(), b.size()),
+                "an unmapped block passed its fence"
+            );
+            assert!(fenced.is_err(), "the failed move went unnoticed");
+        }
+        Err(e) => panic!("the allocation itself failed ({e}): the test no longer queues a move"),
+    }
+    assert!(p.stats().calls.remaps > 0, "{:?}", p.stats().calls);
+    drop((a, c));
 }
 
 #[derive(Debug, Clone)]

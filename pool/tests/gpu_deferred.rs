@@ -25,17 +25,23 @@ fn cuda_queued_moves_are_waited_for_by_the_stream_and_keep_every_byte() {
     let cuda = CudaDriver::new(0).unwrap();
     let k = kernels(&cuda);
     let stream = k.stream.cu_stream() as u64;
-    // The primitives first: a word the device reads, and a wait on it that the stream takes.
+    // The primitives first: a word the device reads, and a wait on it that holds the stream
+    // back until the host writes it.
     let word = cuda
         .wait_word()
         .unwrap()
         .expect("a word streams can wait on");
+    assert!(!cuda.stream_capturing(stream).unwrap());
+    cuda.stream_wait(stream, &word, 1).unwrap();
+    let event = k.stream.record_event(None).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
     assert!(
-        cuda.stream_wait(stream, &word, 0).unwrap(),
-        "the stream refused the wait"
+        !event.is_complete(),
+        "the stream ran past a wait for a value not yet written"
     );
     word.set(1);
     k.stream.synchronize().unwrap();
+    assert!(event.is_complete());
     let deferred = Arc::new(DeferredDriver::new(Arc::new(cuda)));
     let drv: Arc<dyn Driver> = deferred.clone();
     let config = VmmConfig {
@@ -124,7 +130,9 @@ fn cuda_a_stream_being_captured_waits_on_the_host() {
         .unwrap();
     d.alias(base, to, gran, h).unwrap();
     d.fence(s.cu_stream() as u64).unwrap();
-    let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    let graph = s
+        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+        .expect("the capture stayed valid");
     assert_eq!(deferred.pending(), 0);
     assert_eq!(
         deferred.waits(),

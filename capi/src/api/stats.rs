@@ -38,11 +38,18 @@ pub unsafe extern "C" fn cupool_stats_json(device: i32, buf: *mut c_char, cap: u
         || {
             let lib = state::lib()?;
             let d = super::devices_arg(&lib, device)?;
-            let timers: Vec<_> = match d {
-                Some(i) => lib.timers.get(i).into_iter().collect(),
-                None => lib.timers.iter().collect(),
+            let of = |i: usize| d.is_none_or(|want| want == i);
+            let drivers = crate::stats::Drivers {
+                timers: (lib.timers.iter().enumerate())
+                    .filter(|(i, _)| of(*i))
+                    .map(|(_, t)| t)
+                    .collect(),
+                deferred: (lib.deferred.iter().enumerate())
+                    .filter(|(i, _)| of(*i))
+                    .map(|(_, t)| t)
+                    .collect(),
             };
-            let json = crate::stats::json(&lib.pools_of(d), &timers);
+            let json = crate::stats::json(&lib.pools_of(d), &drivers);
             // SAFETY: the caller passes null or `cap` writable bytes.
             Ok(unsafe { super::write_text(&json, buf, cap) })
         },

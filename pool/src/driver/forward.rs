@@ -156,8 +156,13 @@ pub trait Forward: Debug + Send + Sync {
         self.inner().wait_word()
     }
 
+    /// [`Driver::stream_capturing`], by default the wrapped driver's.
+    fn stream_capturing(&self, stream: u64) -> Result<bool, DriverError> {
+        self.inner().stream_capturing(stream)
+    }
+
     /// [`Driver::stream_wait`], by default the wrapped driver's.
-    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<(), DriverError> {
         self.inner().stream_wait(stream, word, value)
     }
 
@@ -174,7 +179,12 @@ impl<T: Forward> Driver for T {
     }
 
     #[inline]
-    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+    fn stream_capturing(&self, stream: u64) -> Result<bool, DriverError> {
+        Forward::stream_capturing(self, stream)
+    }
+
+    #[inline]
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<(), DriverError> {
         Forward::stream_wait(self, stream, word, value)
     }
 

@@ -190,7 +190,11 @@ impl Driver for LazyDriver {
         self.dev()?.wait_word()
     }
 
-    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+    fn stream_capturing(&self, stream: u64) -> Result<bool, DriverError> {
+        self.dev()?.stream_capturing(stream)
+    }
+
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<(), DriverError> {
         self.dev()?.stream_wait(stream, word, value)
     }
 

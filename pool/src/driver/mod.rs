@@ -210,18 +210,30 @@ pub trait Driver: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
-    /// Queues on `stream` (a `CUstream`; 0: the legacy default stream) a wait until `word`
-    /// reaches `value` (cyclic, so the count may wrap: `(int32_t)(word - value) >= 0`); work
-    /// queued on the stream after it runs only then. `Ok(false)`, with nothing queued, where
-    /// the stream is being captured into a graph (the wait would be part of every replay) or
-    /// the driver cannot wait: the caller waits on the host instead.
-    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
-        let _ = (stream, word, value);
+    /// Whether `stream` is being captured into a graph. `stream` is a `CUstream` of this
+    /// device's context, or 0 (the legacy default stream); CUDA cannot check a handle, and
+    /// anything else is undefined behaviour in the driver. The default: never.
+    fn stream_capturing(&self, stream: u64) -> Result<bool, DriverError> {
+        let _ = stream;
         Ok(false)
     }
 
+    /// Queues on `stream` (as in [`Driver::stream_capturing`]) a wait until `word` reaches
+    /// `value` (cyclic, so the count may wrap: `(int32_t)(word - value) >= 0`); work queued on
+    /// the stream after it runs only then. The word must stay alive until the stream is past
+    /// the wait. The default refuses: a driver without streams cannot wait on them.
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<(), DriverError> {
+        let _ = (word, value);
+        Err(DriverError::new(
+            CallKind::StreamWait,
+            ErrorCode::NotSupported,
+            format!("this driver has no stream {stream:#x} to queue a wait on"),
+        ))
+    }
+
     /// Makes sure work queued on `stream` after this call sees every mapping the calls so far
-    /// made. Drivers whose calls are done when they return (the default) do nothing; one that
+    /// made; `stream` as in [`Driver::stream_capturing`], the one the caller's memory is used
+    /// on. Drivers whose calls are done when they return (the default) do nothing; one that
     /// maps memory behind the caller's back ([`deferred::DeferredDriver`]) queues a wait on the
     /// stream, or waits.
     fn fence(&self, stream: u64) -> Result<(), DriverError> {

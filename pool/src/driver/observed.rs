@@ -69,10 +69,6 @@ impl<O: CallObserver> Forward for Observed<O> {
         self.observer.around("open", || self.inner.open())
     }
 
-    fn fence(&self, stream: u64) -> Result<(), DriverError> {
-        self.observer.around("fence", || self.inner.fence(stream))
-    }
-
     fn reserve(&self, bytes: usize, hint: DevicePtr) -> Result<DevicePtr, DriverError> {
         self.observer
             .around("reserve", || self.inner.reserve(bytes, hint))

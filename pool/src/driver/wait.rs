@@ -21,7 +21,11 @@ pub struct WaitWord {
 impl WaitWord {
     /// The word in the first four bytes of `memory` (at least four, aligned to four: host
     /// allocations are), which the device reads at `device`. `None` if `memory` cannot hold it.
-    pub fn new(mut memory: HostBuffer, device: DevicePtr) -> Option<Self> {
+    ///
+    /// # Safety
+    /// `device` must be the address at which the device reads `memory` (page-locked and mapped
+    /// for it): a stream told to wait on the word reads whatever lies there.
+    pub unsafe fn new(mut memory: HostBuffer, device: DevicePtr) -> Option<Self> {
         let b = memory.bytes_mut();
         if b.len() < 4 || b.as_ptr() as usize % 4 != 0 {
             return None;

@@ -179,10 +179,13 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "CUPOOL_VMM_DEFER",
         accepts: Bool,
-        read_by: &[by(Libcupool, "off")],
+        read_by: &[
+            by(Libcupool, "off"),
+            by(Shim, "always off (ggml's streams are indices, not CUDA streams)"),
+        ],
         keyword: Some("vmm_defer"),
         env_only: false,
-        doc: "with CUPOOL_VMM_RECYCLE on: a worker thread per device makes the driver calls that move pages (a second mapping where a block lands, dropping the old one), and the allocating stream waits for them on the device (cuStreamWaitValue32), not the allocating thread: memory is usable in the allocating stream's order, as cudaMallocAsync's (another stream waits for that one first); a stream being captured, or a device whose streams cannot wait on memory, makes the thread wait instead",
+        doc: "with CUPOOL_VMM_RECYCLE on: a worker thread per device makes the driver calls that move pages (a second mapping where a block lands, dropping the old one), and the allocating stream waits for them on the device (cuStreamWaitValue32), not the allocating thread: memory is usable in the allocating stream's order, as cudaMallocAsync's (another stream waits for that one first); a stream being captured, or a device whose streams cannot wait on memory, makes the thread wait instead. The `stream` a C caller passes must then be the CUstream the memory is used on (0: the legacy default stream)",
     },
     Setting {
         name: "CUPOOL_LOG",

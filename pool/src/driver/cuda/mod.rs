@@ -375,7 +375,11 @@ impl Driver for CudaDriver {
         self.host_word()
     }
 
-    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<bool, DriverError> {
+    fn stream_capturing(&self, stream: u64) -> Result<bool, DriverError> {
+        self.capturing(stream)
+    }
+
+    fn stream_wait(&self, stream: u64, word: &WaitWord, value: u32) -> Result<(), DriverError> {
         self.wait_on_stream(stream, word, value)
     }
 

@@ -20,51 +20,58 @@ impl CudaDriver {
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
             .result()
             .map_err(|e| cuda_err(CallKind::StreamWait, e, "the device address of a wait word"))?;
-        WaitWord::new(memory, device).map(Some).ok_or_else(|| {
-            DriverError::new(
-                CallKind::StreamWait,
-                ErrorCode::InvalidValue,
-                "page-locked memory for a wait word was not aligned to four bytes",
-            )
-        })
+        // SAFETY: `device` is where this device reads the first bytes of `memory`.
+        unsafe { WaitWord::new(memory, device) }
+            .map(Some)
+            .ok_or_else(|| {
+                DriverError::new(
+                    CallKind::StreamWait,
+                    ErrorCode::InvalidValue,
+                    "page-locked memory for a wait word was not aligned to four bytes",
+                )
+            })
     }
 
-    /// cuStreamWaitValue32(stream, word, value, GEQ), unless the stream is being captured.
+    /// cuStreamIsCapturing.
+    pub(super) fn capturing(&self, stream: u64) -> Result<bool, DriverError> {
+        let _restore = self.bind(CallKind::StreamWait)?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the caller passes a stream of this context, or 0 (Driver::stream_capturing's
+        // contract); writes one enum.
+        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) }
+            .result()
+            .map_err(|e| {
+                cuda_err(
+                    CallKind::StreamWait,
+                    e,
+                    format!("the capture state of stream {stream:#x}"),
+                )
+            })?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// cuStreamWaitValue32(stream, word, value, GEQ).
     pub(super) fn wait_on_stream(
         &self,
         stream: u64,
         word: &WaitWord,
         value: u32,
-    ) -> Result<bool, DriverError> {
+    ) -> Result<(), DriverError> {
         let _restore = self.bind(CallKind::StreamWait)?;
-        let s = stream as sys::CUstream;
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `s` is a stream of this context the caller allocates on (or 0, the legacy
-        // default stream); writes one enum.
-        unsafe { sys::cuStreamIsCapturing(s, &mut status) }
-            .result()
-            .map_err(|e| {
-                cuda_err(
-                    CallKind::StreamWait,
-                    e,
-                    format!("capture state of stream {stream:#x}"),
-                )
-            })?;
-        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Ok(false);
-        }
         let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        // SAFETY: the word's device address stays valid while `word` lives, and the caller
-        // keeps it for as long as the device may read it (the life of the driver).
-        unsafe { sys::cuStreamWaitValue32_v2(s, word.device_ptr(), value, geq) }
-            .result()
-            .map_err(|e| {
-                cuda_err(
-                    CallKind::StreamWait,
-                    e,
-                    format!("waiting on stream {stream:#x} for the mappings up to {value}"),
-                )
-            })?;
-        Ok(true)
+        // SAFETY: the caller passes a stream of this context, or 0, and keeps the word alive
+        // until the stream is past the wait (Driver::stream_wait's contract; DeferredDriver
+        // synchronizes the device before its word is freed).
+        unsafe {
+            sys::cuStreamWaitValue32_v2(stream as sys::CUstream, word.device_ptr(), value, geq)
+        }
+        .result()
+        .map_err(|e| {
+            cuda_err(
+                CallKind::StreamWait,
+                e,
+                format!("waiting on stream {stream:#x} for the mappings up to {value}"),
+            )
+        })
     }
 }

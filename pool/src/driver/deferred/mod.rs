@@ -2,7 +2,7 @@
 //!
 //! Page recycling ([`crate::upstream::vmm`]) maps a free page's memory a second time where a
 //! block lands ([`Driver::alias`]) and later drops the old mapping ([`Driver::unalias`]).
-//! Each call costs the calling thread 35-60 µs inside a prefill (data/h100-2026-11-27-*); a
+//! Each call costs the calling thread 35-57 µs inside a prefill (data/h100-2026-11-27-*); a
 //! framework that launches its kernels from one Python thread waits that long each time, with
 //! the GPU draining its queue meanwhile. Measured beside kernel launches, the same calls made
 //! by another thread cost the launching thread about a tenth of that
@@ -25,16 +25,22 @@
 //!   a synchronize, copies, freeing address space) wait for the queue first, so the device
 //!   sees every call in the order the pool made them.
 //!
-//! A queued call that fails is logged and remembered: every later call on the device returns
-//! that error, so allocations fail instead of handing out memory behind which nothing is
-//! mapped. Kernels already queued behind it would fault; the driver refuses a second mapping
-//! of memory it holds only when out of resources, which the pool's own creates hit first.
+//! A queued call that fails (or panics) is logged and remembered: every later fence, map and
+//! queued call on the device returns that error, so allocations fail instead of handing out
+//! memory behind which nothing is mapped (without this driver a refused move makes the pool
+//! create memory instead; here the device's pools are done with). Kernels already queued behind
+//! a wait for it would fault.
+//!
+//! The `stream` a fence is given must be a `CUstream` of the device (or 0): libcupool's C
+//! callers pass theirs; its ggml shim, whose streams are indices, turns this driver off.
+
+mod queue;
 
 use super::forward::Forward;
 use super::{DevicePtr, Driver, DriverError, PhysHandle, WaitWord};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
@@ -43,10 +49,12 @@ use std::thread::JoinHandle;
 #[derive(Debug)]
 pub struct DeferredDriver {
     shared: Arc<Shared>,
-    worker: Mutex<Option<JoinHandle<()>>>,
-    /// Fences that queued a wait on their stream, and those that waited on the host.
+    worker: Mutex<Worker>,
+    /// Fences that queued a wait on their stream, those that waited on the host, and the
+    /// nanoseconds the latter waited.
     stream_waits: AtomicU64,
     host_waits: AtomicU64,
+    host_wait_ns: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -61,18 +69,32 @@ struct Shared {
     /// [`Driver::fence`]'s common case, written under it.
     queued: AtomicU32,
     done: AtomicU32,
-    /// The word streams wait on (`None`: they cannot), made at the first fence that needs it.
+    /// Set, before `done` moves past it, when a queued call failed (`Queue::failed` says how):
+    /// read without the lock by every call that could hand out memory.
+    failed: AtomicBool,
+    /// The word streams wait on (`None`: they cannot), made at the first fence that needs it
+    /// on a stream not being captured.
     word: OnceLock<Option<WaitWord>>,
 }
 
 #[derive(Debug, Default)]
 struct Queue {
     calls: VecDeque<(u32, Call)>,
-    /// Old mappings whose drop is queued, address → bytes: memory mapped there must wait.
-    dropping: BTreeMap<DevicePtr, usize>,
+    /// Old mappings whose drop is queued, address → (bytes, drops queued there): memory
+    /// mapped there must wait.
+    dropping: BTreeMap<DevicePtr, (usize, u32)>,
     /// The first queued call that failed.
     failed: Option<DriverError>,
     stop: bool,
+}
+
+/// The worker thread, started by the first call queued.
+#[derive(Debug)]
+enum Worker {
+    NotYet,
+    Running(JoinHandle<()>),
+    /// No thread could be had: every call is made on the calling thread.
+    None,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -100,11 +122,13 @@ impl DeferredDriver {
                 idle: Condvar::new(),
                 queued: AtomicU32::new(0),
                 done: AtomicU32::new(0),
+                failed: AtomicBool::new(false),
                 word: OnceLock::new(),
             }),
-            worker: Mutex::new(None),
+            worker: Mutex::new(Worker::NotYet),
             stream_waits: AtomicU64::new(0),
             host_waits: AtomicU64::new(0),
+            host_wait_ns: AtomicU64::new(0),
         }
     }
 
@@ -117,6 +141,11 @@ impl DeferredDriver {
         )
     }
 
+    /// Nanoseconds fences waited on the host so far.
+    pub fn host_wait_nanos(&self) -> u64 {
+        self.host_wait_ns.load(Ordering::Relaxed)
+    }
+
     /// Calls queued and not yet done.
     pub fn pending(&self) -> u32 {
         let s = &self.shared;
@@ -124,121 +153,21 @@ impl DeferredDriver {
             .load(Ordering::Acquire)
             .wrapping_sub(s.done.load(Ordering::Acquire))
     }
-
-    /// Queues `call`, starting the worker on first use; refused once a queued call failed.
-    fn enqueue(&self, call: Call) -> Result<(), DriverError> {
-        let s = &self.shared;
-        let mut q = s.queue.lock();
-        if let Some(e) = &q.failed {
-            return Err(e.clone());
-        }
-        let mut worker = self.worker.lock();
-        if worker.is_none() {
-            let shared = s.clone();
-            let name = format!("cupool-map-{}", s.inner.ordinal());
-            match std::thread::Builder::new()
-                .name(name)
-                .spawn(move || shared.run())
-            {
-                Ok(h) => *worker = Some(h),
-                // No thread to be had: make the call here, as without this driver.
-                Err(e) => {
-                    tracing::debug!(error = %e, "no worker thread for page mappings; mapping on the calling thread");
-                    drop(q);
-                    return s.call(call);
-                }
-            }
-        }
-        let n = s.queued.load(Ordering::Relaxed).wrapping_add(1);
-        if let Call::Unalias { at, bytes } = call {
-            q.dropping.insert(at, bytes);
-        }
-        q.calls.push_back((n, call));
-        s.queued.store(n, Ordering::Release);
-        s.work.notify_one();
-        Ok(())
-    }
-
-    /// Waits until every call queued so far is done; the first queued failure, if any.
-    fn drain(&self) -> Result<(), DriverError> {
-        let s = &self.shared;
-        let mut q = s.queue.lock();
-        let target = s.queued.load(Ordering::Acquire);
-        // Cyclic: calls queued after ours may be done too.
-        while (s.done.load(Ordering::Acquire).wrapping_sub(target) as i32) < 0 {
-            s.idle.wait(&mut q);
-        }
-        match &q.failed {
-            Some(e) => Err(e.clone()),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether an old mapping whose drop is queued overlaps `[at, at + bytes)`.
-    fn dropping_in(&self, at: DevicePtr, bytes: usize) -> bool {
-        let q = self.shared.queue.lock();
-        let end = at + bytes as u64;
-        q.dropping
-            .range(..end)
-            .next_back()
-            .is_some_and(|(&a, &len)| a + len as u64 > at)
-    }
-}
-
-impl Shared {
-    fn call(&self, call: Call) -> Result<(), DriverError> {
-        match call {
-            Call::Alias {
-                from,
-                to,
-                bytes,
-                handle,
-            } => self.inner.alias(from, to, bytes, handle),
-            Call::Unalias { at, bytes } => self.inner.unalias(at, bytes),
-        }
-    }
-
-    /// The worker: makes the queued calls in order until told to stop with none left.
-    fn run(&self) {
-        loop {
-            let (n, call) = {
-                let mut q = self.queue.lock();
-                loop {
-                    if let Some(next) = q.calls.pop_front() {
-                        break next;
-                    }
-                    if q.stop {
-                        return;
-                    }
-                    self.work.wait(&mut q);
-                }
-            };
-            // One retry: a refusal for want of resources may pass once earlier calls are done.
-            let r = self.call(call).or_else(|_| self.call(call));
-            let mut q = self.queue.lock();
-            if let Err(e) = r {
-                tracing::error!(error = %e, ?call, "a queued page mapping failed; the device's pools refuse every call from now on, and kernels using that memory will fault");
-                q.failed.get_or_insert(e);
-            }
-            if let Call::Unalias { at, .. } = call {
-                q.dropping.remove(&at);
-            }
-            self.done.store(n, Ordering::Release);
-            if let Some(Some(w)) = self.word.get() {
-                w.set(n);
-            }
-            self.idle.notify_all();
-        }
-    }
 }
 
 impl Drop for DeferredDriver {
     fn drop(&mut self) {
         self.shared.queue.lock().stop = true;
         self.shared.work.notify_all();
-        if let Some(h) = self.worker.lock().take() {
+        if let Worker::Running(h) = std::mem::replace(&mut *self.worker.lock(), Worker::None) {
             // The worker makes the calls left, then returns.
             let _ = h.join();
+        }
+        // A stream may still be waiting on the word: let it pass before the word is freed.
+        if let Some(Some(_)) = self.shared.word.get() {
+            if let Err(e) = self.shared.inner.synchronize_device() {
+                tracing::warn!(error = %e, "could not synchronize before freeing the word streams wait on");
+            }
         }
     }
 }
@@ -249,6 +178,7 @@ impl Forward for DeferredDriver {
     }
 
     fn map(&self, at: DevicePtr, bytes: usize) -> Result<PhysHandle, DriverError> {
+        self.failure()?;
         if self.dropping_in(at, bytes) {
             self.drain()?;
         }
@@ -306,20 +236,27 @@ impl Forward for DeferredDriver {
 
     fn fence(&self, stream: u64) -> Result<(), DriverError> {
         let s = &self.shared;
+        // A failed call counts even once it is done: its memory is not mapped.
+        self.failure()?;
         let target = s.queued.load(Ordering::Acquire);
         if s.done.load(Ordering::Acquire) == target {
             return s.inner.fence(stream);
         }
-        let word = {
-            let q = s.queue.lock();
-            if let Some(e) = &q.failed {
-                return Err(e.clone());
-            }
+        // A wait queued on a stream being captured would be part of every replay (and making
+        // the word may be refused there): the host waits instead.
+        let capturing = s.inner.stream_capturing(stream).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, stream, "could not ask whether the stream is being captured; the host waits for page mappings");
+            true
+        });
+        let word = if capturing {
+            None
+        } else {
+            let _q = s.queue.lock();
             // Made under the queue's lock, so the worker's next write follows this one.
             s.word
                 .get_or_init(|| {
                     let w = s.inner.wait_word().unwrap_or_else(|e| {
-                        tracing::debug!(error = %e, "no word for streams to wait on; the host waits for page mappings instead");
+                        tracing::warn!(error = %e, "no word for streams to wait on; allocations wait on the host for page mappings");
                         None
                     });
                     if let Some(w) = &w {
@@ -330,7 +267,7 @@ impl Forward for DeferredDriver {
                 .as_ref()
         };
         let waited = match word.map(|w| s.inner.stream_wait(stream, w, target)) {
-            Some(Ok(queued)) => queued,
+            Some(Ok(())) => true,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, stream, "could not queue a wait for page mappings on the stream; the host waits instead");
                 false
@@ -341,8 +278,13 @@ impl Forward for DeferredDriver {
             self.stream_waits.fetch_add(1, Ordering::Relaxed);
         } else {
             self.host_waits.fetch_add(1, Ordering::Relaxed);
-            self.drain()?;
+            let t = std::time::Instant::now();
+            let drained = self.drain();
+            let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.host_wait_ns.fetch_add(ns, Ordering::Relaxed);
+            drained?;
         }
+        self.failure()?;
         s.inner.fence(stream)
     }
 }
