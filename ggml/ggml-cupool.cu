@@ -223,7 +223,9 @@ void ggml_cupool_startup() {
     setenv("CUPOOL_VMM_RECYCLE", "off", 0);
     // ggml names a device's streams by index, and libcupool's stream argument is that index
     // here, not a CUstream: page moves on a worker would have the "stream" wait on garbage.
-    if (const char * d = getenv("CUPOOL_VMM_DEFER"); d != nullptr && strcmp(d, "off") != 0 && strcmp(d, "0") != 0) {
+    if (const char * d = getenv("CUPOOL_VMM_DEFER");
+        d != nullptr && d[0] != '\0' && strcmp(d, "off") != 0 && strcmp(d, "0") != 0 && strcmp(d, "false") != 0 &&
+        strcmp(d, "no") != 0) {
         fprintf(stderr, "cupool: CUPOOL_VMM_DEFER=%s is ignored inside ggml (its streams are indices, not CUDA streams)\n", d);
     }
     setenv("CUPOOL_VMM_DEFER", "off", 1);
