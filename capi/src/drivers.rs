@@ -58,44 +58,24 @@ pub(crate) fn stack(config: &Config) -> Result<Stack, Failure> {
     };
     // CUPOOL_VMM_DEFER: right above the device, so that every layer above sees its calls
     // return at once (the timer then measures what they cost the allocating thread).
-    let deferred: Vec<Arc<DeferredDriver>> = if config.vmm_defer {
-        drivers
-            .iter()
-            .map(|d| Arc::new(DeferredDriver::new(d.clone())))
-            .collect()
+    let deferred = if config.vmm_defer {
+        layer(&mut drivers, DeferredDriver::new)
     } else {
         Vec::new()
     };
-    if !deferred.is_empty() {
-        drivers = deferred
-            .iter()
-            .map(|d| d.clone() as Arc<dyn Driver>)
-            .collect();
-    }
     // CUPOOL_TIME_DRIVER: right above the device (the lazy driver, whose opening, the CUDA
-    // context's creation, the timer leaves out), so that it times the device's calls alone,
-    // not the bookkeeping of the layers above, and every call any pool on the device makes.
-    let timers: Vec<Arc<TimedDriver>> = if config.time_driver {
-        drivers
-            .iter()
-            .map(|d| Arc::new(TimedDriver::timed(d.clone())))
-            .collect()
+    // context's creation, the timer leaves out, or the page-move worker), so that it times the
+    // device's calls alone, not the bookkeeping of the layers above, and every call any pool on
+    // the device makes.
+    let timers = if config.time_driver {
+        layer(&mut drivers, TimedDriver::timed)
     } else {
         Vec::new()
     };
-    if !timers.is_empty() {
-        drivers = timers
-            .iter()
-            .map(|t| t.clone() as Arc<dyn Driver>)
-            .collect();
-    }
     // CUPOOL_LIMIT_MIB: each device's driver counts what its pools take and refuses beyond the
     // limit, so every stream's pool on that device shares one budget.
     if let Some(limit) = config.limit {
-        drivers = drivers
-            .into_iter()
-            .map(|d| Arc::new(LimitedDriver::new(d, limit)) as Arc<dyn Driver>)
-            .collect();
+        layer(&mut drivers, |d| LimitedDriver::new(d, limit));
     }
     // Outermost: only what the device (and the limit) granted is a segment.
     let segments = drivers
@@ -108,4 +88,18 @@ pub(crate) fn stack(config: &Config) -> Result<Stack, Failure> {
         timers,
         deferred,
     })
+}
+
+/// Puts a layer made by `make` on each of `drivers`, which are the layers from then on; the
+/// layers, for the library to read them.
+fn layer<T: Driver + 'static>(
+    drivers: &mut Vec<Arc<dyn Driver>>,
+    make: impl Fn(Arc<dyn Driver>) -> T,
+) -> Vec<Arc<T>> {
+    let layers: Vec<Arc<T>> = drivers.iter().map(|d| Arc::new(make(d.clone()))).collect();
+    *drivers = layers
+        .iter()
+        .map(|l| l.clone() as Arc<dyn Driver>)
+        .collect();
+    layers
 }
