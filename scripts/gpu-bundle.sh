@@ -16,7 +16,7 @@ for line in sys.stdin:
         kind = m["target"]["kind"][0]
         # Only what needs the GPU machine: its test files (gpu, and the NVRTC compile) and
         # the benchmarks; the rest runs here and in CI, and the carried tree is 64 MiB at most.
-        if kind == "test" and m["target"]["name"] not in ("gpu", "gpu_recycle", "gpu_peers", "compile"):
+        if kind == "test" and m["target"]["name"] not in ("gpu", "gpu_recycle", "gpu_deferred", "gpu_peers", "compile"):
             continue
         prefix = "bench-" if kind == "bench" else "test-"
         crate = os.path.basename(os.path.dirname(m["manifest_path"])) or "cupool"

@@ -35,7 +35,7 @@ step() { # step NAME COMMAND...: runs it, logs it whole, and adds its PASS/FAIL 
 }
 # Fast steps first, so a run cut short still says most.
 # A step whose executable is missing from the bundle runs anyway and fails: nothing drops out.
-for t in .bundle/test-pool-gpu .bundle/test-pool-gpu_recycle .bundle/test-pool-gpu_peers .bundle/test-pool-gpu-poison .bundle/test-runtime-gpu; do
+for t in .bundle/test-pool-gpu .bundle/test-pool-gpu_recycle .bundle/test-pool-gpu_deferred .bundle/test-pool-gpu_peers .bundle/test-pool-gpu-poison .bundle/test-runtime-gpu; do
   step "$(basename "$t")" "$t" --ignored --test-threads=1
 done
 # The NVRTC compile test is no GPU test: it runs unfiltered.

@@ -108,9 +108,15 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
 
 /// The largest context of each of `tries` where it may beat `configured` and the tries before
 /// it (`None` where it cannot: each search stops once it knows), `at_once` searched at a time.
-/// A try searched beside others knows only the answers of the tries before it that have
-/// finished, a lower bar, so it may answer more, never less; the caller compares the answers
-/// in order, as one after the other.
+///
+/// Only the first of the largest answers is used, so a try needs to beat the answers of the
+/// tries before it and to reach those after it: its search stops once it cannot (a search that
+/// stops early has run a prefix of the whole one, and answers as it would have where it beats
+/// its bar). So the order they are searched in changes no answer the caller uses, and the
+/// tries whose answers are usually the largest go first, to end the others' searches sooner:
+/// the vmm pool's (it strands nothing). A try searched beside others knows only the answers
+/// that have finished, a lower bar, so it may answer more, never less; the caller compares the
+/// answers in order, as one after the other.
 fn larger_contexts(
     tries: &[&(RunConfig, String)],
     target: &PlanTarget,
@@ -121,10 +127,12 @@ fn larger_contexts(
     let found: Vec<AtomicUsize> = tries.iter().map(|_| AtomicUsize::new(0)).collect();
     let search = |i: usize| {
         let bar = || {
-            found[..i]
+            let before = found[..i].iter().map(|f| f.load(Ordering::Relaxed));
+            // A try after this one wins only with more: this one needs as much.
+            let after = found[i + 1..]
                 .iter()
-                .map(|f| f.load(Ordering::Relaxed))
-                .fold(configured, usize::max)
+                .map(|f| f.load(Ordering::Relaxed).saturating_sub(1));
+            before.chain(after).fold(configured, usize::max)
         };
         let m = super::search::max_ctx_above(&tries[i].0, target, &bar);
         if let Ok(Some(m)) = m {
@@ -132,20 +140,20 @@ fn larger_contexts(
         }
         m
     };
-    if at_once < 2 {
-        return (0..tries.len()).map(search).collect();
-    }
-    let mut answers = Vec::with_capacity(tries.len());
-    for first in (0..tries.len()).step_by(at_once) {
-        let last = (first + at_once).min(tries.len());
+    let mut order: Vec<usize> = (0..tries.len()).collect();
+    order.sort_by_key(|&i| tries[i].0.pool.kind != Some(PoolKind::Vmm));
+    let mut answers: Vec<Option<Result<Option<usize>, RuntimeError>>> =
+        tries.iter().map(|_| None).collect();
+    for group in order.chunks(at_once.max(1)) {
         std::thread::scope(|s| {
             let search = &search;
-            let running: Vec<_> = (first + 1..last)
-                .map(|i| std::thread::Builder::new().spawn_scoped(s, move || search(i)))
+            let running: Vec<_> = group[1..]
+                .iter()
+                .map(|&i| std::thread::Builder::new().spawn_scoped(s, move || search(i)))
                 .collect();
-            answers.push(search(first));
-            for (i, t) in (first + 1..).zip(running) {
-                answers.push(match t {
+            answers[group[0]] = Some(search(group[0]));
+            for (&i, t) in group[1..].iter().zip(running) {
+                answers[i] = Some(match t {
                     Ok(t) => t
                         .join()
                         .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
@@ -155,7 +163,7 @@ fn larger_contexts(
             }
         });
     }
-    answers
+    answers.into_iter().flatten().collect()
 }
 
 impl Advice {

@@ -13,13 +13,16 @@
 mod advice;
 #[cfg(test)]
 mod fast_forward_tests;
+mod narrow;
 pub mod outside;
+mod probe;
 mod search;
 pub mod weights;
 
 pub use advice::{advise, Advice};
 pub use outside::Outside;
-pub use search::{max_ctx_that_fits, worst_case_pool_peak};
+pub use probe::worst_case_pool_peak;
+pub use search::max_ctx_that_fits;
 
 use crate::config::{RunConfig, MAX_CTX};
 use crate::counting_driver::{Counter, CountingDriver};

@@ -39,97 +39,17 @@
 //! context. Both steps assume what the bisection always did: with a given compute buffer, a
 //! longer context never needs less, and more room never hurts.
 //!
-//! Whether a context fits takes two dry runs, of the prompt that fills it and of the one
-//! ending in the worst short ubatch; they run at once, on two threads.
+//! Whether a context fits is a probe (`probe.rs`); where the next probe goes, `narrow.rs`.
 
-use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
+use super::narrow::{Beside, Bracket, Slacks};
+use super::probe::{fits_beside, STEP};
+use super::{room_beside, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
+use crate::policy::PurgePolicy;
 use crate::profiled::LayerBytes;
+use cupool_pool::PoolKind;
 use std::collections::HashMap;
-
-/// Contexts are searched in multiples of this many tokens.
-const STEP: usize = 256;
-
-/// The length of the short last ubatch whose requests are the largest at the full context
-/// (cupool's scratch, or the engine profile's requests among the tails it models), or `None`.
-/// `bytes` answers for `cfg`'s profile (kept across the contexts a search tries).
-fn worst_tail(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
-    let attn = cfg.model.attn();
-    let n_kv = cupool_kernels::fa::n_kv(cfg.n_ctx, cfg.n_ctx);
-    let mut tails = Vec::with_capacity(cfg.n_ubatch);
-    for t in 1..cfg.n_ubatch.min(cfg.n_ctx) {
-        let bytes = match bytes.of(t, n_kv) {
-            Some(Some(b)) => b,
-            Some(None) => {
-                cupool_kernels::fa::scratch(&attn, cfg.kv_type, t, n_kv, cfg.sms).total_bytes()
-            }
-            None => continue,
-        };
-        tails.push((bytes, t));
-    }
-    tails.into_iter().max().map(|(_, t)| t)
-}
-
-/// The prompt that ends in the worst tail, if one is shorter than the context.
-fn tail_prompt(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
-    match worst_tail(cfg, bytes) {
-        Some(t) if cfg.n_ctx > t => Some((cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t),
-        _ => None,
-    }
-}
-
-/// The worst pool peak any prompt up to the full context can reach, on a card the pool never
-/// fills.
-pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, RuntimeError> {
-    let full = pool_peaks(cfg, target, cfg.n_ctx)?.0;
-    let short = match tail_prompt(cfg, &mut LayerBytes::new(cfg)) {
-        Some(p) => pool_peaks(cfg, target, p)?.0,
-        None => 0,
-    };
-    Ok(full.max(short))
-}
-
-/// Whether every prompt up to a context of `n_ctx` completes from `target`'s free memory (the
-/// one that fills it and the one ending in the worst short ubatch) beside a compute buffer of
-/// `compute` bytes: the context's own, or its floor. `bytes` answers for `cfg`'s profile.
-fn fits_beside(
-    cfg: &RunConfig,
-    target: &PlanTarget,
-    n_ctx: usize,
-    compute: usize,
-    bytes: &mut LayerBytes,
-) -> Result<bool, RuntimeError> {
-    let mut c = cfg.clone();
-    c.n_ctx = n_ctx;
-    let (w, kv) = c.resident_bytes(n_ctx);
-    let buffers = (w, kv, compute);
-    let completes = |n_prompt: usize| -> Result<bool, RuntimeError> {
-        Ok(simulate_beside(&c, target, n_prompt, buffers)?
-            .stop
-            .is_none())
-    };
-    let Some(p) = tail_prompt(&c, bytes) else {
-        return completes(n_ctx);
-    };
-    // The two prompts at once, on two threads: the search's time is these dry runs. The
-    // shorter one runs as long as the other even where the longer stops early (both see the
-    // same ubatches up to the shorter's last batch), so waiting for it costs nothing. The
-    // answer is the sequential one: the tail's result counts only where the full prompt
-    // completes (and where no thread can be had, the tail runs after it, as it did).
-    std::thread::scope(|s| {
-        let tail = std::thread::Builder::new().spawn_scoped(s, || completes(p));
-        let full = completes(n_ctx);
-        let tail = match tail {
-            Ok(t) => t
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(_) if matches!(full, Ok(true)) => completes(p),
-            Err(_) => Ok(false),
-        };
-        Ok(full? && tail?)
-    })
-}
 
 /// The largest context, in multiples of 256 up to [`crate::config::MAX_CTX`], whose prompts
 /// all complete; `None` if none does. Exact where the compute buffer is not monotone in the
@@ -188,6 +108,13 @@ fn search(
         above,
         refuses_nothing: None,
         bytes: LayerBytes::new(cfg),
+        slacks: Slacks::default(),
+        // A legacy pool purged `auto` fills its room before it purges: its slack is near
+        // nothing wherever it fits and predicts nothing, and whether a context fits is not
+        // monotone there (see `max_ctx_above`'s tests), so it keeps the bisection's probes and
+        // answers.
+        predicting: !(cfg.pool.resolve(target.vmm).ok() == Some(PoolKind::Legacy)
+            && cfg.purge == PurgePolicy::Auto),
     };
     // The exact start-up buffers, downwards from the floor's bound (a few contexts, where the
     // buffer is above its floor): none above `bound` starts. When the pool fits beside them
@@ -211,21 +138,20 @@ fn search(
         while lo * 2 < bound && walk.fits_floor(lo * 2)? {
             lo *= 2;
         }
-        let mut hi = (lo * 2).min(bound);
-        // lo fits beside the floor, hi does not.
-        while hi - lo > STEP {
-            // `top` ends below `hi`.
-            if walk.answers_at_most(hi - STEP) {
+        // lo fits beside the floor, the bracket's end does not.
+        let mut b = Bracket::new(lo, (lo * 2).min(bound));
+        while b.fail - b.lo > STEP {
+            // `top` ends below the bracket's end.
+            if walk.answers_at_most(b.fail - STEP) {
                 return Ok(None);
             }
-            let mid = (lo + hi) / 2 / STEP * STEP;
-            if walk.fits_floor(mid)? {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
+            let predicted = walk.predict(Beside::Floor, b.lo);
+            let c = b.next(predicted, STEP);
+            let fits = walk.fits_floor(c)?;
+            b.probed(c, fits, STEP);
         }
-        lo
+        walk.predicting &= !b.missed();
+        b.lo
     };
     // Where the buffer is its floor, `top` fits as it did beside the floor.
     if walk.compute(top) == floor(top) {
@@ -249,6 +175,11 @@ struct Walk<'a> {
     refuses_nothing: Option<bool>,
     /// The profile's bytes for the short last ubatches.
     bytes: LayerBytes,
+    /// What the probes that fit had to spare: where the next probes go.
+    slacks: Slacks,
+    /// Whether the slack still predicts: no prediction of this search was off by more than
+    /// the steps from it reach.
+    predicting: bool,
 }
 
 impl Walk<'_> {
@@ -260,6 +191,14 @@ impl Walk<'_> {
             && *self.refuses_nothing.get_or_insert_with(|| {
                 cfg.pool.resolve(vmm).is_ok() && crate::profiled::refuses_no_ubatch(cfg)
             })
+    }
+
+    /// Where the slack of probes beside `kind` is predicted to run out above `lo`, while it
+    /// predicts.
+    fn predict(&self, kind: Beside, lo: usize) -> Option<usize> {
+        self.predicting
+            .then(|| self.slacks.zero_from(kind, lo, STEP))
+            .flatten()
     }
 
     fn compute(&mut self, n_ctx: usize) -> usize {
@@ -275,15 +214,22 @@ impl Walk<'_> {
             return Ok(f);
         }
         let compute = self.compute(n_ctx);
-        let f = fits_beside(self.cfg, self.target, n_ctx, compute, &mut self.bytes)?;
-        self.fits.insert(n_ctx, f);
-        Ok(f)
+        let slack = fits_beside(self.cfg, self.target, n_ctx, compute, &mut self.bytes)?;
+        if let Some(s) = slack {
+            self.slacks.note(Beside::Exact, n_ctx, s);
+        }
+        self.fits.insert(n_ctx, slack.is_some());
+        Ok(slack.is_some())
     }
 
     /// Whether every prompt up to `n_ctx` completes beside the floor of its compute buffer.
     fn fits_floor(&mut self, n_ctx: usize) -> Result<bool, RuntimeError> {
         let floor = self.cfg.compute_floor_bytes(n_ctx);
-        fits_beside(self.cfg, self.target, n_ctx, floor, &mut self.bytes)
+        let slack = fits_beside(self.cfg, self.target, n_ctx, floor, &mut self.bytes)?;
+        if let Some(s) = slack {
+            self.slacks.note(Beside::Floor, n_ctx, s);
+        }
+        Ok(slack.is_some())
     }
 
     /// The largest context at or below `bound` whose start-up buffers fit beside what lies
@@ -298,26 +244,41 @@ impl Walk<'_> {
 
     /// The largest context from `lo` (which fits) below `fail` (which does not), both in one
     /// run of contexts whose buffer does not decrease: there whether a context fits is monotone.
-    fn bisect(&mut self, mut lo: usize, mut fail: usize) -> Result<Option<usize>, RuntimeError> {
-        while fail - lo > STEP {
-            // The answer is below `fail`.
-            if self.answers_at_most(fail - STEP) {
+    fn bisect(&mut self, lo: usize, fail: usize) -> Result<Option<usize>, RuntimeError> {
+        let mut b = Bracket::new(lo, fail);
+        while b.fail - b.lo > STEP {
+            // The answer is below the bracket's end.
+            if self.answers_at_most(b.fail - STEP) {
                 return Ok(None);
             }
-            let mid = (lo + fail) / 2 / STEP * STEP;
-            if self.fits(mid)? {
-                lo = mid;
-            } else {
-                fail = mid;
-            }
+            let predicted = self.predict(Beside::Exact, b.lo);
+            let c = b.next(predicted, STEP);
+            let fits = self.fits(c)?;
+            b.probed(c, fits, STEP);
         }
-        Ok(Some(lo))
+        self.predicting &= !b.missed();
+        Ok(Some(b.lo))
+    }
+
+    /// Where the largest context at or below `top` that fits beside its own buffer is
+    /// predicted to be, from `top`'s slack beside its floor and the buffer's excess over it.
+    fn predicted_below(&mut self, top: usize) -> Option<usize> {
+        if !self.predicting {
+            return None;
+        }
+        let excess = self
+            .compute(top)
+            .saturating_sub(self.cfg.compute_floor_bytes(top));
+        self.slacks.covering(top, excess, STEP)
     }
 
     /// The largest context at or below `top` that fits, when none above `top` does: run by run
     /// downwards, each run probed at its top, at doubling distances below it and at its bottom.
     fn largest_from(&mut self, top: usize) -> Result<Option<usize>, RuntimeError> {
         let mut hi = top;
+        // The first probe where `top`'s slack beside its floor predicts the largest context
+        // that fits beside the context's own buffer, rather than at `top`.
+        let mut first = self.predicted_below(top);
         loop {
             // What is left to answer is at most `hi`.
             if self.answers_at_most(hi) {
@@ -326,7 +287,8 @@ impl Walk<'_> {
             // Every context above `hi` fails; the run goes down from `hi` while the buffer
             // does not grow below.
             let mut fail = hi + STEP;
-            let (mut c, mut probe, mut gap) = (hi, hi, STEP);
+            let start = first.take().filter(|&p| p <= hi).unwrap_or(hi);
+            let (mut c, mut probe, mut gap) = (hi, start, STEP);
             loop {
                 if c == probe {
                     if self.fits(c)? {
@@ -361,7 +323,7 @@ impl Walk<'_> {
 #[cfg(test)]
 fn fits(cfg: &RunConfig, target: &PlanTarget, n_ctx: usize) -> Result<bool, RuntimeError> {
     let compute = cfg.compute_buffer_bytes(n_ctx);
-    fits_beside(cfg, target, n_ctx, compute, &mut LayerBytes::new(cfg))
+    Ok(fits_beside(cfg, target, n_ctx, compute, &mut LayerBytes::new(cfg))?.is_some())
 }
 
 #[cfg(test)]

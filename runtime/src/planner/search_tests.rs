@@ -6,7 +6,8 @@
 use super::*;
 use crate::engine_kind::EngineKind;
 use crate::model::ModelShape;
-use crate::planner::{room_beside, Outside, GPU_MALLOC_PAGE};
+use crate::planner::probe::tail_prompt;
+use crate::planner::{room_beside, simulate_beside, Outside, GPU_MALLOC_PAGE};
 use crate::policy::PurgePolicy;
 use cupool_pool::layering::Layering;
 use cupool_pool::PoolKind;
@@ -274,6 +275,7 @@ proptest::proptest! {
         let outside = h100(&cfg, 0).outside.at_compute();
         let t = h100(&cfg, w + kv + compute + outside + (room_mib << 20));
         let at_once = fits_beside(&cfg, &t, n_ctx, compute, &mut LayerBytes::new(&cfg))
+            .map(|slack| slack.is_some())
             .map_err(|e| e.to_string());
         let in_turn = fits_one_after_the_other(&cfg, &t, n_ctx, compute).map_err(|e| e.to_string());
         proptest::prop_assert_eq!(at_once, in_turn);

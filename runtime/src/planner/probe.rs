@@ -1,0 +1,100 @@
+//! A probe of the search for the largest context: whether every prompt up to a context
+//! completes from the free memory, beside a given compute buffer. It takes two dry runs, of the
+//! prompt that fills the context and of the one ending in the worst short ubatch (short
+//! ubatches split the KV range and take `dst_tmp`); they run at once, on two threads.
+
+use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
+use crate::config::RunConfig;
+use crate::error::RuntimeError;
+use crate::profiled::LayerBytes;
+
+/// Contexts are searched in multiples of this many tokens.
+pub(crate) const STEP: usize = 256;
+
+/// The length of the short last ubatch whose requests are the largest at the full context
+/// (cupool's scratch, or the engine profile's requests among the tails it models), or `None`.
+/// `bytes` answers for `cfg`'s profile (kept across the contexts a search tries).
+fn worst_tail(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
+    let attn = cfg.model.attn();
+    let n_kv = cupool_kernels::fa::n_kv(cfg.n_ctx, cfg.n_ctx);
+    let mut tails = Vec::with_capacity(cfg.n_ubatch);
+    for t in 1..cfg.n_ubatch.min(cfg.n_ctx) {
+        let bytes = match bytes.of(t, n_kv) {
+            Some(Some(b)) => b,
+            Some(None) => {
+                cupool_kernels::fa::scratch(&attn, cfg.kv_type, t, n_kv, cfg.sms).total_bytes()
+            }
+            None => continue,
+        };
+        tails.push((bytes, t));
+    }
+    tails.into_iter().max().map(|(_, t)| t)
+}
+
+/// The prompt that ends in the worst tail, if one is shorter than the context.
+pub(crate) fn tail_prompt(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
+    match worst_tail(cfg, bytes) {
+        Some(t) if cfg.n_ctx > t => Some((cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t),
+        _ => None,
+    }
+}
+
+/// The worst pool peak any prompt up to the full context can reach, on a card the pool never
+/// fills.
+pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, RuntimeError> {
+    let full = pool_peaks(cfg, target, cfg.n_ctx)?.0;
+    let short = match tail_prompt(cfg, &mut LayerBytes::new(cfg)) {
+        Some(p) => pool_peaks(cfg, target, p)?.0,
+        None => 0,
+    };
+    Ok(full.max(short))
+}
+
+/// Whether every prompt up to a context of `n_ctx` completes from `target`'s free memory (the
+/// one that fills it and the one ending in the worst short ubatch) beside a compute buffer of
+/// `compute` bytes: the context's own, or its floor. Where they do, the bytes of the pool's
+/// room their peaks left unused (the search predicts from them where the next probe goes);
+/// `None` where one stops. `bytes` answers for `cfg`'s profile.
+pub(crate) fn fits_beside(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_ctx: usize,
+    compute: usize,
+    bytes: &mut LayerBytes,
+) -> Result<Option<usize>, RuntimeError> {
+    let mut c = cfg.clone();
+    c.n_ctx = n_ctx;
+    let (w, kv) = c.resident_bytes(n_ctx);
+    let buffers = (w, kv, compute);
+    let room = room_beside(target, buffers).unwrap_or(0);
+    // The slack where the prompt completes.
+    let completes = |n_prompt: usize| -> Result<Option<usize>, RuntimeError> {
+        let s = simulate_beside(&c, target, n_prompt, buffers)?;
+        Ok(s.stop
+            .is_none()
+            .then(|| room.saturating_sub(s.peak_reserved)))
+    };
+    let Some(p) = tail_prompt(&c, bytes) else {
+        return completes(n_ctx);
+    };
+    // The two prompts at once, on two threads: the search's time is these dry runs. The
+    // shorter one runs as long as the other even where the longer stops early (both see the
+    // same ubatches up to the shorter's last batch), so waiting for it costs nothing. The
+    // answer is the sequential one: the tail's result counts only where the full prompt
+    // completes (and where no thread can be had, the tail runs after it, as it did).
+    std::thread::scope(|s| {
+        let tail = std::thread::Builder::new().spawn_scoped(s, || completes(p));
+        let full = completes(n_ctx);
+        let tail = match tail {
+            Ok(t) => t
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) if matches!(full, Ok(Some(_))) => completes(p),
+            Err(_) => Ok(None),
+        };
+        Ok(match (full?, tail?) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            _ => None,
+        })
+    })
+}
