@@ -107,7 +107,8 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
 }
 
 /// The largest context of each of `tries` where it may beat `configured` and the tries before
-/// it (`None` where it cannot: each search stops once it knows), `at_once` searched at a time.
+/// it and reach those after it (`None` where it cannot: each search stops once it knows),
+/// `at_once` searched at a time.
 ///
 /// Only the first of the largest answers is used, so a try needs to beat the answers of the
 /// tries before it and to reach those after it: its search stops once it cannot (a search that
@@ -142,8 +143,8 @@ fn larger_contexts(
     };
     let mut order: Vec<usize> = (0..tries.len()).collect();
     order.sort_by_key(|&i| tries[i].0.pool.kind != Some(PoolKind::Vmm));
-    let mut answers: Vec<Option<Result<Option<usize>, RuntimeError>>> =
-        tries.iter().map(|_| None).collect();
+    // (try, answer), in the order searched.
+    let mut answers = Vec::with_capacity(tries.len());
     for group in order.chunks(at_once.max(1)) {
         std::thread::scope(|s| {
             let search = &search;
@@ -151,19 +152,23 @@ fn larger_contexts(
                 .iter()
                 .map(|&i| std::thread::Builder::new().spawn_scoped(s, move || search(i)))
                 .collect();
-            answers[group[0]] = Some(search(group[0]));
+            answers.push((group[0], search(group[0])));
             for (&i, t) in group[1..].iter().zip(running) {
-                answers[i] = Some(match t {
-                    Ok(t) => t
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                    // No thread to be had: this one after the others.
-                    Err(_) => search(i),
-                });
+                answers.push((
+                    i,
+                    match t {
+                        Ok(t) => t
+                            .join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                        // No thread to be had: this one after the others.
+                        Err(_) => search(i),
+                    },
+                ));
             }
         });
     }
-    answers.into_iter().flatten().collect()
+    answers.sort_by_key(|&(i, _)| i);
+    answers.into_iter().map(|(_, a)| a).collect()
 }
 
 impl Advice {

@@ -31,7 +31,10 @@
 //!    of contexts where it does not decrease, whether a context fits is monotone again, so each
 //!    run is probed with dry runs at its top, at doubling distances and at its bottom, and
 //!    bisected where one fits: the first run from the top with a fitting context holds the
-//!    answer.
+//!    answer. Where the slack of the probes that fit predicts the boundary (`narrow.rs`), the
+//!    bisections probe there first, and the walk starts where `top`'s slack covers the
+//!    buffer's excess over its floor; the answer is the bisection's wherever whether a context
+//!    fits is monotone.
 //!
 //! Each walk downwards ends within the buffer's excess over its floor (ggml-alloc's holes, at
 //! most 43.8 MiB in the MoE, 8 MiB in llama3-8b and 15.8 MiB in phi3-mini up to 65,536
@@ -75,11 +78,36 @@ pub(crate) fn max_ctx_above(
     Ok(search(cfg, target, above)?.filter(|&m| m > above()))
 }
 
+/// Whether the search predicts its probes from the slack (`narrow.rs`) for `cfg`'s pool: the
+/// vmm pool, and the legacy pool unless purged `auto`. A legacy pool purged `auto` fills its
+/// room before it purges: its slack is near nothing wherever it fits and predicts nothing, and
+/// whether a context fits is not monotone there (22,272-23,040 positions fit, 23,296-23,552 do
+/// not, 23,808-24,576 do for cupool's engine, llama3-8b's shape in 2 layers and 360 MiB of
+/// room), where probes elsewhere could find another boundary; the other pools (managed,
+/// PyTorch's) were not measured. Those keep the bisection's probes, and its answers.
+fn predicts(cfg: &RunConfig, target: &PlanTarget) -> bool {
+    match cfg.pool.resolve(target.vmm) {
+        Ok(PoolKind::Vmm) => true,
+        Ok(PoolKind::Legacy) => cfg.purge != PurgePolicy::Auto,
+        _ => false,
+    }
+}
+
 /// [`max_ctx_above`]'s search: the answer, or `None` where none fits or where it stopped early.
 fn search(
     cfg: &RunConfig,
     target: &PlanTarget,
     above: &dyn Fn() -> usize,
+) -> Result<Option<usize>, RuntimeError> {
+    search_with(cfg, target, above, predicts(cfg, target))
+}
+
+/// [`search`], predicting its probes from the slack or (`predict` false) bisecting.
+fn search_with(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    above: &dyn Fn() -> usize,
+    predict: bool,
 ) -> Result<Option<usize>, RuntimeError> {
     const LIMIT: usize = crate::config::MAX_CTX;
     let floor = |c: usize| cfg.compute_floor_bytes(c);
@@ -109,12 +137,7 @@ fn search(
         refuses_nothing: None,
         bytes: LayerBytes::new(cfg),
         slacks: Slacks::default(),
-        // A legacy pool purged `auto` fills its room before it purges: its slack is near
-        // nothing wherever it fits and predicts nothing, and whether a context fits is not
-        // monotone there (see `max_ctx_above`'s tests), so it keeps the bisection's probes and
-        // answers.
-        predicting: !(cfg.pool.resolve(target.vmm).ok() == Some(PoolKind::Legacy)
-            && cfg.purge == PurgePolicy::Auto),
+        predicting: predict,
     };
     // The exact start-up buffers, downwards from the floor's bound (a few contexts, where the
     // buffer is above its floor): none above `bound` starts. When the pool fits beside them
@@ -242,8 +265,9 @@ impl Walk<'_> {
         })
     }
 
-    /// The largest context from `lo` (which fits) below `fail` (which does not), both in one
-    /// run of contexts whose buffer does not decrease: there whether a context fits is monotone.
+    /// The largest context from `lo` (which fits) below `fail` (which does not), where every
+    /// context between them lies in one run of contexts whose buffer does not decrease: there
+    /// whether a context fits is monotone.
     fn bisect(&mut self, lo: usize, fail: usize) -> Result<Option<usize>, RuntimeError> {
         let mut b = Bracket::new(lo, fail);
         while b.fail - b.lo > STEP {
@@ -273,7 +297,8 @@ impl Walk<'_> {
     }
 
     /// The largest context at or below `top` that fits, when none above `top` does: run by run
-    /// downwards, each run probed at its top, at doubling distances below it and at its bottom.
+    /// downwards, each run probed at its top (or, in the run that holds it, first where the
+    /// slack predicts the answer), at doubling distances below that and at its bottom.
     fn largest_from(&mut self, top: usize) -> Result<Option<usize>, RuntimeError> {
         let mut hi = top;
         // The first probe where `top`'s slack beside its floor predicts the largest context
@@ -287,7 +312,7 @@ impl Walk<'_> {
             // Every context above `hi` fails; the run goes down from `hi` while the buffer
             // does not grow below.
             let mut fail = hi + STEP;
-            let start = first.take().filter(|&p| p <= hi).unwrap_or(hi);
+            let start = first.filter(|&p| p <= hi).unwrap_or(hi);
             let (mut c, mut probe, mut gap) = (hi, start, STEP);
             loop {
                 if c == probe {
@@ -306,6 +331,10 @@ impl Walk<'_> {
                     break;
                 }
                 c -= STEP;
+            }
+            // The prediction was probed in this run, or lies below it: kept for its own run.
+            if first.is_some_and(|p| p >= c) {
+                first = None;
             }
             // `c` is the run's bottom: if it fails, so does the whole run.
             if fail != c && self.fits(c)? {

@@ -309,3 +309,27 @@ proptest::proptest! {
         proptest::prop_assert_eq!(beyond, whole.map(|m| m.filter(|&m| m > above)));
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// The search that predicts its probes from the slack answers what the bisection answers,
+    /// errors included, for every pool and purge policy it predicts for (the others bisect).
+    #[test]
+    fn predicted_probes_answer_as_the_bisection(
+        profile in proptest::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833), Some(Profile::Llama)]),
+        kind in proptest::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
+        purge in proptest::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+        ubatch in proptest::sample::select(vec![64usize, 256, 512]),
+        room_mib in 0usize..1500,
+    ) {
+        let cfg = two_layers(profile, kind, purge, ubatch);
+        let (w, _) = cfg.resident_bytes(STEP);
+        let outside = h100(&cfg, 0).outside.at_compute();
+        let t = h100(&cfg, w + outside + (room_mib << 20));
+        let bisected = search_with(&cfg, &t, &|| 0, false).map_err(|e| e.to_string());
+        let predicted =
+            search_with(&cfg, &t, &|| 0, predicts(&cfg, &t)).map_err(|e| e.to_string());
+        proptest::prop_assert_eq!(predicted, bisected);
+    }
+}
