@@ -44,7 +44,7 @@ def test_the_sleep_and_wake_table_is_its_run():
 
 
 def test_the_threads_tables_are_their_runs():
-    check("--threads", "data/h100-2026-11-25-threads-2")
+    check("--threads", "data/h100-2026-11-27-threads-3")
 
 
 def test_the_page_recycling_tables_are_their_run():
