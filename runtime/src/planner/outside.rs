@@ -19,9 +19,9 @@
 //! - With `GGML_POOL` set, mainline's shim holds `CUPOOL_HOLD` (auto: the workspace plus
 //!   144 MiB) from the context's creation to its first compute.
 //! - Without an engine (`scripts/llama/outside_probe.cu`, `data/h100-2026-11-27-outside-probe`):
-//!   the context alone takes 526.8 MiB, and `cublasCreate` 68 MiB (the workspace and 36 MiB of
-//!   cuBLAS's modules; one 1024³ f16 GEMM then adds nothing, where llama.cpp's GEMM shapes load
-//!   30 MiB more). Eager module loading makes the handle 458 MiB.
+//!   the context alone takes 526.8 MiB, and `cublasCreate` 68 MiB (one 1024³ f16 GEMM then
+//!   adds nothing; llama.cpp's GEMMs take the 98 MiB above). Eager module loading makes the
+//!   handle 458 MiB.
 //!
 //! With more than one GPU visible, ik_llama.cpp 8337e4cd also makes NCCL communicators at
 //! start-up ([`ik_nccl_communicators`], [`Outside::on_gpus`]); measured on two H100s (NVLink)
