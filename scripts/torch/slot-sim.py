@@ -1,104 +1,177 @@
 #!/usr/bin/env python3
-"""A model of one placement the VMM pool does not have, run over the recorded PyTorch prefill
-traces: every block above 1 MiB gets an address-space slot of its own (address space is cheap:
-a slot can grow in place as far as any block needs), a new block goes to the free slot whose
-mapped pages cover most of it (ties: the least mapped beyond it, then the oldest slot), and a
-slot that is too short maps more pages at its end. Pages are 2 MiB and stay mapped where they
-are when a block is freed. With --free SHARE, a slot that needs pages takes them from the
-slots with the most pages not under a block (free slots, and busy slots beyond their block)
-while such pages are more than SHARE of all mapped, as the pool's recycling moves them;
-without it no page ever moves.
+"""Models of placements over the recorded PyTorch prefill traces: what the VMM pool's mapped
+peak would be, and how many pages it would create or move, if blocks were placed another way.
+Not the pool: no driver, no stream order, no rounding but the 2 MiB page; blocks of 1 MiB and
+less count as live and mapped as they are.
 
-It answers one question: would the growing KV cache (each layer's K and V replaced every chunk
-by one 3 MiB larger, `torch.cat`) land on its predecessor's pages if each had room to grow? It
-models no driver, no stream order and no rounding but the 2 MiB page; blocks of 1 MiB and less
-count as live and mapped as they are.
+Models (--model):
+- `pool`: one address range, each block above 1 MiB at the lowest address it fits; a freed
+  block's pages stay mapped where they are; a block on unmapped pages gets pages moved from
+  free ranges while more than --free of the mapped pages lie under no block, else new ones.
+  Roughly the pool's placement and recycling (compare its replays in
+  data/cpu-2026-11-27-recycle-sweep).
+- `pool` with --kv-slots: the same, but a block freed while one of the last four blocks
+  allocated is a little larger (by at most --grow-mib) is a tensor replaced by a grown copy
+  (PyTorch's KV cache, `torch.cat` every chunk): a slot opens, an address range of its own with
+  room to grow, and the next block whose size is at most --grow-mib above a free slot's mapped
+  pages goes there, mapping only what it grew by.
+- `slots`: every block above 1 MiB in a slot of its own; a new block goes to the free slot whose
+  mapped pages cover most of it (ties: the least mapped beyond it).
 
-    python3 scripts/torch/slot-sim.py [--free 0.06] [--grow PAGES] TRACE.jsonl.gz ...
+    python3 scripts/torch/slot-sim.py --model pool [--kv-slots] [--free 0.06] TRACE.jsonl.gz ...
 
-Prints, per trace: the live peak, the mapped peak and their ratio, pages created (in how many
-growths), pages moved, slots made.
+Prints, per trace: the live and mapped peaks and their ratio, pages created and moved, slots.
 """
 import argparse
+import bisect
 import gzip
 import json
 
+import numpy as np
+
 PAGE = 2 << 20
 SMALL = 1 << 20
+VA = 1 << 16  # pages of address space modelled (128 GiB)
+SLOT_BASE = 1 << 15  # slots start here, SLOT_PAGES apart
+SLOT_PAGES = 256
 
 
-def simulate(path, free_share, grow):
-    mapped = []  # per slot: pages mapped from its start
-    busy = {}  # slot -> pages of the block in it
-    where = {}
-    live = small = peak_live = total = peak_total = 0
-    creates = growths = moves = 0
+def events(path):
     for line in gzip.open(path, "rt"):
-        if line.startswith("#"):
-            continue
-        ev = json.loads(line)
+        if not line.startswith("#"):
+            ev = json.loads(line)
+            if ev["op"] in ("alloc", "free"):
+                yield ev
+
+
+def pool_model(path, free_share, kv_slots, grow):
+    mapped = np.zeros(VA, dtype=np.int8)
+    under = np.zeros(VA, dtype=np.int8)
+    blocks, where, recent, free_slots = [], {}, [], []
+    n_slots = 0
+    st = dict(live=0, small=0, peak_live=0, total=0, peak=0, created=0, moved=0)
+
+    def back(p, n):
+        for h in np.where(mapped[p:p + n] == 0)[0]:
+            if st["total"] - int(under.sum()) > free_share * st["total"]:
+                donors = np.where((mapped == 1) & (under == 0))[0]
+                donors = donors[(donors < p) | (donors >= p + n)]
+                if len(donors):
+                    mapped[donors[-1]] = 0
+                    mapped[p + h] = 1
+                    st["moved"] += 1
+                    continue
+            mapped[p + h] = 1
+            st["total"] += 1
+            st["created"] += 1
+
+    for ev in events(path):
         if ev["op"] == "alloc":
             size = ev["size"]
             if size <= SMALL:
                 where[ev["id"]] = (None, size)
-                small += size
+                st["small"] += size
             else:
                 n = -(-size // PAGE)
-                best = None
-                for i, m in enumerate(mapped):
-                    if i in busy or m == 0:
-                        continue
-                    key = (-min(m, n), max(m - n, 0), i)
-                    best = key if best is None or key < best else best
-                if best is None:
+                p = None
+                if free_slots:
+                    fits = []
+                    for k in free_slots:
+                        at = SLOT_BASE + k * SLOT_PAGES
+                        m = int(mapped[at:at + SLOT_PAGES].sum())
+                        if m <= n and (n - m) * PAGE <= grow and n <= SLOT_PAGES:
+                            fits.append((m, k))
+                    if fits:
+                        k = max(fits)[1]
+                        free_slots.remove(k)
+                        p = SLOT_BASE + k * SLOT_PAGES
+                if p is None:
+                    prev = 0
+                    for s, e, _ in blocks:
+                        if s >= SLOT_BASE or s - prev >= n:
+                            break
+                        prev = max(prev, e)
+                    p = prev
+                back(p, n)
+                under[p:p + n] = 1
+                bisect.insort(blocks, (p, p + n, ev["id"]))
+                where[ev["id"]] = (p, n, size)
+                st["live"] += n
+                recent = (recent + [size])[-4:]
+        else:
+            w = where.pop(ev["id"])
+            if w[0] is None:
+                st["small"] -= w[1]
+                continue
+            p, n, size = w
+            under[p:p + n] = 0
+            blocks.pop(bisect.bisect_left(blocks, (p, p + n, ev["id"])))
+            st["live"] -= n
+            if p >= SLOT_BASE:
+                free_slots.append((p - SLOT_BASE) // SLOT_PAGES)
+            elif kv_slots and any(size < r <= size + grow for r in recent):
+                free_slots.append(n_slots)
+                n_slots += 1
+        st["peak_live"] = max(st["peak_live"], st["live"] * PAGE + st["small"])
+        st["peak"] = max(st["peak"], st["total"] * PAGE + st["small"])
+    return st, n_slots
+
+
+def slots_model(path):
+    mapped, busy, where = [], {}, {}
+    st = dict(live=0, small=0, peak_live=0, total=0, peak=0, created=0, moved=0)
+    for ev in events(path):
+        if ev["op"] == "alloc":
+            size = ev["size"]
+            if size <= SMALL:
+                where[ev["id"]] = (None, size)
+                st["small"] += size
+            else:
+                n = -(-size // PAGE)
+                free = [(-min(m, n), max(m - n, 0), i) for i, m in enumerate(mapped) if i not in busy and m]
+                if free:
+                    i = min(free)[2]
+                else:
                     mapped.append(0)
                     i = len(mapped) - 1
-                else:
-                    i = best[2]
-                m = mapped[i]
-                need = max(n - m, 0)
-                if need:
-                    growths += 1
-                    need = -(-need // grow) * grow
+                need = max(n - mapped[i], 0)
+                mapped[i] += need
+                st["total"] += need
+                st["created"] += need
                 busy[i] = n
-                # Pages mapped and under no block, the new one's included.
-                spare = lambda j: mapped[j] - busy.get(j, 0) if mapped[j] > busy.get(j, 0) else 0
-                for _ in range(need):
-                    unused = total - live - min(m, n)
-                    donors = [j for j in range(len(mapped)) if j != i and spare(j) > 0]
-                    if free_share is not None and donors and unused > free_share * total:
-                        mapped[max(donors, key=spare)] -= 1
-                        moves += 1
-                    else:
-                        total += 1
-                        creates += 1
-                mapped[i] = m + need
                 where[ev["id"]] = (i, n)
-                live += n
-            peak_live = max(peak_live, live * PAGE + small)
-            peak_total = max(peak_total, total * PAGE + small)
-        elif ev["op"] == "free":
+                st["live"] += n
+        else:
             i, n = where.pop(ev["id"])
             if i is None:
-                small -= n
+                st["small"] -= n
             else:
                 del busy[i]
-                live -= n
-    mib = 1 << 20
-    return (f"live peak {peak_live / mib:,.0f} MiB, mapped peak {peak_total / mib:,.0f} MiB, "
-            f"ratio {peak_total / peak_live:.4f}, pages created {creates:,} in {growths:,} growths, "
-            f"pages moved {moves:,}, slots {len(mapped)}")
+                st["live"] -= n
+        st["peak_live"] = max(st["peak_live"], st["live"] * PAGE + st["small"])
+        st["peak"] = max(st["peak"], st["total"] * PAGE + st["small"])
+    return st, len(mapped)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", nargs="+")
-    ap.add_argument("--free", type=float, default=None,
-                    help="move pages while more than this share of the mapped pages is under no block")
-    ap.add_argument("--grow", type=int, default=1, help="a growing slot maps a multiple of this many pages")
+    ap.add_argument("--model", choices=["pool", "slots"], default="pool")
+    ap.add_argument("--kv-slots", action="store_true", help="slots for blocks replaced by a grown copy")
+    ap.add_argument("--free", type=float, default=0.06, help="pool: move pages while more than this share lies unused")
+    ap.add_argument("--grow-mib", type=int, default=16, help="the most a replaced block grows by")
     a = ap.parse_args()
+    mib = 1 << 20
     for t in a.traces:
-        print(f"{t} (free {a.free}, grow {a.grow}): {simulate(t, a.free, a.grow)}", flush=True)
+        if a.model == "slots":
+            st, slots = slots_model(t)
+            label = "slots"
+        else:
+            st, slots = pool_model(t, a.free, a.kv_slots, a.grow_mib << 20)
+            label = f"pool, free {a.free}" + (", kv slots" if a.kv_slots else "")
+        print(f"{t} ({label}): live peak {st['peak_live'] / mib:,.0f} MiB, mapped peak {st['peak'] / mib:,.0f} MiB, "
+              f"ratio {st['peak'] / st['peak_live']:.4f}, pages created {st['created']:,}, moved {st['moved']:,}, "
+              f"slots {slots}", flush=True)
 
 
 if __name__ == "__main__":
