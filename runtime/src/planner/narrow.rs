@@ -10,7 +10,8 @@
 //! not) shrinks as in a bisection. From the prediction the probes step towards the boundary by
 //! 1, 2 and 4 steps, and bisect once it is bracketed, so a prediction a few steps off costs a
 //! few probes, and one far off (a pool that grows in steps, a compute buffer that jumps, a pool
-//! whose peak follows its room) at most four more than the bisection.
+//! whose peak follows its room) a handful more than the bisection (the property test below
+//! bounds it by five).
 //! Where whether a context fits is monotone, any order of probes finds the one boundary, so the
 //! answer is the bisection's. The probes depend only on earlier probes' results, never on the
 //! context a search must beat, so a search that stops early has run a prefix of the whole one.
@@ -110,7 +111,7 @@ enum Mode {
     Predict,
     /// The last probe was at the prediction.
     Predicted,
-    /// Upwards from `lo` by this many bytes: the prediction and the probes after it fit.
+    /// Upwards from `lo` by this many positions: the prediction and the probes after it fit.
     Up(usize),
     /// Downwards from `fail` by this many: the prediction and the probes after it failed.
     Down(usize),
