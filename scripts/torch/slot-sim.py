@@ -44,14 +44,39 @@ def events(path):
                 yield ev
 
 
+def replay(path, place, release):
+    """Runs a trace: blocks of 1 MiB and less count as live and mapped as they are; a larger one
+    of `n` pages goes where `place(id, size, n, st)` puts it, and what that returned goes to
+    `release(id, placed, size, st)` at its free. `st` holds the figures the models update."""
+    st = dict(live=0, small=0, peak_live=0, total=0, peak=0, created=0, moved=0)
+    where = {}
+    for ev in events(path):
+        placed, size = where.pop(ev["id"]) if ev["op"] == "free" else (None, ev["size"])
+        n = -(-size // PAGE)
+        if ev["op"] == "alloc":
+            if size <= SMALL:
+                where[ev["id"]] = (None, size)
+                st["small"] += size
+            else:
+                where[ev["id"]] = (place(ev["id"], size, n, st), size)
+                st["live"] += n
+        elif size <= SMALL:
+            st["small"] -= size
+        else:
+            release(ev["id"], placed, size, st)
+            st["live"] -= n
+        st["peak_live"] = max(st["peak_live"], st["live"] * PAGE + st["small"])
+        st["peak"] = max(st["peak"], st["total"] * PAGE + st["small"])
+    return st
+
+
 def pool_model(path, free_share, kv_slots, grow):
     mapped = np.zeros(VA, dtype=np.int8)
     under = np.zeros(VA, dtype=np.int8)
-    blocks, where, recent, free_slots = [], {}, [], []
-    n_slots = 0
-    st = dict(live=0, small=0, peak_live=0, total=0, peak=0, created=0, moved=0)
+    blocks, recent, free_slots, placed = [], [], [], {}
+    slots = [0]
 
-    def back(p, n):
+    def back(p, n, st):
         for h in np.where(mapped[p:p + n] == 0)[0]:
             if st["total"] - int(under.sum()) > free_share * st["total"]:
                 donors = np.where((mapped == 1) & (under == 0))[0]
@@ -65,91 +90,67 @@ def pool_model(path, free_share, kv_slots, grow):
             st["total"] += 1
             st["created"] += 1
 
-    for ev in events(path):
-        if ev["op"] == "alloc":
-            size = ev["size"]
-            if size <= SMALL:
-                where[ev["id"]] = (None, size)
-                st["small"] += size
-            else:
-                n = -(-size // PAGE)
-                p = None
-                if free_slots:
-                    fits = []
-                    for k in free_slots:
-                        at = SLOT_BASE + k * SLOT_PAGES
-                        m = int(mapped[at:at + SLOT_PAGES].sum())
-                        if m <= n and (n - m) * PAGE <= grow and n <= SLOT_PAGES:
-                            fits.append((m, k))
-                    if fits:
-                        k = max(fits)[1]
-                        free_slots.remove(k)
-                        p = SLOT_BASE + k * SLOT_PAGES
-                if p is None:
-                    prev = 0
-                    for s, e, _ in blocks:
-                        if s >= SLOT_BASE or s - prev >= n:
-                            break
-                        prev = max(prev, e)
-                    p = prev
-                back(p, n)
-                under[p:p + n] = 1
-                bisect.insort(blocks, (p, p + n, ev["id"]))
-                where[ev["id"]] = (p, n, size)
-                st["live"] += n
-                recent = (recent + [size])[-4:]
-        else:
-            w = where.pop(ev["id"])
-            if w[0] is None:
-                st["small"] -= w[1]
-                continue
-            p, n, size = w
-            under[p:p + n] = 0
-            blocks.pop(bisect.bisect_left(blocks, (p, p + n, ev["id"])))
-            st["live"] -= n
-            if p >= SLOT_BASE:
-                free_slots.append((p - SLOT_BASE) // SLOT_PAGES)
-            elif kv_slots and any(size < r <= size + grow for r in recent):
-                free_slots.append(n_slots)
-                n_slots += 1
-        st["peak_live"] = max(st["peak_live"], st["live"] * PAGE + st["small"])
-        st["peak"] = max(st["peak"], st["total"] * PAGE + st["small"])
-    return st, n_slots
+    def place(bid, size, n, st):
+        nonlocal recent
+        p = None
+        fits = []
+        for k in free_slots:
+            at = SLOT_BASE + k * SLOT_PAGES
+            m = int(mapped[at:at + SLOT_PAGES].sum())
+            if m <= n and (n - m) * PAGE <= grow and n <= SLOT_PAGES:
+                fits.append((m, k))
+        if fits:
+            k = max(fits)[1]
+            free_slots.remove(k)
+            p = SLOT_BASE + k * SLOT_PAGES
+        if p is None:
+            prev = 0
+            for s, e, _ in blocks:
+                if s >= SLOT_BASE or s - prev >= n:
+                    break
+                prev = max(prev, e)
+            p = prev
+        back(p, n, st)
+        under[p:p + n] = 1
+        bisect.insort(blocks, (p, p + n, bid))
+        recent = (recent + [size])[-4:]
+        return p
+
+    def release(bid, p, size, st):
+        n = -(-size // PAGE)
+        under[p:p + n] = 0
+        blocks.pop(bisect.bisect_left(blocks, (p, p + n, bid)))
+        if p >= SLOT_BASE:
+            free_slots.append((p - SLOT_BASE) // SLOT_PAGES)
+        elif kv_slots and any(size < r <= size + grow for r in recent):
+            free_slots.append(slots[0])
+            slots[0] += 1
+
+    st = replay(path, place, release)
+    return st, slots[0]
 
 
 def slots_model(path):
-    mapped, busy, where = [], {}, {}
-    st = dict(live=0, small=0, peak_live=0, total=0, peak=0, created=0, moved=0)
-    for ev in events(path):
-        if ev["op"] == "alloc":
-            size = ev["size"]
-            if size <= SMALL:
-                where[ev["id"]] = (None, size)
-                st["small"] += size
-            else:
-                n = -(-size // PAGE)
-                free = [(-min(m, n), max(m - n, 0), i) for i, m in enumerate(mapped) if i not in busy and m]
-                if free:
-                    i = min(free)[2]
-                else:
-                    mapped.append(0)
-                    i = len(mapped) - 1
-                need = max(n - mapped[i], 0)
-                mapped[i] += need
-                st["total"] += need
-                st["created"] += need
-                busy[i] = n
-                where[ev["id"]] = (i, n)
-                st["live"] += n
+    mapped, busy = [], {}
+
+    def place(bid, size, n, st):
+        free = [(-min(m, n), max(m - n, 0), i) for i, m in enumerate(mapped) if i not in busy and m]
+        if free:
+            i = min(free)[2]
         else:
-            i, n = where.pop(ev["id"])
-            if i is None:
-                st["small"] -= n
-            else:
-                del busy[i]
-                st["live"] -= n
-        st["peak_live"] = max(st["peak_live"], st["live"] * PAGE + st["small"])
-        st["peak"] = max(st["peak"], st["total"] * PAGE + st["small"])
+            mapped.append(0)
+            i = len(mapped) - 1
+        need = max(n - mapped[i], 0)
+        mapped[i] += need
+        st["total"] += need
+        st["created"] += need
+        busy[i] = n
+        return i
+
+    def release(bid, i, size, st):
+        del busy[i]
+
+    st = replay(path, place, release)
     return st, len(mapped)
 
 
