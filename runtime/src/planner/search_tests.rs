@@ -229,6 +229,14 @@ fn fits_one_after_the_other(
     })
 }
 
+/// An H100 whose free memory leaves `room_mib` MiB beside `cfg`'s weights and what lies
+/// outside the buffers: the searches' property tests sweep it around where contexts stop fitting.
+fn room_beside_the_weights(cfg: &RunConfig, room_mib: usize) -> PlanTarget {
+    let (w, _) = cfg.resident_bytes(STEP);
+    let outside = h100(cfg, 0).outside.at_compute();
+    h100(cfg, w + outside + (room_mib << 20))
+}
+
 /// A 2-layer Llama-3-8B-shaped configuration for the property tests.
 fn two_layers(
     profile: Option<Profile>,
@@ -299,9 +307,7 @@ proptest::proptest! {
         around in proptest::prop_oneof![-2isize..2, -40isize..40],
     ) {
         let cfg = two_layers(profile, kind, purge, ubatch);
-        let (w, _) = cfg.resident_bytes(STEP);
-        let outside = h100(&cfg, 0).outside.at_compute();
-        let t = h100(&cfg, w + outside + (room_mib << 20));
+        let t = room_beside_the_weights(&cfg, room_mib);
         let whole = max_ctx_that_fits(&cfg, &t).map_err(|e| e.to_string());
         let answer = whole.clone().ok().flatten().unwrap_or(0) as isize;
         let above = (answer + around * STEP as isize).max(0) as usize;
@@ -324,9 +330,7 @@ proptest::proptest! {
         room_mib in 0usize..1500,
     ) {
         let cfg = two_layers(profile, kind, purge, ubatch);
-        let (w, _) = cfg.resident_bytes(STEP);
-        let outside = h100(&cfg, 0).outside.at_compute();
-        let t = h100(&cfg, w + outside + (room_mib << 20));
+        let t = room_beside_the_weights(&cfg, room_mib);
         let bisected = search_with(&cfg, &t, &|| 0, false).map_err(|e| e.to_string());
         let predicted =
             search_with(&cfg, &t, &|| 0, predicts(&cfg, &t)).map_err(|e| e.to_string());
