@@ -38,6 +38,10 @@
 //       the VMM pool's memory that may lie free in its holes before it moves free pages to a block
 //       that needs memory instead of creating it; less holds less memory and moves more pages (each
 //       move a few driver calls on the allocating thread). Unset: 6.
+//   CUPOOL_VMM_LANES=1|0|true|false|yes|no|on|off: with CUPOOL_VMM_RECYCLE on: a large block
+//       replaced by a slightly larger copy (a KV cache concatenated every chunk) gets address space
+//       of its own, where the next copies land and only what they grow by gets new memory; off
+//       keeps every block in the pool's one range. Unset: on.
 //   CUPOOL_DEVICE=cuda|sim|auto: libcupool's devices: every CUDA device, simulated cards, or cuda
 //       if present (auto). Unset: auto.
 //   CUPOOL_SIM_GIB (a number of GiB above 0 and up to 262144): each simulated card's memory. Unset:

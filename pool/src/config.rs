@@ -163,6 +163,9 @@ impl PoolConfig {
                 InvalidConfig::new("CUPOOL_VMM_RECYCLE_FREE", &v, "a percent from 0 to 100")
             })?;
         }
+        if let Some(v) = get("CUPOOL_VMM_LANES") {
+            c.vmm.lanes = parse_bool("CUPOOL_VMM_LANES", &v)?;
+        }
         Ok(c)
     }
 

@@ -2,7 +2,7 @@
 //!
 //! | pool | placement | upstream |
 //! |---|---|---|
-//! | [`VmmPool`] | [`Bump`] | [`VmmReserve`] |
+//! | [`VmmPool`] | [`Bump`] in [`Lanes`] | [`VmmReserve`] |
 //! | [`LegacyPool`] | [`Slots`] (ggml's policy) | [`DeviceMalloc`] |
 //! | [`ManagedPool`] | [`Slots`], smaller idle buffers dropped on growth | [`ManagedMalloc`] |
 //! | [`TorchPool`] | [`Caching`] (PyTorch's policy), emptied and retried on OOM | [`DeviceMalloc`] |
@@ -16,7 +16,9 @@ use crate::kind::PoolKind;
 use crate::placement::bump::Bump;
 use crate::placement::caching::{Caching, CachingConfig};
 use crate::placement::direct::Direct;
+use crate::placement::lanes::Lanes;
 use crate::placement::slots::{Slots, SlotsConfig};
+use crate::placement::Placement;
 use crate::upstream::device::DeviceMalloc;
 use crate::upstream::managed::ManagedMalloc;
 use crate::upstream::vmm::{VmmConfig, VmmReserve};
@@ -26,8 +28,8 @@ use std::sync::Arc;
 
 pub use crate::placement::bump::VMM_ALIGN;
 
-/// The VMM reserve-and-map pool: see [`Bump`] and [`VmmReserve`].
-pub type VmmPool = CorePool<Bump, VmmReserve>;
+/// The VMM reserve-and-map pool: see [`Bump`], [`Lanes`] and [`VmmReserve`].
+pub type VmmPool = CorePool<Lanes<Bump>, VmmReserve>;
 /// ggml's legacy pool, with cupool's fixes as options: see [`Slots`] and [`LegacyConfig`].
 pub type LegacyPool = CorePool<Slots, DeviceMalloc>;
 /// ggml's `GGML_CUDA_POOL_USE_MANAGED` (PR #22158): the legacy placement over managed memory,
@@ -74,7 +76,7 @@ impl VmmPool {
     pub fn new(driver: Arc<dyn Driver>) -> Self {
         Self::from_parts(
             PoolKind::Vmm,
-            Bump::with_large_rounding(VmmConfig::default().large_rounding),
+            vmm_placement(&VmmConfig::default()),
             VmmReserve::new(driver, VmmConfig::default()),
             CoreOptions::default(),
         )
@@ -86,7 +88,7 @@ impl VmmPool {
         config.validate()?;
         Ok(Self::from_parts(
             PoolKind::Vmm,
-            Bump::with_large_rounding(config.large_rounding),
+            vmm_placement(&config),
             VmmReserve::new(driver, config),
             CoreOptions::default(),
         ))
@@ -96,6 +98,16 @@ impl VmmPool {
     pub fn mapped_bytes(&self) -> usize {
         self.inspect(|_, u| u.mapped())
     }
+}
+
+/// The VMM pool's placement for `config`: lanes open only with [`VmmConfig::lanes`].
+fn vmm_placement(config: &VmmConfig) -> Lanes<Bump> {
+    let bump = Bump::with_large_rounding(config.large_rounding);
+    let mut lanes = Lanes::new(bump, config.large_rounding);
+    if !config.lanes {
+        lanes.apart_refused();
+    }
+    lanes
 }
 
 impl LegacyPool {

@@ -68,12 +68,11 @@ fn cuda_alias_maps_a_page_twice_and_unalias_keeps_its_bytes() {
     drv.release_reservation(base, 4 * gran).unwrap();
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn cuda_recycling_keeps_live_neighbours_and_queued_kernels_safe() {
-    if common::no_gpu() {
-        return;
-    }
+/// The KV-cache pattern, many times, on a VMM pool with recycling and `lanes` on or off: each
+/// round a block is replaced by a larger one while its neighbours stay live, and the old one is
+/// freed with a check still queued on it. Every block's bytes are checked; returns the pool's
+/// statistics, after checking that a purge gives every byte back.
+fn replace_blocks(lanes: bool) -> cupool_pool::PoolStats {
     let drv = CudaDriver::new(0).unwrap();
     let k = kernels(&drv);
     let drv: Arc<dyn Driver> = Arc::new(drv);
@@ -82,13 +81,12 @@ fn cuda_recycling_keeps_live_neighbours_and_queued_kernels_safe() {
         max_grow: 0,
         large_rounding: 2 * MIB,
         recycle: true,
+        lanes,
         ..VmmConfig::default()
     };
     let pool: Arc<dyn Pool> = Arc::new(VmmPool::with_config(drv.clone(), config).unwrap());
     let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
     let elems = |mib: usize| mib * MIB / 4;
-    // The KV-cache pattern, many times: each round a block is replaced by a larger one while
-    // its neighbours stay live, and the old one is freed with a check still queued on it.
     let mut live: Vec<(PoolBuffer<u32>, u32)> = Vec::new();
     for i in 0..8u32 {
         let b = PoolBuffer::<u32>::alloc(&pool, elems(8)).unwrap();
@@ -113,22 +111,56 @@ fn cuda_recycling_keeps_live_neighbours_and_queued_kernels_safe() {
     let mismatches = k.stream.clone_dtoh(&bad).unwrap()[0];
     let s = pool.stats();
     eprintln!(
-        "{}: recycling: mismatches {mismatches}, peak live {} MiB, peak reserved {} MiB, calls {:?}",
+        "{} (lanes {lanes}): mismatches {mismatches}, peak live {} MiB, peak reserved {} MiB, calls {:?}",
         drv.name(),
         s.live_peak_bytes / MIB,
         s.reserved_peak_bytes / MIB,
         s.calls
     );
     assert_eq!(mismatches, 0, "a live block lost its bytes");
-    assert!(s.calls.remaps > 0, "{:?}", s.calls);
     assert!(
         s.reserved_peak_bytes as f64 <= 1.25 * s.live_peak_bytes as f64,
         "{} reserved for {} live",
         s.reserved_peak_bytes,
         s.live_peak_bytes
     );
+    // What the pool holds goes back to the card: the free memory rises by all of it.
+    let (held, free_before) = (s.reserved_bytes, drv.mem_info().unwrap().free);
     drop(live);
     let token = synchronize(drv.as_ref()).unwrap();
     pool.purge(&token, Purge::All).unwrap();
     assert_eq!(pool.stats().reserved_bytes, 0);
+    drop(pool);
+    let free_after = drv.mem_info().unwrap().free;
+    assert!(
+        free_after + 4 * MIB >= free_before + held,
+        "held {held}, free before {free_before}, after {free_after}"
+    );
+    s
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_recycling_keeps_live_neighbours_and_queued_kernels_safe() {
+    if common::no_gpu() {
+        return;
+    }
+    let s = replace_blocks(false);
+    assert!(s.calls.remaps > 0, "{:?}", s.calls);
+}
+
+/// The same with lanes: each replaced block's successors land in address space of their own,
+/// mapping only what they grew by, and a purge releases the lanes' memory and reservations.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_lanes_keep_every_byte_and_give_everything_back() {
+    if common::no_gpu() {
+        return;
+    }
+    let s = replace_blocks(true);
+    assert!(
+        s.calls.reserves > 1,
+        "lanes reserve address space of their own: {:?}",
+        s.calls
+    );
 }

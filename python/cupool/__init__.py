@@ -44,6 +44,7 @@ OPTIONS = {
     "vmm_recycle": "CUPOOL_VMM_RECYCLE",
     "vmm_recycle_free": "CUPOOL_VMM_RECYCLE_FREE",
     "vmm_recycle_page": "CUPOOL_VMM_RECYCLE_PAGE",
+    "vmm_lanes": "CUPOOL_VMM_LANES",
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",

@@ -203,3 +203,7 @@ def test_the_moves_that_do_not_wait_table_is_its_run():
 def test_the_recycling_at_six_percent_tables_are_their_runs():
     for d in ["phi3-moe", "llama3", "phi3-reps"]:
         check(f"data/h100-2026-11-26-recycle-free-{d}/prefill.jsonl")
+
+
+def test_the_lanes_tables_are_their_runs():
+    check("data/h100-2026-11-27-lanes/prefill.jsonl")

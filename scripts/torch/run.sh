@@ -8,7 +8,8 @@
 # neighbour's load then favours none); RECORD=1 records cupool's trace (its own run).
 # A short warm-up run comes first and is discarded.
 # Labels cupool-WORD-WORD... run cupool in a variant, relabelled in the results, one setting
-# per word: norecycle (page recycling off: CUPOOL_VMM_RECYCLE=off), base (the libcupool at
+# per word: norecycle (page recycling off: CUPOOL_VMM_RECYCLE=off), nolanes (no address space
+# of its own for a block replaced by a grown copy: CUPOOL_VMM_LANES=off), base (the libcupool at
 # $BASE_LIB, such as the previous commit's, to compare two builds in one call), freeN
 # (CUPOOL_VMM_RECYCLE_FREE=N, the percent of free memory kept before pages move), pageN
 # (CUPOOL_VMM_RECYCLE_PAGE=N MiB), defer (CUPOOL_VMM_DEFER=on: page moves on a worker thread)
@@ -36,6 +37,7 @@ if [ "$what" = prefill ]; then
           for w in "${words[@]}"; do
             case $w in
               norecycle) env+=(CUPOOL_VMM_RECYCLE=off) ;;
+              nolanes) env+=(CUPOOL_VMM_LANES=off) ;;
               timed) env+=(CUPOOL_TIME_DRIVER=on) ;;
               defer) env+=(CUPOOL_VMM_DEFER=on) ;;
               page*) env+=(CUPOOL_VMM_RECYCLE_PAGE="${w#page}") ;;

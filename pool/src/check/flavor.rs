@@ -99,6 +99,8 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                     recycle_page: 6 << 20,
                     // Any free memory is worth moving: the moves are what is checked.
                     recycle_free: 0,
+                    // Large blocks replaced by grown copies open lanes.
+                    lanes: true,
                 },
             )
             .expect("valid settings"),

@@ -241,7 +241,7 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
             + g.placement
                 .idle(what)
                 .iter()
-                .map(|i| i.seg.len)
+                .map(|i| g.upstream.apart_held(&i.seg).unwrap_or(i.seg.len))
                 .sum::<usize>()
     }
 

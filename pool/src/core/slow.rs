@@ -51,6 +51,19 @@ impl Ctx {
             let r = self.release(g, &token, &Purge::SmallerThan(size))?;
             tracing::debug!(pool = %self.kind, bytes = r.bytes, buffers = r.buffers, "released idle smaller buffers before growing");
         }
+        if let Some(len) = g.placement.apart(size) {
+            match g.upstream.acquire_apart(len, &mut g.tracker.s.calls) {
+                Ok(seg) => {
+                    let fit = g.placement.take_apart(seg, size);
+                    return self.place_new(g, seg, fit, size);
+                }
+                Err(e) => {
+                    // A growth in the range serves it instead.
+                    tracing::debug!(pool = %self.kind, error = %e, "no address space apart; blocks stay in the pool's range");
+                    g.placement.apart_refused();
+                }
+            }
+        }
         let want = Grow {
             extend: g.placement.grow_request(size),
             alone: g.placement.grow_alone(size),
@@ -71,11 +84,23 @@ impl Ctx {
             Ok(seg) => seg,
             Err(e) => return Err(self.failed(g, size, e)),
         };
+        let fit = g.placement.take_new(seg, size);
+        self.place_new(g, seg, fit, size)
+    }
+
+    /// Hands out `fit`, placed in `seg` that the upstream just handed out, once memory is
+    /// behind it.
+    fn place_new<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        seg: crate::placement::Segment,
+        fit: Fit,
+        size: usize,
+    ) -> Result<Block, PoolError> {
         if g.upstream.held().is_none() {
             g.tracker.on_reserve(seg.len);
             self.publish(g);
         }
-        let fit = g.placement.take_new(seg, size);
         if !g.upstream.backed(fit.addr, fit.capacity) {
             if let Err(e) = self.back(g, fit) {
                 // The block was never handed out: its place is free again. A segment with no
@@ -207,14 +232,20 @@ impl Ctx {
             }
         }
         for idle in g.placement.idle(what) {
+            // A segment apart holds only the memory behind it, and goes in any order.
+            let apart = g.upstream.apart_held(&idle.seg);
             if !token.covers(idle.freed_at) {
-                out.deferred_bytes += idle.seg.len;
+                out.deferred_bytes += apart.unwrap_or(idle.seg.len);
                 continue;
             }
             if let Err(e) = g.upstream.release(idle.seg, &mut g.tracker.s.calls) {
-                // Pages unmapped before the refusal are gone all the same.
+                // Pages unmapped before the refusal are gone all the same. Segments of a range
+                // go from the top down: one refused stops the rest.
                 out.bytes += self.count_release(g, 0, true);
                 first_err.get_or_insert(e);
+                if apart.is_some() {
+                    continue;
+                }
                 break;
             }
             g.placement.remove(&idle.seg);

@@ -10,11 +10,14 @@
 //! - [`bump::Bump`]: the VMM pool, one contiguous range with a bump pointer and indexed holes;
 //! - [`caching::Caching`]: PyTorch's caching allocator, to show what it would reserve;
 //! - [`direct::Direct`]: nothing cached; every request is its own segment (the managed
-//!   fallback).
+//!   fallback);
+//! - [`lanes::Lanes`]: over another placement, address space of its own for each tensor that
+//!   grows by replacement (a KV cache concatenated every chunk).
 
 pub mod bump;
 pub mod caching;
 pub mod direct;
+pub mod lanes;
 pub mod slots;
 
 use crate::pool::Purge;
@@ -84,6 +87,26 @@ pub trait Placement: Send + fmt::Debug + 'static {
     fn grow_alone(&self, size: usize) -> usize {
         self.grow_request(size)
     }
+
+    /// Bytes of address space apart from the placement's ranges that a growth for `size` should
+    /// ask the upstream for ([`crate::upstream::Upstream::acquire_apart`]), right after
+    /// [`Placement::take_backed`] found no room for it; `None` (the default): an ordinary
+    /// growth.
+    fn apart(&self, size: usize) -> Option<usize> {
+        let _ = size;
+        None
+    }
+
+    /// Places `size` bytes at the start of `seg`, address space apart that the upstream handed
+    /// out for the request [`Placement::apart`] named. Called only after it named one; the
+    /// default places it as a new segment.
+    fn take_apart(&mut self, seg: Segment, size: usize) -> Fit {
+        self.take_new(seg, size)
+    }
+
+    /// The upstream has no address space apart to give: [`Placement::apart`] names none from
+    /// now on.
+    fn apart_refused(&mut self) {}
 
     /// Places `size` bytes in `seg`, a new segment that the upstream just handed out for it:
     /// of at least [`Placement::grow_request`] bytes if it starts where the last segment ends,

@@ -118,6 +118,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "with CUPOOL_VMM_RECYCLE on: the percent of the VMM pool's memory that may lie free in its holes before it moves free pages to a block that needs memory instead of creating it; less holds less memory and moves more pages (each move a few driver calls on the allocating thread)",
     },
     Setting {
+        name: "CUPOOL_VMM_LANES",
+        accepts: Bool,
+        read_by: &[by(Library, "on"), by(Cli, "on"), by(Libcupool, "on")],
+        keyword: Some("vmm_lanes"),
+        env_only: false,
+        doc: "with CUPOOL_VMM_RECYCLE on: a large block replaced by a slightly larger copy (a KV cache concatenated every chunk) gets address space of its own, where the next copies land and only what they grow by gets new memory; off keeps every block in the pool's one range",
+    },
+    Setting {
         name: "CUPOOL_DEVICE",
         accepts: OneOf(&["cuda", "sim", "auto"]),
         read_by: &[

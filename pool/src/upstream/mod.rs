@@ -49,6 +49,31 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     /// segment ends, else of at least `want.alone` bytes.
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError>;
 
+    /// A segment of `len` bytes of address space apart from the others, for a placement that
+    /// keeps some blocks by themselves ([`crate::placement::Placement::apart`]): memory goes
+    /// behind it only where blocks land, and [`Upstream::release`] takes it back in any order.
+    /// The default has none to give.
+    fn acquire_apart(
+        &mut self,
+        len: usize,
+        calls: &mut DriverCalls,
+    ) -> Result<Segment, DriverError> {
+        let _ = calls;
+        Err(DriverError::new(
+            crate::driver::CallKind::Reserve,
+            crate::driver::ErrorCode::NotSupported,
+            format!("this upstream has no address space apart from its segments to give ({len} bytes asked)"),
+        ))
+    }
+
+    /// For a segment from [`Upstream::acquire_apart`]: the bytes of memory behind it (what its
+    /// release gives back; its length is address space). `None` for any other segment, whose
+    /// releases go in the placement's order. The default hands out none apart.
+    fn apart_held(&self, seg: &Segment) -> Option<usize> {
+        let _ = seg;
+        None
+    }
+
     /// Whether `[addr, addr+len)`, inside a segment, has memory behind every byte. An upstream
     /// whose segments are address space first (VMM) says no where it has none yet; the core
     /// then calls [`Upstream::back`] before the block is handed out. Asked on the fast path.

@@ -21,8 +21,15 @@ pub fn as_driver(d: &Arc<SimDevice>) -> Arc<dyn Driver> {
 }
 
 /// A recycling VMM pool with pages of `page` bytes, every growth exactly what it needs, and
-/// requests above 1 MiB rounded to the 2 MiB granule (libcupool's rounding).
+/// requests above 1 MiB rounded to the 2 MiB granule (libcupool's rounding). Without lanes:
+/// every block in the one range, where recycling's moves are what a test checks
+/// (`tests/lanes.rs` has lanes).
 pub fn recycling_vmm(dev: Arc<dyn Driver>, page: usize) -> cupool_pool::pools::VmmPool {
+    vmm_with(dev, page, false)
+}
+
+/// [`recycling_vmm`], with lanes or without.
+pub fn vmm_with(dev: Arc<dyn Driver>, page: usize, lanes: bool) -> cupool_pool::pools::VmmPool {
     cupool_pool::pools::VmmPool::with_config(
         dev,
         cupool_pool::upstream::vmm::VmmConfig {
@@ -31,6 +38,7 @@ pub fn recycling_vmm(dev: Arc<dyn Driver>, page: usize) -> cupool_pool::pools::V
             max_grow: 0,
             large_rounding: 2 * MIB,
             recycle: true,
+            lanes,
             ..Default::default()
         },
     )

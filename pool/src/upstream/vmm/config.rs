@@ -46,11 +46,17 @@ pub struct VmmConfig {
     /// free in its holes before a block that needs memory gets pages moved to it rather than
     /// created (`CUPOOL_VMM_RECYCLE_FREE`). Each move costs driver calls on the allocating
     /// thread (23–34 µs a page on an H100), which a prefill driven from Python pays in full:
-    /// less means less memory and more moves. 6 by default: on the PyTorch prefill traces the
-    /// mapped peak is 1.064 of the live peak for Phi-3 with 1,749 moves (1.025 and 1.006 for
-    /// Llama-3 and Qwen3-MoE, with none), where 2 maps 1.021 with 9,940 moves and prefills
-    /// Phi-3 11% slower on an H100 (docs/pytorch.md).
+    /// less means less memory and more moves. 6 by default: on the PyTorch prefill traces
+    /// without lanes the mapped peak is 1.064 of the live peak for Phi-3 with 1,749 moves (1.025
+    /// and 1.006 for Llama-3 and Qwen3-MoE, with none), where 2 maps 1.021 with 9,940 moves and
+    /// prefills Phi-3 11% slower on an H100; with lanes ([`VmmConfig::lanes`]) no page moves on
+    /// them (docs/pytorch.md).
     pub recycle_free: u32,
+    /// With [`VmmConfig::recycle`]: a large block replaced by a slightly larger copy (a KV
+    /// cache concatenated every chunk) gets address space of its own where its copies grow in
+    /// place, mapping only what they grow by (`CUPOOL_VMM_LANES`; see
+    /// [`crate::placement::lanes`]). On by default.
+    pub lanes: bool,
 }
 
 impl Default for VmmConfig {
@@ -63,6 +69,7 @@ impl Default for VmmConfig {
             recycle: false,
             recycle_page: 8 << 20,
             recycle_free: 6,
+            lanes: true,
         }
     }
 }

@@ -20,7 +20,10 @@
 //! no free in between, up to `max_grow`; memory made for a growth covers its whole segment (the
 //! block alone where that does not fit), and a free starts it small again: a burst amortises a
 //! map's ~45 µs over large chunks, and a pool that grows once per ubatch stays near its need.
+//! Segments apart (a reservation each, released in any order) serve a placement's lanes
+//! (`apart.rs`).
 
+mod apart;
 mod config;
 mod recycle;
 mod sleep;
@@ -253,6 +256,10 @@ impl Upstream for VmmReserve {
         Ok(seg)
     }
 
+    fn acquire_apart(&mut self, len: usize, c: &mut DriverCalls) -> Result<Segment, DriverError> {
+        self.reserve_apart(len, c)
+    }
+
     #[inline]
     fn backed(&self, addr: u64, len: usize) -> bool {
         self.space.backed(addr, len)
@@ -302,12 +309,9 @@ impl Upstream for VmmReserve {
             addr / gran * gran,
             (addr + len as u64).next_multiple_of(gran),
         );
+        let pages = (!donors.is_empty()).then(|| self.space.donor_pages(donors));
         let mut pages = recycle::Donors {
-            pages: if donors.is_empty() {
-                Vec::new()
-            } else {
-                self.space.donor_pages(donors)
-            },
+            pages: pages.unwrap_or_default(),
             idle,
         };
         // A growth's new segment: memory created for it covers all of it (the amortised
@@ -354,8 +358,13 @@ impl Upstream for VmmReserve {
     }
 
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError> {
-        let driver = self.driver.clone();
-        self.space.unmap(driver.as_ref(), &seg, calls)
+        self.release_segment(seg, calls)
+    }
+
+    fn apart_held(&self, seg: &Segment) -> Option<usize> {
+        self.space
+            .is_apart(seg)
+            .then(|| seg.len - self.space.unbacked(seg.ptr, seg.len))
     }
 
     #[inline]
@@ -364,15 +373,13 @@ impl Upstream for VmmReserve {
     }
 
     fn close(&mut self, _calls: &mut DriverCalls) -> Result<(), DriverError> {
-        let driver = self.driver.clone();
-        self.space.close(driver.as_ref())
+        self.space.close(self.driver.as_ref())
     }
 
     const CAN_SLEEP: bool = true;
 
     fn sleep(&mut self, offload: bool, calls: &mut DriverCalls) -> Result<Moved, DriverError> {
-        let driver = self.driver.clone();
-        self.space.sleep(driver.as_ref(), offload, calls)
+        self.space.sleep(self.driver.as_ref(), offload, calls)
     }
 
     fn wake(&mut self, calls: &mut DriverCalls) -> Result<Moved, DriverError> {

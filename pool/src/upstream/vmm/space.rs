@@ -1,5 +1,6 @@
 //! The VMM upstream's address space: its reservations in the order they were made, the
-//! segments handed out in them, and the pages of physical memory behind the segments.
+//! segments handed out in them, the segments apart (`apart.rs`), and the pages of physical
+//! memory behind all of them.
 //!
 //! Segments are address space only: they are handed out at the end of the last reservation,
 //! crossing into the next only where that one starts exactly where the previous ends (the driver
@@ -74,6 +75,8 @@ pub(super) struct AddressSpace {
     pub(super) reservations: Vec<Reservation>,
     /// The segments handed out, in order (address, length): released from the end.
     pub(super) segs: Vec<(DevicePtr, usize)>,
+    /// Segments apart, each a reservation of its own: start → length (`apart.rs`).
+    pub(super) apart: BTreeMap<DevicePtr, usize>,
     /// The pages behind the segments, by address.
     pub(super) pages: BTreeMap<DevicePtr, Page>,
     /// Bytes of `pages`, kept as they change: the core reads it after every slow path.
@@ -283,6 +286,7 @@ impl AddressSpace {
                 .iter()
                 .map(|r| r.base)
                 .chain(self.segs.iter().map(|&(p, _)| p))
+                .chain(self.apart.iter().flat_map(|(&p, &l)| [p, p + l as u64]))
                 .filter(|&c| c > s && c < e)
                 .collect();
             cuts.sort_unstable();
@@ -315,7 +319,7 @@ impl AddressSpace {
 
     /// Releases every reservation, once no segment is left.
     pub fn close(&mut self, driver: &dyn Driver) -> Result<(), DriverError> {
-        if !self.segs.is_empty() || !self.pages.is_empty() {
+        if !self.segs.is_empty() || !self.apart.is_empty() || !self.pages.is_empty() {
             return Ok(());
         }
         while let Some(r) = self.reservations.last().copied() {

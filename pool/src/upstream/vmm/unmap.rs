@@ -31,10 +31,31 @@ impl AddressSpace {
             ));
         }
         let end = seg.ptr + seg.len as u64;
-        self.clear_stale(driver, seg.ptr, end, calls)?;
+        self.unmap_pages(driver, seg.ptr, end, calls)?;
+        self.remove_vacant(seg.ptr, end);
+        self.segs.pop();
+        for r in &mut self.reservations {
+            if r.base < end && r.base + r.top as u64 > seg.ptr {
+                r.top = seg.ptr.saturating_sub(r.base) as usize;
+            }
+        }
+        self.drop_empty_tail(driver);
+        Ok(())
+    }
+
+    /// Unmaps every page in `[from, to)` from the top down (asleep ones are only forgotten),
+    /// leaving the range vacant. A refusal stops there: what was unmapped until then is vacant.
+    pub(super) fn unmap_pages(
+        &mut self,
+        driver: &dyn Driver,
+        from: crate::driver::DevicePtr,
+        to: crate::driver::DevicePtr,
+        calls: &mut DriverCalls,
+    ) -> Result<(), DriverError> {
+        self.clear_stale(driver, from, to, calls)?;
         let inside: Vec<_> = self
             .pages
-            .range(seg.ptr..end)
+            .range(from..to)
             .rev()
             .map(|(&at, &p)| (at, p))
             .collect();
@@ -52,14 +73,6 @@ impl AddressSpace {
             self.held -= p.len;
             self.add_vacant(at, at + p.len as u64);
         }
-        self.remove_vacant(seg.ptr, end);
-        self.segs.pop();
-        for r in &mut self.reservations {
-            if r.base < end && r.base + r.top as u64 > seg.ptr {
-                r.top = seg.ptr.saturating_sub(r.base) as usize;
-            }
-        }
-        self.drop_empty_tail(driver);
         Ok(())
     }
 }

@@ -1,0 +1,293 @@
+//! Lanes: an address range of its own for each tensor that grows by replacement.
+//!
+//! PyTorch's KV cache grows by `torch.cat`: every chunk, each layer's keys and values are
+//! copied into a tensor a few MiB larger and the old one is freed. In one contiguous range
+//! ([`super::bump::Bump`]) the old tensor leaves a hole just too small for the next grown copy,
+//! so its pages either stay behind free space or are moved, a few driver calls each
+//! (`upstream/vmm/recycle.rs`). On the Phi-3 prefill trace that held the reserve at 1.064 of
+//! the live peak with 1,749 pages moved (data/cpu-2026-11-27-recycle-sweep).
+//!
+//! A lane is address space apart from the range ([`LANE_BYTES`], from the upstream's
+//! [`crate::upstream::Upstream::acquire_apart`]) with one block at its start. A freed lane
+//! keeps its pages mapped, and the next large block that covers them and needs at most
+//! [`GROW`] bytes more lands there: only its growth gets new memory, and nothing is left behind
+//! free space. Among the free lanes that fit, the one with the most memory behind the block.
+//!
+//! A lane opens where a replacement is seen: a large block is freed while one of the last
+//! [`RECENT`] large blocks allocated is larger by at most [`GROW`] (its grown copy, allocated
+//! before the old one goes). The next large block of at most [`GROW`] bytes that no free lane
+//! takes opens it, so a cache enters lanes while its tensors are small and stays there as they
+//! grow. Modelled on the recorded traces before it was built (`scripts/torch/slot-sim.py`).
+//!
+//! Replayed (data/cpu-2026-11-27-lanes): Phi-3 1.020 of the live peak and no page moved,
+//! Llama-3 1.019, the MoE 1.017 (1.006 without lanes: its activations enter lanes too, and a
+//! free lane's memory serves only blocks near its size).
+//!
+//! Lanes only take blocks the core places with [`Placement::take_backed`] (a recycling VMM
+//! pool's large requests); everything else goes to the inner placement unchanged. A free
+//! lane's range, and the free end of a busy one, are free spans: their pages may be moved to
+//! other blocks or shed like any hole's. A purge of everything releases the free lanes.
+
+use super::{Fit, Idle, Placement, Segment};
+use crate::pool::Purge;
+use std::collections::BTreeMap;
+
+/// Address space of one lane (1 GiB): a block larger than this never goes to a lane.
+pub const LANE_BYTES: usize = 1 << 30;
+
+/// The most a block may grow over a freed lane's memory to land there, and over its
+/// predecessor to count as a replacement (16 MiB).
+pub const GROW: usize = 16 << 20;
+
+/// Large allocations remembered to recognise a replacement.
+pub const RECENT: usize = 4;
+
+/// The most lanes a pool opens (1 TiB of address space at [`LANE_BYTES`]).
+pub const MAX_LANES: usize = 1024;
+
+/// Memory behind a freed lane beyond the block that lands there, at most (8 MiB, one page of
+/// the recycling pool's default): it stays behind the lane's free end, a free span like any
+/// hole. Replayed on the PyTorch prefill traces (data/cpu-2026-11-27-lanes), 8 MiB kept the
+/// reserve at 1.020, 1.019 and 1.017 of the live peak for Phi-3, Llama-3 and the MoE, where one
+/// 2 MiB granule kept 1.020, 1.021 and 1.020.
+const SPILL: usize = 8 << 20;
+
+#[derive(Clone, Copy, Debug)]
+struct Lane {
+    seg: Segment,
+    /// Capacity of the block at its start; 0 while free.
+    used: usize,
+    /// Epoch of the latest free of its block.
+    freed_at: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Lanes<P> {
+    inner: P,
+    /// Requests above [`super::bump::LARGE`] are rounded up to a multiple of this.
+    rounding: usize,
+    lanes: BTreeMap<u64, Lane>,
+    /// Lanes to open: replacements seen, not yet given a lane.
+    pending: usize,
+    /// Capacities of the last large blocks allocated, newest last.
+    recent: [usize; RECENT],
+    /// Whether the last [`Placement::take_backed`] left a request for a new lane.
+    asked: bool,
+    /// Whether lanes may open (the upstream refused address space apart: never again).
+    enabled: bool,
+}
+
+impl<P: Placement> Lanes<P> {
+    /// Lanes over `inner`, whose large blocks are rounded up to a multiple of `rounding`.
+    pub fn new(inner: P, rounding: usize) -> Self {
+        Self {
+            inner,
+            rounding: rounding.max(super::bump::VMM_ALIGN),
+            lanes: BTreeMap::new(),
+            pending: 0,
+            recent: [0; RECENT],
+            asked: false,
+            enabled: true,
+        }
+    }
+
+    /// Lanes open, free or busy.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The placement the lanes sit on.
+    pub fn inner(&self) -> &P {
+        &self.inner
+    }
+
+    #[inline]
+    fn rounded(&self, size: usize) -> usize {
+        // Sizes are at most MAX_REQUEST and the rounding at most 1 GiB: no overflow.
+        size.next_multiple_of(self.rounding)
+    }
+
+    #[inline]
+    fn note(&mut self, capacity: usize) {
+        if capacity > super::bump::LARGE {
+            self.recent.rotate_left(1);
+            self.recent[RECENT - 1] = capacity;
+        }
+    }
+
+    /// Whether a block of `n` bytes opens a lane when no free lane takes it.
+    fn opens(&self, n: usize) -> bool {
+        self.enabled && self.pending > 0 && n <= GROW && self.lanes.len() < MAX_LANES
+    }
+
+    /// The free lane for a block of `n` bytes: the most memory behind the block, at most
+    /// [`GROW`] bytes without, and no more than [`SPILL`] behind the lane beyond it.
+    fn free_lane(&self, n: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<u64> {
+        let mut best: Option<(usize, u64)> = None;
+        for (&at, lane) in &self.lanes {
+            if lane.used > 0 {
+                continue;
+            }
+            let need = unbacked(at, n);
+            let beyond = lane.seg.len - n;
+            let empty_beyond = unbacked(at + n as u64, beyond);
+            if need > GROW || empty_beyond == usize::MAX || beyond - empty_beyond > SPILL {
+                continue;
+            }
+            let behind = n - need;
+            if best.is_none_or(|(b, _)| behind > b) {
+                best = Some((behind, at));
+            }
+        }
+        best.map(|(_, at)| at)
+    }
+}
+
+impl<P: Placement> Placement for Lanes<P> {
+    const RELEASES_ON_FREE: bool = P::RELEASES_ON_FREE;
+
+    fn alignment(&self) -> usize {
+        self.inner.alignment()
+    }
+
+    #[inline]
+    fn take(&mut self, size: usize) -> Option<Fit> {
+        self.asked = false;
+        let fit = self.inner.take(size)?;
+        self.note(fit.capacity);
+        Some(fit)
+    }
+
+    fn take_backed(&mut self, size: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<Fit> {
+        self.asked = false;
+        let n = self.rounded(size);
+        if n <= LANE_BYTES && !self.lanes.is_empty() {
+            if let Some(at) = self.free_lane(n, unbacked) {
+                if let Some(lane) = self.lanes.get_mut(&at) {
+                    lane.used = n;
+                }
+                self.note(n);
+                return Some(Fit {
+                    addr: at,
+                    capacity: n,
+                });
+            }
+        }
+        if self.opens(n) {
+            // The core grows: address space apart ([`Placement::apart`]). (Opening it only
+            // where the range has no memory for the block, replayed: Phi-3 1.015, Llama-3
+            // 1.031, the MoE 1.012 of the live peak; its KV cache enters lanes late.)
+            self.asked = true;
+            return None;
+        }
+        let fit = self.inner.take_backed(size, unbacked)?;
+        self.note(fit.capacity);
+        Some(fit)
+    }
+
+    fn apart(&self, size: usize) -> Option<usize> {
+        (self.asked && self.opens(self.rounded(size))).then_some(LANE_BYTES)
+    }
+
+    fn take_apart(&mut self, seg: Segment, size: usize) -> Fit {
+        let n = self.rounded(size);
+        self.asked = false;
+        self.pending = self.pending.saturating_sub(1);
+        self.lanes.insert(
+            seg.ptr,
+            Lane {
+                seg,
+                used: n,
+                freed_at: 0,
+            },
+        );
+        self.note(n);
+        Fit {
+            addr: seg.ptr,
+            capacity: n,
+        }
+    }
+
+    fn apart_refused(&mut self) {
+        self.asked = false;
+        self.enabled = false;
+        self.pending = 0;
+    }
+
+    fn grow_request(&self, size: usize) -> usize {
+        self.inner.grow_request(size)
+    }
+
+    fn grow_alone(&self, size: usize) -> usize {
+        self.inner.grow_alone(size)
+    }
+
+    fn take_new(&mut self, seg: Segment, size: usize) -> Fit {
+        self.asked = false;
+        let fit = self.inner.take_new(seg, size);
+        self.note(fit.capacity);
+        fit
+    }
+
+    #[inline]
+    fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
+        if let Some(lane) = self.lanes.get_mut(&fit.addr) {
+            lane.used = 0;
+            // A block never handed out (a failed backing) comes back at epoch 0: the lane's
+            // memory is still the last block's until the device is past its free.
+            lane.freed_at = lane.freed_at.max(freed_at);
+            return None;
+        }
+        let c = fit.capacity;
+        if c > super::bump::LARGE
+            && self.enabled
+            && self.lanes.len() + self.pending < MAX_LANES
+            && self.recent.iter().any(|&r| c < r && r - c <= GROW)
+        {
+            self.pending += 1;
+        }
+        self.inner.give_back(fit, freed_at)
+    }
+
+    fn idle(&self, what: &Purge) -> Vec<Idle> {
+        let mut out = Vec::new();
+        if matches!(what, Purge::All) {
+            out.extend(self.lanes.values().filter(|l| l.used == 0).map(|l| Idle {
+                seg: l.seg,
+                freed_at: l.freed_at,
+            }));
+        }
+        out.extend(self.inner.idle(what));
+        out
+    }
+
+    fn remove(&mut self, seg: &Segment) {
+        if self.lanes.get(&seg.ptr).is_some_and(|l| l.seg == *seg) {
+            self.lanes.remove(&seg.ptr);
+        } else {
+            self.inner.remove(seg);
+        }
+    }
+
+    fn stranded(&self, size: usize) -> usize {
+        self.inner.stranded(size)
+    }
+
+    fn free_spans(&self) -> (Vec<(u64, usize)>, u64) {
+        let (mut spans, mut last) = self.inner.free_spans();
+        for (&at, l) in &self.lanes {
+            if l.used < l.seg.len {
+                spans.push((at + l.used as u64, l.seg.len - l.used));
+            }
+            last = last.max(l.freed_at);
+        }
+        (spans, last)
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        let mut out = self.inner.segments();
+        out.extend(self.lanes.values().map(|l| l.seg));
+        out
+    }
+}

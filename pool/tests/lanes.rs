@@ -1,0 +1,185 @@
+//! Lanes in a recycling VMM pool: a tensor replaced every step by a slightly larger copy (a KV
+//! cache concatenated every chunk) gets address space of its own, where the next copies land
+//! and only what they grow by gets new memory.
+mod common;
+use common::*;
+use cupool_pool::driver::sim::{SimConfig, SimDevice};
+use cupool_pool::sync::synchronize;
+use cupool_pool::Purge;
+use cupool_pool::{Block, Pool};
+use std::sync::Arc;
+
+/// What a run of [`grow_cache`] held and did.
+#[derive(Debug)]
+struct Run {
+    /// Peak of the pool's reserve.
+    peak: usize,
+    /// Peak of the bytes live.
+    live: usize,
+    remaps: u64,
+}
+
+/// `tensors` tensors of 3 MiB grown by 3 MiB a step for `steps` steps, each step copying every
+/// one into a new block before freeing the old (as `torch.cat` does), with a 6 MiB activation
+/// taken and freed between the copies. Every tensor's bytes are checked at the end.
+fn grow_cache(p: &dyn Pool, dev: &SimDevice, tensors: usize, steps: usize) -> Run {
+    let mut cache: Vec<Block> = (0..tensors).map(|_| p.alloc(3 * MIB).unwrap()).collect();
+    for (k, b) in cache.iter().enumerate() {
+        fill(b, k as u8);
+    }
+    let (mut peak, mut live) = (0, 0);
+    for step in 1..=steps {
+        for k in 0..tensors {
+            let size = 3 * MIB * (step + 1);
+            let grown = p.alloc(size).unwrap();
+            fill(&grown, (k + step) as u8);
+            let act = p.alloc(6 * MIB).unwrap();
+            let now: usize = cache.iter().map(|b| b.size()).sum::<usize>() + size + act.size();
+            live = live.max(now);
+            peak = peak.max(p.stats().reserved_bytes);
+            p.free(act).unwrap();
+            let old = std::mem::replace(&mut cache[k], grown);
+            p.free(old).unwrap();
+        }
+    }
+    for (k, b) in cache.iter().enumerate() {
+        assert!(holds(b, (k + steps) as u8), "tensor {k} kept its bytes");
+        assert!(dev.contains(b.ptr(), b.size()));
+    }
+    let remaps = p.stats().calls.remaps;
+    for b in cache {
+        p.free(b).unwrap();
+    }
+    Run { peak, live, remaps }
+}
+
+/// With lanes the cache's copies grow in place: the reserve stays within 16 MiB of the live
+/// peak. Without them the same traffic holds more and moves more pages.
+#[test]
+fn a_cache_grown_by_replacement_maps_only_its_growth() {
+    let dev = sim(2.0);
+    let p = vmm_with(as_driver(&dev), 8 * MIB, true);
+    let with = grow_cache(&p, &dev, 8, 12);
+    assert!(
+        with.peak <= with.live + 16 * MIB,
+        "lanes hold the live peak and little more: {with:?}"
+    );
+    let dev2 = sim(2.0);
+    let q = vmm_with(as_driver(&dev2), 8 * MIB, false);
+    let without = grow_cache(&q, &dev2, 8, 12);
+    assert!(
+        without.peak > with.peak && without.remaps > with.remaps,
+        "{with:?} {without:?}"
+    );
+}
+
+/// A purge after the cache is freed gives back every lane's memory and address space; the
+/// pool works on afterwards, opening lanes again.
+#[test]
+fn a_purge_releases_the_free_lanes_and_their_address_space() {
+    let dev = sim(2.0);
+    let p = vmm_with(as_driver(&dev), 8 * MIB, true);
+    grow_cache(&p, &dev, 4, 6);
+    let before = dev.ledger();
+    assert!(
+        before.reservations > 1,
+        "lanes are reservations of their own: {before:?}"
+    );
+    p.purge(&synchronize(&*dev).unwrap(), Purge::All).unwrap();
+    let after = dev.ledger();
+    assert_eq!(after.device_bytes, 0, "{after:?}");
+    assert_eq!(p.stats().reserved_bytes, 0);
+    assert!(
+        after.reservations <= 1,
+        "only the range's first reservation stays: {after:?}"
+    );
+    grow_cache(&p, &dev, 4, 6);
+    assert!(dev.ledger().reservations > 1);
+    drop(p);
+    assert!(dev.ledger().is_empty(), "{:?}", dev.ledger());
+}
+
+/// Where the driver has no address space for a lane (a Jetson), blocks stay in the range and
+/// every allocation still succeeds.
+#[test]
+fn without_address_space_for_lanes_blocks_stay_in_the_range() {
+    let dev = Arc::new(SimDevice::new(SimConfig::gib(2.0).address_space(512 * MIB)).unwrap());
+    let p = cupool_pool::pools::VmmPool::with_config(
+        as_driver(&dev),
+        cupool_pool::upstream::vmm::VmmConfig {
+            reserve_bytes: Some(256 * MIB),
+            recycle: true,
+            large_rounding: 2 * MIB,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let run = grow_cache(&p, &dev, 4, 6);
+    assert!(run.peak >= run.live);
+    assert_eq!(dev.ledger().reservations, 1, "the range's only");
+}
+
+/// Sleep unmaps the lanes' memory like the range's, and a wake with offload restores every
+/// tensor in its lane.
+#[test]
+fn sleep_and_wake_keep_the_tensors_in_their_lanes() {
+    let dev = sim(2.0);
+    let p = vmm_with(as_driver(&dev), 8 * MIB, true);
+    let mut cache: Vec<Block> = (0..4).map(|_| p.alloc(3 * MIB).unwrap()).collect();
+    for _ in 0..3 {
+        for b in cache.iter_mut() {
+            let grown = p.alloc(b.size() + 3 * MIB).unwrap();
+            p.free(std::mem::replace(b, grown)).unwrap();
+        }
+    }
+    assert!(dev.ledger().reservations > 1, "the tensors are in lanes");
+    for (k, b) in cache.iter().enumerate() {
+        fill(b, 40 + k as u8);
+    }
+    let held = dev.ledger().device_bytes;
+    p.sleep(&synchronize(&*dev).unwrap(), true).unwrap();
+    assert!(dev.ledger().device_bytes < held / 10, "{:?}", dev.ledger());
+    p.wake().unwrap();
+    for (k, b) in cache.iter().enumerate() {
+        assert!(holds(b, 40 + k as u8), "tensor {k} restored at its address");
+    }
+    for b in cache {
+        p.free(b).unwrap();
+    }
+}
+
+/// A lane's block freed after a synchronize is not released under that synchronize's token,
+/// also after a block that landed in the free lane failed to get memory (a failure other than
+/// out of memory): the lane's memory is still the freed block's, which a queued kernel may read.
+/// A purge defers the lane's memory, not its address space.
+#[test]
+fn a_failed_backing_in_a_free_lane_keeps_its_free_epoch() {
+    use cupool_pool::driver::fault::FaultInjector;
+    use cupool_pool::driver::{CallKind, Driver, ErrorCode};
+    for inject in [false, true] {
+        let dev = sim(2.0);
+        let fi = Arc::new(FaultInjector::new(as_driver(&dev)));
+        let p = vmm_with(fi.clone() as Arc<dyn Driver>, 8 * MIB, true);
+        let a = p.alloc(4 * MIB).unwrap();
+        let _b = p.alloc(6 * MIB).unwrap();
+        p.free(a).unwrap(); // replaced by a grown copy: a lane opens for the next block
+        let c = p.alloc(8 * MIB).unwrap();
+        assert_eq!(dev.ledger().reservations, 2, "c in a lane");
+        let token = synchronize(&*dev).unwrap();
+        p.free(c).unwrap();
+        if inject {
+            fi.fail_nth(CallKind::Create, 1, ErrorCode::Injected);
+            assert!(
+                p.alloc(10 * MIB).is_err(),
+                "lands in the free lane, and its map fails"
+            );
+        }
+        let r = p.purge(&token, Purge::All).unwrap();
+        assert_eq!(dev.ledger().reservations, 2, "inject {inject}: {r:?}");
+        assert!(
+            r.deferred_bytes >= 8 * MIB && r.deferred_bytes < 64 * MIB,
+            "the lane's memory deferred, not its address space: {r:?}"
+        );
+        assert!(p.releasable(&Purge::All) < 64 * MIB);
+    }
+}
