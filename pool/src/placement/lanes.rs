@@ -30,7 +30,7 @@
 
 use super::{Fit, Idle, Placement, Segment};
 use crate::pool::Purge;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Address space of one lane (1 GiB): a block larger than this never goes to a lane.
 pub const LANE_BYTES: usize = 1 << 30;
@@ -52,11 +52,17 @@ pub const MAX_LANES: usize = 1024;
 /// 2 MiB granule kept 1.020, 1.021 and 1.020.
 const SPILL: usize = 8 << 20;
 
+/// The granule the upstream maps in (2 MiB on every CUDA GPU): a block's pages reach at most
+/// this far past it.
+const SPILL_GRANULE: usize = 2 << 20;
+
 #[derive(Clone, Copy, Debug)]
 struct Lane {
     seg: Segment,
     /// Capacity of the block at its start; 0 while free.
     used: usize,
+    /// Capacity of its last block: about the memory behind it while free.
+    last: usize,
     /// Epoch of the latest free of its block.
     freed_at: u64,
 }
@@ -68,6 +74,9 @@ pub struct Lanes<P> {
     /// Requests above [`super::bump::LARGE`] are rounded up to a multiple of this.
     rounding: usize,
     lanes: BTreeMap<u64, Lane>,
+    /// The free lanes by (capacity of their last block, address): a block looks only at those
+    /// whose memory it may take, however many lanes there are.
+    free: BTreeSet<(usize, u64)>,
     /// Lanes to open: replacements seen, not yet given a lane.
     pending: usize,
     /// Capacities of the last large blocks allocated, newest last.
@@ -85,6 +94,7 @@ impl<P: Placement> Lanes<P> {
             inner,
             rounding: rounding.max(super::bump::VMM_ALIGN),
             lanes: BTreeMap::new(),
+            free: BTreeSet::new(),
             pending: 0,
             recent: [0; RECENT],
             asked: false,
@@ -125,10 +135,12 @@ impl<P: Placement> Lanes<P> {
     /// [`GROW`] bytes without, and no more than [`SPILL`] behind the lane beyond it.
     fn free_lane(&self, n: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<u64> {
         let mut best: Option<(usize, u64)> = None;
-        for (&at, lane) in &self.lanes {
-            if lane.used > 0 {
+        // Memory behind a free lane covers its last block, rounded up to a granule at most.
+        let least = n.saturating_sub(GROW + SPILL_GRANULE);
+        for &(_, at) in self.free.range((least, 0)..=(n + SPILL, u64::MAX)) {
+            let Some(lane) = self.lanes.get(&at) else {
                 continue;
-            }
+            };
             let need = unbacked(at, n);
             let beyond = lane.seg.len - n;
             let empty_beyond = unbacked(at + n as u64, beyond);
@@ -165,6 +177,7 @@ impl<P: Placement> Placement for Lanes<P> {
         if n <= LANE_BYTES && !self.lanes.is_empty() {
             if let Some(at) = self.free_lane(n, unbacked) {
                 if let Some(lane) = self.lanes.get_mut(&at) {
+                    self.free.remove(&(lane.last, at));
                     lane.used = n;
                 }
                 self.note(n);
@@ -199,6 +212,7 @@ impl<P: Placement> Placement for Lanes<P> {
             Lane {
                 seg,
                 used: n,
+                last: n,
                 freed_at: 0,
             },
         );
@@ -233,6 +247,10 @@ impl<P: Placement> Placement for Lanes<P> {
     #[inline]
     fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
         if let Some(lane) = self.lanes.get_mut(&fit.addr) {
+            if lane.used > 0 {
+                lane.last = lane.used;
+                self.free.insert((lane.last, fit.addr));
+            }
             lane.used = 0;
             // A block never handed out (a failed backing) comes back at epoch 0: the lane's
             // memory is still the last block's until the device is past its free.
@@ -263,7 +281,8 @@ impl<P: Placement> Placement for Lanes<P> {
     }
 
     fn remove(&mut self, seg: &Segment) {
-        if self.lanes.get(&seg.ptr).is_some_and(|l| l.seg == *seg) {
+        if let Some(l) = self.lanes.get(&seg.ptr).filter(|l| l.seg == *seg) {
+            self.free.remove(&(l.last, seg.ptr));
             self.lanes.remove(&seg.ptr);
         } else {
             self.inner.remove(seg);
