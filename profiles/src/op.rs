@@ -53,6 +53,29 @@ impl OpCall {
         }
     }
 
+    /// The most bytes the op holds at once, each request rounded up to a multiple of `align`
+    /// (a power of two): its held buffers, and over them the largest inner buffer or nested
+    /// step (they run one after another, each returning what it took).
+    pub fn high_water(&self, align: usize) -> usize {
+        let round = |b: usize| b.next_multiple_of(align.max(1));
+        let held: usize = self.held.iter().map(|r| round(r.bytes)).sum();
+        let inner = self.inner.iter().map(|r| round(r.bytes)).max().unwrap_or(0);
+        let nested = self
+            .nested
+            .iter()
+            .map(|n| n.high_water(align))
+            .max()
+            .unwrap_or(0);
+        held + inner.max(nested)
+    }
+
+    /// How many sizes [`OpCall::request_bytes`] lists, without listing them.
+    pub fn request_count(&self) -> usize {
+        self.held.len()
+            + usize::from(!self.inner.is_empty())
+            + self.nested.iter().map(OpCall::request_count).sum::<usize>()
+    }
+
     /// Request sizes as `Purge::KeepFor` takes them: each held one, the largest inner one,
     /// and those of the nested steps (counted together: at least what the op holds at once).
     pub fn request_bytes(&self) -> Vec<usize> {

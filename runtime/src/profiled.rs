@@ -78,8 +78,9 @@ pub(crate) struct Around {
 /// (tokens, output rows, kind of layer).
 type AroundKey = (usize, usize, (bool, bool));
 
-/// The ops before a layer's attention and after it.
-type Parts = (Vec<OpCall>, Vec<OpCall>);
+/// The ops before a layer's attention and after it, and what an auto purge keeps for them
+/// (asked at every boundary of a dry run: counted once).
+type Parts = (Vec<OpCall>, Vec<OpCall>, Keep);
 
 impl Around {
     /// Layer `l`'s ops before and after its attention in ubatch `u`, asked of the profile the
@@ -91,6 +92,16 @@ impl Around {
         u: UbatchShape,
         l: usize,
     ) -> (&[OpCall], &[OpCall]) {
+        let (before, after, _) = self.parts(profile, s, u, l);
+        (before, after)
+    }
+
+    /// What an auto purge keeps for layer `l`'s ops around its attention in ubatch `u`.
+    fn kept(&mut self, profile: Profile, s: &Setup, u: UbatchShape, l: usize) -> &Keep {
+        &self.parts(profile, s, u, l).2
+    }
+
+    fn parts(&mut self, profile: Profile, s: &Setup, u: UbatchShape, l: usize) -> &Parts {
         let key = (u.n_tokens, u.n_outputs, layer_kind(&s.model, l));
         let at = match self.parts.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
@@ -99,13 +110,14 @@ impl Around {
                 if self.parts.len() >= 16 {
                     self.parts.clear();
                 }
-                let parts = profile.layer_around(s, u.n_tokens, u.n_outputs, l);
-                self.parts.push((key, parts));
+                let (before, after) = profile.layer_around(s, u.n_tokens, u.n_outputs, l);
+                let mut keep = Keep::default();
+                before.iter().chain(&after).for_each(|c| keep.add(c));
+                self.parts.push((key, (before, after, keep)));
                 self.parts.len() - 1
             }
         };
-        let (before, after) = &self.parts[at].1;
-        (before, after)
+        &self.parts[at].1
     }
 }
 
@@ -138,12 +150,11 @@ pub(crate) fn keep(
         }
         Some(around) => {
             // The attention, asked first: it refuses what a layer refuses. What is kept does
-            // not depend on the order of the ops: each counts on its own.
-            let attention = profile.attention(&s, u)?;
+            // not depend on the order of the ops (each counts on its own) nor on how often one
+            // counts: the attention once, the ops around it as counted when first asked.
+            profile.attention(&s, u)?.iter().for_each(|c| keep.add(c));
             for l in layers {
-                attention.iter().for_each(|c| keep.add(c));
-                let (before, after) = around.get(profile, &s, u, l);
-                before.iter().chain(after).for_each(|c| keep.add(c));
+                keep.merge(around.kept(profile, &s, u, l));
             }
         }
     }
@@ -178,15 +189,20 @@ pub(crate) fn refuses_no_ubatch(cfg: &RunConfig) -> bool {
         })
 }
 
-/// What the engine profile of a run asks of the pool in the first layer of a ubatch of
-/// `n_tokens` over `n_kv` positions, in bytes (the sum of its requests), for the search's
-/// short last ubatches: the part around the attention is kept by size, the same at every
-/// context the search tries, and only the attention is asked each time.
+/// The most the engine profile of a run holds from the pool at once in the first layer of a
+/// ubatch of `n_tokens` over `n_kv` positions, in bytes ([`OpCall::high_water`]: each op
+/// returns what it took before the next), for the search's short last ubatches: the part
+/// around the attention is kept by size, the same at every context the search tries, and only
+/// the attention is asked each time. The ubatches of a prompt share everything but its last,
+/// so the short last ubatch that holds the most is the prompt whose pool peaks highest. The
+/// sum of the requests is no measure of that: in ik_llama.cpp a ubatch of 257-384 tokens holds
+/// more at once than one of 511 whose requests add up to more, and its prompt needed 4 MiB
+/// more of the pool.
 pub(crate) struct LayerBytes {
     /// The profile (`None` without one), or `Err` where it cannot be set up.
     setup: Result<Option<(Profile, Setup)>, ()>,
-    /// Bytes around the attention, by tokens.
-    around: Vec<Option<usize>>,
+    /// What the ops around the attention hold, by tokens: (the most at once, requests).
+    around: Vec<Option<(usize, usize)>>,
 }
 
 impl LayerBytes {
@@ -198,9 +214,14 @@ impl LayerBytes {
         }
     }
 
-    /// The bytes: `Some(None)` without a profile, `None` where the profile refuses that
-    /// ubatch (or cannot be set up).
-    pub fn of(&mut self, n_tokens: usize, n_kv: usize) -> Option<Option<usize>> {
+    /// Whether the run has a profile to ask.
+    pub fn profiled(&self) -> bool {
+        matches!(self.setup, Ok(Some(_)))
+    }
+
+    /// What the layer holds: `Some(None)` without a profile, `None` where the profile refuses
+    /// that ubatch (or cannot be set up).
+    pub fn of(&mut self, n_tokens: usize, n_kv: usize) -> Option<Option<LayerHeld>> {
         let Ok(setup) = &self.setup else {
             return None;
         };
@@ -214,17 +235,40 @@ impl LayerBytes {
         };
         // Asked first: the attention refuses what the layer refuses.
         let attention = profile.attention(s, u).ok()?;
-        let bytes = |calls: &[OpCall]| calls.iter().flat_map(OpCall::request_bytes).sum::<usize>();
+        // (the most held at once, requests)
+        let held = |calls: &[OpCall]| {
+            let most = calls.iter().map(|c| c.high_water(HIGH_WATER_ALIGN)).max();
+            let requests = calls.iter().map(|c| c.request_count()).sum::<usize>();
+            (most.unwrap_or(0), requests)
+        };
         if self.around.len() <= n_tokens {
             self.around.resize(n_tokens + 1, None);
         }
         let around = *self.around[n_tokens].get_or_insert_with(|| {
             let (before, after) = profile.layer_around(s, n_tokens, 0, 0);
-            bytes(&before) + bytes(&after)
+            let ((b, nb), (a, na)) = (held(&before), held(&after));
+            (b.max(a), nb + na)
         });
-        Some(Some(around + bytes(&attention)))
+        let (attention, n) = held(&attention);
+        Some(Some(LayerHeld {
+            most: around.0.max(attention),
+            requests: around.1 + n,
+        }))
     }
 }
+
+/// What a profile's layer holds from the pool in a ubatch ([`LayerBytes::of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LayerHeld {
+    /// The most bytes held at once.
+    pub most: usize,
+    /// How many requests the layer makes: where it changes, the profile computes the ubatch
+    /// another way (a split of the KV range, another kernel).
+    pub requests: usize,
+}
+
+/// What [`LayerBytes`] rounds each request up to: the pools' alignment.
+const HIGH_WATER_ALIGN: usize = 256;
 
 /// The engine profile of `cfg`, if any, with what it is asked about.
 pub(crate) fn setup(cfg: &RunConfig) -> Result<Option<(Profile, Setup)>, RuntimeError> {
@@ -286,7 +330,7 @@ fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeErro
 
 /// What an auto purge keeps for a ubatch's ops: for each request size, as many buffers as
 /// one op holds at once (ops run one after another), largest first.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Keep {
     /// (size, most buffers of it one op holds). A few dozen sizes: a list, not a hash map
     /// (the boundary of every dry-run ubatch asks).
@@ -300,12 +344,24 @@ impl Keep {
         self.here.clear();
         self.here.extend(c.request_bytes());
         self.here.sort_unstable();
-        for run in self.here.chunk_by(|a, b| a == b) {
-            let (b, n) = (run[0], run.len());
-            match self.most.iter_mut().find(|(m, _)| *m == b) {
-                Some(e) => e.1 = e.1.max(n),
-                None => self.most.push((b, n)),
-            }
+        let here = std::mem::take(&mut self.here);
+        for run in here.chunk_by(|a, b| a == b) {
+            self.count(run[0], run.len());
+        }
+        self.here = here;
+    }
+
+    /// Counts what `other` counted.
+    fn merge(&mut self, other: &Keep) {
+        for &(b, n) in &other.most {
+            self.count(b, n);
+        }
+    }
+
+    fn count(&mut self, b: usize, n: usize) {
+        match self.most.iter_mut().find(|(m, _)| *m == b) {
+            Some(e) => e.1 = e.1.max(n),
+            None => self.most.push((b, n)),
         }
     }
 

@@ -77,8 +77,9 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// The bytes of a layer, its part around the attention kept across the ubatches asked,
-    /// are the sum of the layer's requests, or a refusal where the layer is refused.
+    /// What a layer holds, its part around the attention kept across the ubatches asked, is
+    /// the most its ops hold at once and the count of its requests, or a refusal where the
+    /// layer is refused.
     #[test]
     fn a_layer_s_bytes_are_its_requests(
         profile in prop::sample::select(Profile::ALL.to_vec()),
@@ -97,7 +98,10 @@ proptest! {
             let want = setup(&cfg).ok().flatten().and_then(|(profile, s)| {
                 let u = UbatchShape { n_tokens, n_kv, n_outputs: 0 };
                 let calls = profile.layer(&s, u, 0).ok()?;
-                Some(calls.iter().flat_map(OpCall::request_bytes).sum::<usize>())
+                Some(LayerHeld {
+                    most: calls.iter().map(|c| c.high_water(256)).max().unwrap_or(0),
+                    requests: calls.iter().map(|c| c.request_count()).sum(),
+                })
             });
             prop_assert_eq!(bytes.of(n_tokens, n_kv), want.map(Some));
         }

@@ -62,7 +62,11 @@ impl SlotsConfig {
 }
 
 /// The idle-buffer table. Parallel arrays plus an occupancy bitmap, so the scans touch only
-/// occupied slots, in index order, exactly as ggml's loop visits them.
+/// occupied slots, in index order, exactly as ggml's loop visits them; and the occupied slots
+/// sorted by (size, slot), where a request finds ggml's choice without the scan: the smallest
+/// excess is the smallest size that fits, and among equal sizes the scan keeps the lowest slot.
+/// A pool whose requests outgrow its buffers fills every slot (the stranding ggml is known
+/// for), and the scan then walked all 256 at each request.
 #[derive(Debug)]
 pub struct Slots {
     config: SlotsConfig,
@@ -70,6 +74,7 @@ pub struct Slots {
     size: Vec<usize>,
     freed_at: Vec<u64>,
     occupied: Vec<Line>,
+    by_size: Vec<(usize, u32)>,
 }
 
 /// 1,024 occupancy bits on cache lines of their own: the bitmap is written by every allocation
@@ -89,6 +94,7 @@ impl Slots {
             size: vec![0; n],
             freed_at: vec![0; n],
             occupied: vec![Line::default(); n.div_ceil(1024)],
+            by_size: Vec::with_capacity(n),
         }
     }
 
@@ -141,32 +147,15 @@ impl Slots {
         })
     }
 
+    /// Empties occupied slot `i`.
     #[inline]
     fn clear(&mut self, i: usize) {
         *self.word_mut(i / 64) &= !(1 << (i % 64));
-    }
-
-    /// Best fit over `candidates`, as ggml scans: smallest excess below `max_excess`, ties to
-    /// the first, an exact fit ends the scan. Returns the position in `candidates`.
-    #[inline]
-    fn best_fit(
-        &self,
-        candidates: impl Iterator<Item = usize>,
-        size: usize,
-    ) -> Option<(usize, usize)> {
-        let mut best = None;
-        let mut best_diff = self.config.max_excess;
-        for (pos, i) in candidates.enumerate() {
-            let s = self.size[i];
-            if s >= size && s - size < best_diff {
-                best_diff = s - size;
-                best = Some((pos, i));
-                if best_diff == 0 {
-                    break;
-                }
-            }
+        // Slots number at most 65,536 (`SlotsConfig::validate`).
+        let key = (self.size[i], i as u32);
+        if let Ok(k) = self.by_size.binary_search(&key) {
+            self.by_size.remove(k);
         }
-        best
     }
 
     fn idle_at(&self, i: usize) -> Idle {
@@ -190,7 +179,13 @@ impl Placement for Slots {
 
     #[inline]
     fn take(&mut self, size: usize) -> Option<Fit> {
-        let (_, i) = self.best_fit(self.iter(), size)?;
+        // What `best_fit` over every slot chooses: the first entry of at least `size` bytes.
+        let k = self.by_size.partition_point(|&(s, _)| s < size);
+        let &(s, i) = self.by_size.get(k)?;
+        if s - size >= self.config.max_excess {
+            return None;
+        }
+        let i = i as usize;
         self.clear(i);
         Some(Fit {
             addr: self.ptr[i],
@@ -222,6 +217,9 @@ impl Placement for Slots {
         self.size[i] = fit.capacity;
         self.freed_at[i] = freed_at;
         *self.word_mut(i / 64) |= 1 << (i % 64);
+        let key = (fit.capacity, i as u32);
+        let k = self.by_size.partition_point(|&e| e < key);
+        self.by_size.insert(k, key);
         None
     }
 
@@ -235,13 +233,21 @@ impl Placement for Slots {
                 .collect(),
             Purge::KeepFor(requests) => {
                 // Claim, request by request, the buffer `take` would choose; the rest go.
-                let mut unclaimed: Vec<usize> = self.iter().collect();
+                let mut unclaimed = self.by_size.clone();
                 for &r in requests {
-                    if let Some((pos, _)) = self.best_fit(unclaimed.iter().copied(), r.max(1)) {
-                        unclaimed.remove(pos);
+                    let size = r.max(1);
+                    let k = unclaimed.partition_point(|&(s, _)| s < size);
+                    if unclaimed
+                        .get(k)
+                        .is_some_and(|&(s, _)| s - size < self.config.max_excess)
+                    {
+                        unclaimed.remove(k);
                     }
                 }
-                unclaimed.into_iter().map(|i| self.idle_at(i)).collect()
+                let mut left: Vec<usize> = unclaimed.into_iter().map(|(_, i)| i as usize).collect();
+                // In slot order, as the scan lists them.
+                left.sort_unstable();
+                left.into_iter().map(|i| self.idle_at(i)).collect()
             }
         }
     }
@@ -262,5 +268,87 @@ impl Placement for Slots {
 
     fn segments(&self) -> Vec<Segment> {
         self.iter().map(|i| self.idle_at(i).seg).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// ggml's loop over the slots: smallest excess below `max_excess`, ties to the first, an
+    /// exact fit ending the scan; the position in `candidates`.
+    fn scan(slots: &Slots, candidates: &[usize], size: usize) -> Option<usize> {
+        let mut best = None;
+        let mut best_diff = slots.config.max_excess;
+        for (pos, &i) in candidates.iter().enumerate() {
+            let s = slots.size[i];
+            if s >= size && s - size < best_diff {
+                best_diff = s - size;
+                best = Some(pos);
+                if best_diff == 0 {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Free(usize),
+        Take(usize),
+        Keep(Vec<usize>),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Few distinct sizes, so that ties and exact fits are common.
+        let size = (1usize..12).prop_map(|s| s * 1000);
+        prop_oneof![
+            3 => size.clone().prop_map(Op::Free),
+            2 => size.clone().prop_map(Op::Take),
+            1 => proptest::collection::vec(size, 0..6).prop_map(Op::Keep),
+        ]
+    }
+
+    proptest! {
+        /// The sorted index chooses what ggml's scan chooses, for a request and for what an
+        /// auto purge keeps, with the table full or not and a `max_excess` that refuses some.
+        #[test]
+        fn the_index_chooses_as_the_scan(
+            ops in proptest::collection::vec(op(), 1..200),
+            slots in 1usize..10,
+            max_excess in prop_oneof![Just(1usize << 36), 1000usize..6000],
+        ) {
+            let mut t = Slots::new(SlotsConfig { slots, max_excess, ..SlotsConfig::default() });
+            let mut next = 1u64;
+            for op in ops {
+                match op {
+                    Op::Free(size) => {
+                        let expected_slot = t.first_empty();
+                        let back = t.give_back(Fit { addr: next, capacity: size }, next);
+                        prop_assert_eq!(back.is_some(), expected_slot.is_none());
+                        next += 1;
+                    }
+                    Op::Take(size) => {
+                        let occupied: Vec<usize> = t.iter().collect();
+                        let expected = scan(&t, &occupied, size).map(|p| t.ptr[occupied[p]]);
+                        prop_assert_eq!(t.take(size).map(|f| f.addr), expected);
+                    }
+                    Op::Keep(requests) => {
+                        let mut unclaimed: Vec<usize> = t.iter().collect();
+                        for &r in &requests {
+                            if let Some(p) = scan(&t, &unclaimed, r.max(1)) {
+                                unclaimed.remove(p);
+                            }
+                        }
+                        let expected: Vec<u64> = unclaimed.iter().map(|&i| t.ptr[i]).collect();
+                        let got: Vec<u64> =
+                            t.idle(&Purge::KeepFor(requests)).iter().map(|i| i.seg.ptr).collect();
+                        prop_assert_eq!(got, expected);
+                    }
+                }
+            }
+        }
     }
 }

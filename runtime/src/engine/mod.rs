@@ -62,6 +62,31 @@ enum Phased {
     Peaks(Arc<Peaks>),
 }
 
+/// The pool a run of `cfg` takes its scratch from, on `driver`.
+pub(crate) fn build_pool(
+    cfg: &RunConfig,
+    driver: Arc<dyn Driver>,
+) -> Result<Arc<dyn Pool>, RuntimeError> {
+    // An engine profile's legacy pool behaves as that engine's does on OOM; under a purge
+    // policy it is libcupool's, which trims the device's pools and retries unless
+    // CUPOOL_PURGE=never.
+    let mut pool_cfg = cfg.pool_config(driver.vmm_supported())?;
+    if let EngineKind::Profile { profile, .. } = cfg.engine {
+        pool_cfg.legacy.flush_and_retry =
+            profile.legacy_flush_and_retry() || cfg.purge != crate::policy::PurgePolicy::Never;
+    }
+    let mut pool = pool_cfg.build(driver)?;
+    // Under a purge policy libcupool answers a failed allocation by purging every pool of
+    // the device and retrying (its size classes included), and an engine profile's pool is
+    // libcupool's.
+    if matches!(cfg.engine, EngineKind::Profile { .. })
+        && cfg.purge != crate::policy::PurgePolicy::Never
+    {
+        pool = Arc::new(PurgeRetry::new(pool));
+    }
+    Ok(pool)
+}
+
 impl Engine {
     /// Builds the pool (with phases, and a recorder if asked for) on `driver` and initialises
     /// the model in `bufs` with `exec`; `ff` says whether it is a dry run that fast-forwards.
@@ -73,23 +98,7 @@ impl Engine {
         budget_bytes: usize,
         ff: FastForward,
     ) -> Result<Self, RuntimeError> {
-        // An engine profile's legacy pool behaves as that engine's does on OOM; under a purge
-        // policy it is libcupool's, which trims the device's pools and retries unless
-        // CUPOOL_PURGE=never.
-        let mut pool_cfg = cfg.pool_config(driver.vmm_supported())?;
-        if let EngineKind::Profile { profile, .. } = cfg.engine {
-            pool_cfg.legacy.flush_and_retry =
-                profile.legacy_flush_and_retry() || cfg.purge != crate::policy::PurgePolicy::Never;
-        }
-        let mut pool = pool_cfg.build(driver.clone())?;
-        // Under a purge policy libcupool answers a failed allocation by purging every pool of
-        // the device and retrying (its size classes included), and an engine profile's pool
-        // is libcupool's.
-        if matches!(cfg.engine, EngineKind::Profile { .. })
-            && cfg.purge != crate::policy::PurgePolicy::Never
-        {
-            pool = Arc::new(PurgeRetry::new(pool));
-        }
+        let mut pool = build_pool(&cfg, driver.clone())?;
         let recorder = cfg
             .record_trace
             .then(|| Arc::new(Recorder::new(pool.clone(), 0)));

@@ -126,7 +126,13 @@ fn larger_contexts(
 ) -> Vec<Result<Option<usize>, RuntimeError>> {
     // The largest context each try has answered so far (0: none yet, or none above its bar).
     let found: Vec<AtomicUsize> = tries.iter().map(|_| AtomicUsize::new(0)).collect();
-    let search = |i: usize| {
+    let mut order: Vec<usize> = (0..tries.len()).collect();
+    order.sort_by_key(|&i| tries[i].0.pool.kind != Some(PoolKind::Vmm));
+    // The first try searched alone, from the configured answer; the others start from the
+    // larger of the two (the answers of the rest, still coming in, only end searches), so each
+    // search's probes are the same however many run at once.
+    let start = std::cell::Cell::new(configured);
+    let search = |i: usize, start: usize| {
         let bar = || {
             let before = found[..i].iter().map(|f| f.load(Ordering::Relaxed));
             // A try after this one wins only with more: this one needs as much.
@@ -135,24 +141,30 @@ fn larger_contexts(
                 .map(|f| f.load(Ordering::Relaxed).saturating_sub(1));
             before.chain(after).fold(configured, usize::max)
         };
-        let m = super::search::max_ctx_above(&tries[i].0, target, &bar);
+        let m = super::search::max_ctx_above(&tries[i].0, target, start, &bar);
         if let Ok(Some(m)) = m {
             found[i].store(m, Ordering::Relaxed);
         }
         m
     };
-    let mut order: Vec<usize> = (0..tries.len()).collect();
-    order.sort_by_key(|&i| tries[i].0.pool.kind != Some(PoolKind::Vmm));
     // (try, answer), in the order searched.
     let mut answers = Vec::with_capacity(tries.len());
-    for group in order.chunks(at_once.max(1)) {
+    if let Some((&first, _)) = order.split_first() {
+        let a = search(first, configured);
+        if let Ok(Some(m)) = a {
+            start.set(m.max(configured));
+        }
+        answers.push((first, a));
+    }
+    let start = start.get();
+    for group in order[answers.len()..].chunks(at_once.max(1)) {
         std::thread::scope(|s| {
             let search = &search;
             let running: Vec<_> = group[1..]
                 .iter()
-                .map(|&i| std::thread::Builder::new().spawn_scoped(s, move || search(i)))
+                .map(|&i| std::thread::Builder::new().spawn_scoped(s, move || search(i, start)))
                 .collect();
-            answers.push((group[0], search(group[0])));
+            answers.push((group[0], search(group[0], start)));
             for (&i, t) in group[1..].iter().zip(running) {
                 answers.push((
                     i,
@@ -161,7 +173,7 @@ fn larger_contexts(
                             .join()
                             .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
                         // No thread to be had: this one after the others.
-                        Err(_) => search(i),
+                        Err(_) => search(i, start),
                     },
                 ));
             }
@@ -272,9 +284,29 @@ mod tests {
                 }
                 Ok::<_, String>(better)
             };
+            // The whole searches, one after the other, each from the start the advice gives
+            // it: the first vmm try (else the first) from the configured answer, the others
+            // from the larger of that and the first's answer.
+            let first = tries
+                .iter()
+                .position(|(c, _)| c.pool.kind == Some(PoolKind::Vmm))
+                .unwrap_or(0);
+            let whole_of = |c: &RunConfig, start: usize| {
+                super::super::search::max_ctx_above(c, &target, start, &|| 0)
+                    .map_err(|e| e.to_string())
+            };
+            let first_answer = whole_of(&tries[first].0, configured);
+            let start = match &first_answer {
+                Ok(Some(m)) => configured.max(*m),
+                _ => configured,
+            };
             let whole = tries
                 .iter()
-                .map(|(c, _)| super::super::max_ctx_that_fits(c, &target).map_err(|e| e.to_string()))
+                .enumerate()
+                .map(|(i, (c, _))| match i == first {
+                    true => first_answer.clone(),
+                    false => whole_of(c, start),
+                })
                 .collect();
             let refs: Vec<&(RunConfig, String)> = tries.iter().collect();
             let found = larger_contexts(&refs, &target, configured, at_once)

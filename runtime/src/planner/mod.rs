@@ -17,6 +17,7 @@ mod narrow;
 pub mod outside;
 mod probe;
 mod search;
+mod tail;
 pub mod weights;
 
 pub use advice::{advise, Advice};

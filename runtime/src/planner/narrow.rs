@@ -30,6 +30,9 @@ pub(crate) enum Beside {
 pub(crate) struct Slacks {
     floor: BTreeMap<usize, usize>,
     exact: BTreeMap<usize, usize>,
+    /// Bytes per position no slack falls slower than (the KV cache's: the room loses it, and
+    /// the buffers and the pool's peak only grow), for a search with one fitting probe.
+    least: Option<f64>,
 }
 
 impl Slacks {
@@ -48,6 +51,11 @@ impl Slacks {
         };
     }
 
+    /// Sets the least loss of slack per position, the slope where no two probes show one.
+    pub fn set_least(&mut self, bytes_per_position: f64) {
+        self.least = (bytes_per_position > 0.0).then_some(bytes_per_position);
+    }
+
     /// The slack a probe of `ctx` beside `kind` fit with, if it was probed and fit.
     pub fn at(&self, kind: Beside, ctx: usize) -> Option<usize> {
         self.of(kind).get(&ctx).copied()
@@ -55,14 +63,17 @@ impl Slacks {
 
     /// The bytes of slack lost per position at or below `ctx`: from the two fitting probes of
     /// `kind` closest below it, else from the floor's (the same pool and the same KV cache, a
-    /// buffer that grows alike); `None` where no two probes show a loss.
+    /// buffer that grows alike), else the least loss (which predicts the boundary past where it
+    /// is: the steps from there come back); `None` where none is known.
     fn slope(&self, kind: Beside, ctx: usize) -> Option<f64> {
         let from = |m: &BTreeMap<usize, usize>| {
             let mut below = m.range(..=ctx).rev();
             let ((&c1, &s1), (&c0, &s0)) = (below.next()?, below.next()?);
             (s0 > s1).then(|| (s0 - s1) as f64 / (c1 - c0) as f64)
         };
-        from(self.of(kind)).or_else(|| from(&self.floor))
+        from(self.of(kind))
+            .or_else(|| from(&self.floor))
+            .or(self.least)
     }
 
     /// Where the slack of probes beside `kind` is predicted to reach zero, from a probe of `lo`

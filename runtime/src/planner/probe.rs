@@ -3,6 +3,7 @@
 //! prompt that fills the context and of the one ending in the worst short ubatch (short
 //! ubatches split the KV range and take `dst_tmp`); they run at once, on two threads.
 
+use super::tail::tail_prompt;
 use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
@@ -11,39 +12,11 @@ use crate::profiled::LayerBytes;
 /// Contexts are searched in multiples of this many tokens.
 pub(crate) const STEP: usize = 256;
 
-/// The length of the short last ubatch whose requests are the largest at the full context
-/// (cupool's scratch, or the engine profile's requests among the tails it models), or `None`.
-/// `bytes` answers for `cfg`'s profile (kept across the contexts a search tries).
-fn worst_tail(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
-    let attn = cfg.model.attn();
-    let n_kv = cupool_kernels::fa::n_kv(cfg.n_ctx, cfg.n_ctx);
-    let mut tails = Vec::with_capacity(cfg.n_ubatch);
-    for t in 1..cfg.n_ubatch.min(cfg.n_ctx) {
-        let bytes = match bytes.of(t, n_kv) {
-            Some(Some(b)) => b,
-            Some(None) => {
-                cupool_kernels::fa::scratch(&attn, cfg.kv_type, t, n_kv, cfg.sms).total_bytes()
-            }
-            None => continue,
-        };
-        tails.push((bytes, t));
-    }
-    tails.into_iter().max().map(|(_, t)| t)
-}
-
-/// The prompt that ends in the worst tail, if one is shorter than the context.
-pub(crate) fn tail_prompt(cfg: &RunConfig, bytes: &mut LayerBytes) -> Option<usize> {
-    match worst_tail(cfg, bytes) {
-        Some(t) if cfg.n_ctx > t => Some((cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t),
-        _ => None,
-    }
-}
-
 /// The worst pool peak any prompt up to the full context can reach, on a card the pool never
 /// fills.
 pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, RuntimeError> {
     let full = pool_peaks(cfg, target, cfg.n_ctx)?.0;
-    let short = match tail_prompt(cfg, &mut LayerBytes::new(cfg)) {
+    let short = match tail_prompt(cfg, target, &mut LayerBytes::new(cfg)) {
         Some(p) => pool_peaks(cfg, target, p)?.0,
         None => 0,
     };
@@ -74,7 +47,7 @@ pub(crate) fn fits_beside(
             .is_none()
             .then(|| room.saturating_sub(s.peak_reserved)))
     };
-    let Some(p) = tail_prompt(&c, bytes) else {
+    let Some(p) = tail_prompt(&c, target, bytes) else {
         return completes(n_ctx);
     };
     // The two prompts at once, on two threads: the search's time is these dry runs. The

@@ -61,7 +61,7 @@ pub fn max_ctx_that_fits(
     cfg: &RunConfig,
     target: &PlanTarget,
 ) -> Result<Option<usize>, RuntimeError> {
-    max_ctx_above(cfg, target, &|| 0)
+    max_ctx_above(cfg, target, 0, &|| 0)
 }
 
 /// [`max_ctx_that_fits`] where only an answer above `above()` counts (the advice's other
@@ -70,12 +70,21 @@ pub fn max_ctx_that_fits(
 /// still answer is at most `above()`, the dry runs up to there the same; it stops early only
 /// where none of the dry runs it leaves out could fail (the engine profile refuses no ubatch it
 /// could ask), so an error comes back as it did.
+///
+/// `start` is a context the caller expects the answer to beat, fixed before the search (the
+/// advice's: the configured settings' answer): where the search predicts, it probes one step
+/// above it first and never predicts at or below it, so a search that cannot beat it ends in a
+/// probe or two. The probes depend on `start` and on earlier probes' results, never on
+/// `above()`: a search that stops early has run a prefix of the whole one with the same
+/// `start`, and its answer is that one's however `above()` grows meanwhile. Where whether a
+/// context fits is monotone, `start` changes no answer either.
 pub(crate) fn max_ctx_above(
     cfg: &RunConfig,
     target: &PlanTarget,
+    start: usize,
     above: &dyn Fn() -> usize,
 ) -> Result<Option<usize>, RuntimeError> {
-    Ok(search(cfg, target, above)?.filter(|&m| m > above()))
+    Ok(search(cfg, target, start, above)?.filter(|&m| m > above()))
 }
 
 /// Whether the search predicts its probes from the slack (`narrow.rs`) for `cfg`'s pool: the
@@ -97,15 +106,17 @@ fn predicts(cfg: &RunConfig, target: &PlanTarget) -> bool {
 fn search(
     cfg: &RunConfig,
     target: &PlanTarget,
+    start: usize,
     above: &dyn Fn() -> usize,
 ) -> Result<Option<usize>, RuntimeError> {
-    search_with(cfg, target, above, predicts(cfg, target))
+    search_with(cfg, target, start, above, predicts(cfg, target))
 }
 
 /// [`search`], predicting its probes from the slack or (`predict` false) bisecting.
 fn search_with(
     cfg: &RunConfig,
     target: &PlanTarget,
+    start: usize,
     above: &dyn Fn() -> usize,
     predict: bool,
 ) -> Result<Option<usize>, RuntimeError> {
@@ -133,12 +144,18 @@ fn search_with(
         target,
         buffer: HashMap::new(),
         fits: HashMap::new(),
+        start: start / STEP * STEP,
         above,
         refuses_nothing: None,
         bytes: LayerBytes::new(cfg),
         slacks: Slacks::default(),
         predicting: predict,
     };
+    if let Some(span) = (s_lo * STEP).checked_sub(STEP).filter(|&n| n > 0) {
+        let kv = |c: usize| cfg.resident_bytes(c).1;
+        let per_position = kv(s_lo * STEP).saturating_sub(kv(STEP)) as f64 / span as f64;
+        walk.slacks.set_least(per_position);
+    }
     // The exact start-up buffers, downwards from the floor's bound (a few contexts, where the
     // buffer is above its floor): none above `bound` starts. When the pool fits beside them
     // there, that is the answer, with one dry run.
@@ -154,15 +171,29 @@ fn search_with(
     let top = if walk.compute(bound) != floor(bound) && walk.fits_floor(bound)? {
         bound
     } else {
-        if !walk.fits_floor(STEP)? {
+        let (mut lo, mut end) = (STEP, bound);
+        // Where the answer is expected above `start` and fitting beside the floor is taken as
+        // monotone, the first probe is one step above it: where it fails, so does every context
+        // above it (one probe, where the bisection below it took a score); where it fits, the
+        // bracket starts there.
+        let bar = walk.start;
+        if walk.predicting && bar >= STEP && bar + STEP < bound {
+            if walk.fits_floor(bar + STEP)? {
+                lo = bar + STEP;
+            } else if walk.answers_at_most(bar) {
+                return Ok(None);
+            } else {
+                end = bar + STEP;
+            }
+        }
+        if lo == STEP && !walk.fits_floor(STEP)? {
             return Ok(None);
         }
-        let mut lo = STEP;
-        while lo * 2 < bound && walk.fits_floor(lo * 2)? {
+        while lo * 2 < end && walk.fits_floor(lo * 2)? {
             lo *= 2;
         }
         // lo fits beside the floor, the bracket's end does not.
-        let mut b = Bracket::new(lo, (lo * 2).min(bound));
+        let mut b = Bracket::new(lo, (lo * 2).min(end));
         while b.fail - b.lo > STEP {
             // `top` ends below the bracket's end.
             if walk.answers_at_most(b.fail - STEP) {
@@ -191,6 +222,8 @@ struct Walk<'a> {
     buffer: HashMap<usize, usize>,
     /// Whether each context probed fits.
     fits: HashMap<usize, bool>,
+    /// The context the answer is expected to beat, in steps ([`max_ctx_above`]).
+    start: usize,
     /// Only an answer above this counts ([`max_ctx_above`]).
     above: &'a dyn Fn() -> usize,
     /// Whether no dry run can fail (its pool is one the device has, and the engine profile
@@ -222,6 +255,16 @@ impl Walk<'_> {
         self.predicting
             .then(|| self.slacks.zero_from(kind, lo, STEP))
             .flatten()
+            .map(|p| self.over_bar(p))
+    }
+
+    /// `p`, or one step above `start` where `p` is at or below it: the search expects no
+    /// answer there.
+    fn over_bar(&self, p: usize) -> usize {
+        match self.start {
+            0 => p,
+            s => p.max(s + STEP),
+        }
     }
 
     fn compute(&mut self, n_ctx: usize) -> usize {
@@ -293,7 +336,9 @@ impl Walk<'_> {
         let excess = self
             .compute(top)
             .saturating_sub(self.cfg.compute_floor_bytes(top));
-        self.slacks.covering(top, excess, STEP)
+        self.slacks
+            .covering(top, excess, STEP)
+            .map(|p| self.over_bar(p))
     }
 
     /// The largest context at or below `top` that fits, when none above `top` does: run by run

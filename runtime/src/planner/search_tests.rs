@@ -6,7 +6,7 @@
 use super::*;
 use crate::engine_kind::EngineKind;
 use crate::model::ModelShape;
-use crate::planner::probe::tail_prompt;
+use crate::planner::tail::tail_prompt;
 use crate::planner::{room_beside, simulate_beside, Outside, GPU_MALLOC_PAGE};
 use crate::policy::PurgePolicy;
 use cupool_pool::layering::Layering;
@@ -223,7 +223,7 @@ fn fits_one_after_the_other(
     if simulate_beside(&c, t, n_ctx, buffers)?.stop.is_some() {
         return Ok(false);
     }
-    Ok(match tail_prompt(&c, &mut LayerBytes::new(&c)) {
+    Ok(match tail_prompt(&c, t, &mut LayerBytes::new(&c)) {
         Some(p) => simulate_beside(&c, t, p, buffers)?.stop.is_none(),
         None => true,
     })
@@ -311,7 +311,7 @@ proptest::proptest! {
         let whole = max_ctx_that_fits(&cfg, &t).map_err(|e| e.to_string());
         let answer = whole.clone().ok().flatten().unwrap_or(0) as isize;
         let above = (answer + around * STEP as isize).max(0) as usize;
-        let beyond = max_ctx_above(&cfg, &t, &|| above).map_err(|e| e.to_string());
+        let beyond = max_ctx_above(&cfg, &t, 0, &|| above).map_err(|e| e.to_string());
         proptest::prop_assert_eq!(beyond, whole.map(|m| m.filter(|&m| m > above)));
     }
 }
@@ -334,9 +334,9 @@ proptest::proptest! {
     ) {
         let cfg = two_layers(profile, kind, purge, ubatch);
         let t = room_beside_the_weights(&cfg, room_mib);
-        let bisected = search_with(&cfg, &t, &|| 0, false).map_err(|e| e.to_string());
+        let bisected = search_with(&cfg, &t, 0, &|| 0, false).map_err(|e| e.to_string());
         let predicted =
-            search_with(&cfg, &t, &|| 0, predicts(&cfg, &t)).map_err(|e| e.to_string());
+            search_with(&cfg, &t, 0, &|| 0, predicts(&cfg, &t)).map_err(|e| e.to_string());
         match (&predicted, &bisected) {
             (Ok(Some(p)), Ok(Some(b))) if p != b => {
                 // Fitting is not monotone here (a context fails below one that fits: the
@@ -352,4 +352,75 @@ proptest::proptest! {
             _ => proptest::prop_assert_eq!(predicted, bisected),
         }
     }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// A search that starts one step above a context it expects to beat answers what the
+    /// whole search answers, errors included, where that is above the context; where fitting
+    /// is not monotone the two may meet different boundaries, each of which must fit with its
+    /// next step failing.
+    #[test]
+    fn a_search_from_a_start_answers_as_the_whole_one(
+        profile in proptest::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833), Some(Profile::Llama)]),
+        kind in proptest::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
+        purge in proptest::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+        ubatch in proptest::sample::select(vec![64usize, 256, 512]),
+        room_mib in 0usize..1500,
+        // Where the start lies from the whole search's answer, in steps.
+        around in proptest::prop_oneof![-2isize..2, -40isize..40],
+    ) {
+        let cfg = two_layers(profile, kind, purge, ubatch);
+        let t = room_beside_the_weights(&cfg, room_mib);
+        let whole = max_ctx_that_fits(&cfg, &t).map_err(|e| e.to_string());
+        let answer = whole.clone().ok().flatten().unwrap_or(0) as isize;
+        let start = (answer + around * STEP as isize).max(0) as usize;
+        let started = max_ctx_above(&cfg, &t, start, &|| start).map_err(|e| e.to_string());
+        let expected = whole.map(|m| m.filter(|&m| m > start));
+        match (&started, &expected) {
+            (Ok(a), Ok(b)) if a != b => {
+                for &m in [a, b].into_iter().flatten() {
+                    proptest::prop_assert!(fits(&cfg, &t, m).unwrap(), "{m} fits");
+                    proptest::prop_assert!(!fits(&cfg, &t, m + STEP).unwrap(), "{} fails", m + STEP);
+                }
+                let top = a.unwrap_or(0).max(b.unwrap_or(0)).max(start + STEP);
+                let fails_below = (1..top / STEP).any(|k| !fits(&cfg, &t, k * STEP).unwrap());
+                proptest::prop_assert!(fails_below, "{a:?} and {b:?} differ where fitting is monotone");
+            }
+            _ => proptest::prop_assert_eq!(started, expected),
+        }
+    }
+}
+
+/// The short last ubatch the search checks is the one whose prompt peaks highest: every prompt
+/// of a whole context's ubatches and a short last one, tried one by one on a card the pool never
+/// fills, peaks no higher than the search's tail prompt (or the full one). For the profiles
+/// that model tails, both pools, purged never and always.
+#[test]
+fn the_tail_checked_is_the_prompt_that_peaks_highest() {
+    let mut worse = Vec::new();
+    for profile in [Profile::IkLlama, Profile::LlamaB8833, Profile::Llama] {
+        for kind in [PoolKind::Vmm, PoolKind::Legacy] {
+            for purge in [PurgePolicy::Never, PurgePolicy::Always] {
+                for n_ctx in [4096usize, 9216, 36864] {
+                    let mut cfg = two_layers(Some(profile), kind, purge, 512);
+                    cfg.n_ctx = n_ctx;
+                    let t = h100(&cfg, usize::MAX / 4);
+                    let peak = |p: usize| super::super::pool_peaks(&cfg, &t, p).unwrap().0;
+                    let checked = tail_prompt(&cfg, &t, &mut LayerBytes::new(&cfg))
+                        .map_or(0, peak)
+                        .max(peak(n_ctx));
+                    let base = (n_ctx - 1) / 512 * 512;
+                    let (most, at) = (1..512).map(|k| (peak(base + k), base + k)).max().unwrap();
+                    if most > checked {
+                        worse.push(format!(
+                            "{profile:?} {kind:?} {purge:?} -c {n_ctx}: the prompt of {at} peaks at {most}, the checked ones at {checked}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(worse.is_empty(), "{worse:#?}");
 }

@@ -1,0 +1,112 @@
+//! The prompt ending in the short last ubatch that takes the most from the pool: the search
+//! checks it beside the prompt that fills the context, so that every prompt up to the context
+//! completes. Prompts of one context share every ubatch but their last, so the one to check is
+//! the one whose last ubatch makes the pool peak highest.
+//!
+//! A profile's short ubatches do not grow steadily with their tokens: where the flash
+//! attention splits the KV range it takes `dst_tmp`, and a tail just below that threshold holds
+//! more at once than a longer one (mainline at 496 tokens of 512 held 8.5 MiB more than at 497;
+//! ik_llama.cpp's 257-384 more than 511). So the candidates are the longest tail of each run of
+//! tails the profile computes one way (as many requests, the most held at once not falling),
+//! and the longest of all; each candidate's ubatch runs alone on a fresh
+//! pool of the run's kind, and the one whose pool peaks highest is checked (the longest of a
+//! tie). Over a pool that starts each ubatch empty (purged `always`) or a VMM pool (whose peak
+//! is the most its ubatches hold at once) that is the prompt that peaks highest; over a legacy
+//! pool that keeps its buffers, it stands for it (`search_tests.rs` checks the profiles).
+
+use super::PlanTarget;
+use crate::config::RunConfig;
+use crate::counting_driver::{Counter, CountingDriver};
+use crate::fast_forward::FastForward;
+use crate::profiled::{self, LayerBytes};
+use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
+use cupool_pool::driver::Driver;
+use cupool_profiles::UbatchShape;
+use std::sync::Arc;
+
+/// At most this many candidates run alone: those holding the most at once.
+const MOST_CANDIDATES: usize = 8;
+
+/// The prompt of `cfg`'s context that ends in its worst short ubatch, if one is shorter than
+/// the context. `bytes` answers for `cfg`'s profile (kept across the contexts a search tries).
+pub(crate) fn tail_prompt(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    bytes: &mut LayerBytes,
+) -> Option<usize> {
+    match worst_tail(cfg, target, bytes) {
+        Some(t) if cfg.n_ctx > t => Some((cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t),
+        _ => None,
+    }
+}
+
+/// The length of the short last ubatch whose prompt peaks highest at the full context, or
+/// `None` (no tail the profile accepts). Without a profile, cupool's own engine: the tail
+/// whose flash-attention scratch is largest (its only request that grows with the tokens).
+fn worst_tail(cfg: &RunConfig, target: &PlanTarget, bytes: &mut LayerBytes) -> Option<usize> {
+    let attn = cfg.model.attn();
+    let n_kv = cupool_kernels::fa::n_kv(cfg.n_ctx, cfg.n_ctx);
+    let tails = 1..cfg.n_ubatch.min(cfg.n_ctx);
+    if !bytes.profiled() {
+        return tails
+            .map(|t| {
+                let s = cupool_kernels::fa::scratch(&attn, cfg.kv_type, t, n_kv, cfg.sms);
+                (s.total_bytes(), t)
+            })
+            .max()
+            .map(|(_, t)| t);
+    }
+    // (tokens, most held at once, requests) of each tail the profile accepts.
+    let held: Vec<(usize, usize, usize)> = tails
+        .filter_map(|t| bytes.of(t, n_kv).flatten().map(|h| (t, h.most, h.requests)))
+        .collect();
+    // The longest tail of each run computed one way (the requests grow with the tokens
+    // there), and the longest of all.
+    let mut candidates: Vec<(usize, usize)> = held
+        .windows(2)
+        .filter(|w| w[1].2 != w[0].2 || w[1].1 < w[0].1)
+        .map(|w| (w[0].0, w[0].1))
+        .chain(held.last().map(|&(t, most, _)| (t, most)))
+        .collect();
+    if candidates.len() > MOST_CANDIDATES {
+        candidates.sort_unstable_by(|a, b| (b.1, b.0).cmp(&(a.1, a.0)));
+        candidates.truncate(MOST_CANDIDATES);
+    }
+    if let [(t, _)] = candidates[..] {
+        return Some(t);
+    }
+    candidates
+        .into_iter()
+        .map(|(t, b)| (alone_peak(cfg, target, t, n_kv).unwrap_or(b), t))
+        .max()
+        .map(|(_, t)| t)
+}
+
+/// The pool's peak when the last ubatch of a prompt, `n_tokens` over `n_kv` positions, runs
+/// alone on a fresh pool of `cfg`'s kind on a simulated `target` it never fills; `None` where
+/// the run cannot say (no profile, or the profile refuses the ubatch).
+fn alone_peak(cfg: &RunConfig, target: &PlanTarget, n_tokens: usize, n_kv: usize) -> Option<usize> {
+    let (profile, setup) = profiled::setup(cfg).ok()??;
+    let mut sim = SimConfig::gib(0.0)
+        .vmm(target.vmm)
+        .granularity(target.granularity)
+        .malloc_page(target.malloc_page)
+        .backed(false)
+        .record_calls(false);
+    sim.capacity = MAX_CAPACITY;
+    // Counted: layers that repeat one that made no driver call are skipped, as in a dry run.
+    let counted = Arc::new(CountingDriver::new(
+        Arc::new(SimDevice::new(sim).ok()?),
+        Counter::default(),
+    ));
+    let driver: Arc<dyn Driver> = counted.clone();
+    let pool = crate::engine::build_pool(cfg, driver).ok()?;
+    let u = UbatchShape {
+        n_tokens,
+        n_kv,
+        n_outputs: 1,
+    };
+    let ff = FastForward::new(Some(counted));
+    profiled::take_ubatch(&pool, u, (profile, setup), &ff, None).ok()?;
+    Some(pool.stats().reserved_peak_bytes)
+}
