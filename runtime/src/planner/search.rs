@@ -393,13 +393,6 @@ impl Walk<'_> {
     }
 }
 
-/// Whether every prompt up to a context of `n_ctx` completes beside its own compute buffer.
-#[cfg(test)]
-fn fits(cfg: &RunConfig, target: &PlanTarget, n_ctx: usize) -> Result<bool, RuntimeError> {
-    let compute = cfg.compute_buffer_bytes(n_ctx);
-    Ok(fits_beside(cfg, target, n_ctx, compute, &mut LayerBytes::new(cfg))?.is_some())
-}
-
 #[cfg(test)]
 #[path = "search_tests.rs"]
 mod tests;

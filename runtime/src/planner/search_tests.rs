@@ -229,6 +229,12 @@ fn fits_one_after_the_other(
     })
 }
 
+/// Whether every prompt up to a context of `n_ctx` completes beside its own compute buffer.
+fn fits(cfg: &RunConfig, target: &PlanTarget, n_ctx: usize) -> Result<bool, RuntimeError> {
+    let compute = cfg.compute_buffer_bytes(n_ctx);
+    Ok(fits_beside(cfg, target, n_ctx, compute, &mut LayerBytes::new(cfg))?.is_some())
+}
+
 /// An H100 whose free memory leaves `room_mib` MiB beside `cfg`'s weights and what lies
 /// outside the buffers: the searches' property tests sweep it around where contexts stop fitting.
 fn room_beside_the_weights(cfg: &RunConfig, room_mib: usize) -> PlanTarget {

@@ -69,7 +69,7 @@ fn worst_tail(cfg: &RunConfig, target: &PlanTarget, bytes: &mut LayerBytes) -> O
         .chain(held.last().map(|&(t, most, _)| (t, most)))
         .collect();
     if candidates.len() > MOST_CANDIDATES {
-        candidates.sort_unstable_by(|a, b| (b.1, b.0).cmp(&(a.1, a.0)));
+        candidates.sort_unstable_by_key(|&(t, most)| std::cmp::Reverse((most, t)));
         candidates.truncate(MOST_CANDIDATES);
     }
     if let [(t, _)] = candidates[..] {
