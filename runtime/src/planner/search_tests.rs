@@ -398,35 +398,3 @@ proptest::proptest! {
         }
     }
 }
-
-/// The short last ubatch the search checks is the one whose prompt peaks highest: every prompt
-/// of a whole context's ubatches and a short last one, tried one by one on a card the pool never
-/// fills, peaks no higher than the search's tail prompt (or the full one). For the profiles
-/// that model tails, both pools, purged never and always.
-#[test]
-fn the_tail_checked_is_the_prompt_that_peaks_highest() {
-    let mut worse = Vec::new();
-    for profile in [Profile::IkLlama, Profile::LlamaB8833, Profile::Llama] {
-        for kind in [PoolKind::Vmm, PoolKind::Legacy] {
-            for purge in [PurgePolicy::Never, PurgePolicy::Always] {
-                for n_ctx in [4096usize, 9216, 36864] {
-                    let mut cfg = two_layers(Some(profile), kind, purge, 512);
-                    cfg.n_ctx = n_ctx;
-                    let t = h100(&cfg, usize::MAX / 4);
-                    let peak = |p: usize| super::super::pool_peaks(&cfg, &t, p).unwrap().0;
-                    let checked = tail_prompt(&cfg, &t, &mut LayerBytes::new(&cfg))
-                        .map_or(0, peak)
-                        .max(peak(n_ctx));
-                    let base = (n_ctx - 1) / 512 * 512;
-                    let (most, at) = (1..512).map(|k| (peak(base + k), base + k)).max().unwrap();
-                    if most > checked {
-                        worse.push(format!(
-                            "{profile:?} {kind:?} {purge:?} -c {n_ctx}: the prompt of {at} peaks at {most}, the checked ones at {checked}"
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    assert!(worse.is_empty(), "{worse:#?}");
-}

@@ -110,3 +110,7 @@ fn alone_peak(cfg: &RunConfig, target: &PlanTarget, n_tokens: usize, n_kv: usize
     profiled::take_ubatch(&pool, u, (profile, setup), &ff, None).ok()?;
     Some(pool.stats().reserved_peak_bytes)
 }
+
+#[cfg(test)]
+#[path = "tail_tests.rs"]
+mod tests;
