@@ -193,11 +193,10 @@ pub(crate) fn refuses_no_ubatch(cfg: &RunConfig) -> bool {
 /// ubatch of `n_tokens` over `n_kv` positions, in bytes ([`OpCall::high_water`]: each op
 /// returns what it took before the next), for the search's short last ubatches: the part
 /// around the attention is kept by size, the same at every context the search tries, and only
-/// the attention is asked each time. The ubatches of a prompt share everything but its last,
-/// so the short last ubatch that holds the most is the prompt whose pool peaks highest. The
-/// sum of the requests is no measure of that: in ik_llama.cpp a ubatch of 257-384 tokens holds
-/// more at once than one of 511 whose requests add up to more, and its prompt needed 4 MiB
-/// more of the pool.
+/// the attention is asked each time. The search's choice of the short last ubatch to check
+/// starts from it (`planner/tail.rs`): the sum of the requests misleads there (in ik_llama.cpp
+/// a ubatch of 257-384 tokens holds more at once than one of 511 whose requests add up to
+/// more, and its prompt needed 4 MiB more of the pool).
 pub(crate) struct LayerBytes {
     /// The profile (`None` without one), or `Err` where it cannot be set up.
     setup: Result<Option<(Profile, Setup)>, ()>,

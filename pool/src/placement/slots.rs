@@ -299,6 +299,8 @@ mod tests {
         Free(usize),
         Take(usize),
         Keep(Vec<usize>),
+        /// Removes the idle buffer at this position among the occupied slots (a purge).
+        Remove(usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -308,6 +310,7 @@ mod tests {
             3 => size.clone().prop_map(Op::Free),
             2 => size.clone().prop_map(Op::Take),
             1 => proptest::collection::vec(size, 0..6).prop_map(Op::Keep),
+            1 => (0usize..10).prop_map(Op::Remove),
         ]
     }
 
@@ -334,6 +337,15 @@ mod tests {
                         let occupied: Vec<usize> = t.iter().collect();
                         let expected = scan(&t, &occupied, size).map(|p| t.ptr[occupied[p]]);
                         prop_assert_eq!(t.take(size).map(|f| f.addr), expected);
+                    }
+                    Op::Remove(k) => {
+                        let occupied: Vec<usize> = t.iter().collect();
+                        if let Some(&i) = occupied.get(k) {
+                            let seg = t.idle_at(i).seg;
+                            t.remove(&seg);
+                            prop_assert!(t.iter().all(|j| j != i), "slot {} emptied", i);
+                            prop_assert_eq!(t.by_size.len(), occupied.len() - 1);
+                        }
                     }
                     Op::Keep(requests) => {
                         let mut unclaimed: Vec<usize> = t.iter().collect();

@@ -233,6 +233,30 @@ mod tests {
     use cupool_profiles::Profile;
     use proptest::prelude::*;
 
+    /// A configured answer at the end of `usize` (a `Plan` a caller filled in) starts the
+    /// searches at the largest context, and they answer at once.
+    #[test]
+    fn a_start_beyond_every_context_ends_the_searches() {
+        let mut shape = ModelShape::preset("llama3-8b").unwrap();
+        shape.n_layer = 2;
+        let mut c = RunConfig::new(shape, 4096);
+        c.pool.kind = Some(PoolKind::Vmm);
+        c.purge = PurgePolicy::Always;
+        let (w, _) = c.resident_bytes(256);
+        let outside = Outside::of(c.engine, None, c.weight_type, 900);
+        let target = PlanTarget {
+            free_bytes: w + outside.at_compute() + (600 << 20),
+            vmm: true,
+            granularity: 2 << 20,
+            malloc_page: GPU_MALLOC_PAGE,
+            outside,
+        };
+        for start in [usize::MAX, usize::MAX - 255, usize::MAX - 256] {
+            let m = super::super::search::max_ctx_above(&c, &target, start, &|| start);
+            assert_eq!(m.unwrap(), None, "start {start}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
 

@@ -13,8 +13,9 @@
 //! whose peak follows its room) a handful more than the bisection (the property test below
 //! bounds it by five).
 //! Where whether a context fits is monotone, any order of probes finds the one boundary, so the
-//! answer is the bisection's. The probes depend only on earlier probes' results, never on the
-//! context a search must beat, so a search that stops early has run a prefix of the whole one.
+//! answer is the bisection's. The probes depend only on earlier probes' results and the
+//! search's fixed start, never on the context a search must beat meanwhile, so a search that
+//! stops early has run a prefix of the whole one with the same start.
 
 use std::collections::BTreeMap;
 

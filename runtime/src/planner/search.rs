@@ -144,7 +144,8 @@ fn search_with(
         target,
         buffer: HashMap::new(),
         fits: HashMap::new(),
-        start: start / STEP * STEP,
+        // No context above the bound starts: a start beyond it is the bound's.
+        start: start.min(LIMIT) / STEP * STEP,
         above,
         refuses_nothing: None,
         bytes: LayerBytes::new(cfg),
