@@ -18,6 +18,8 @@ pub mod outside;
 mod probe;
 mod search;
 mod tail;
+#[cfg(test)]
+mod test_setup;
 pub mod weights;
 
 pub use advice::{advise, Advice};
@@ -145,19 +147,7 @@ fn dry_run(
     c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;
     c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
-    // The pool's device allocations take whole pages, as on the target.
-    let mut sim = SimConfig::gib(0.0)
-        .vmm(target.vmm)
-        .granularity(target.granularity)
-        .malloc_page(target.malloc_page)
-        .backed(false)
-        .record_calls(false);
-    sim.capacity = pool_bytes.min(MAX_CAPACITY);
-    // Counted: the fast-forward reads from it whether a step called the driver.
-    let counted = Arc::new(CountingDriver::new(
-        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?),
-        Counter::default(),
-    ));
+    let counted = dry_device(target, pool_bytes)?;
     let driver: Arc<dyn Driver> = counted.clone();
     let m = &c.model;
     // The dry run touches no memory: the startup buffers need no addresses.
@@ -176,6 +166,26 @@ fn dry_run(
         let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX, ff)?;
         engine.decode(&tokens)
     })
+}
+
+/// The simulated card of a dry run: `target`'s kind, `pool_bytes` of it for the pool. Its
+/// allocations take whole pages, as on the target; counted, since the fast-forward reads from
+/// it whether a step called the driver.
+pub(crate) fn dry_device(
+    target: &PlanTarget,
+    pool_bytes: usize,
+) -> Result<Arc<CountingDriver>, RuntimeError> {
+    let mut sim = SimConfig::gib(0.0)
+        .vmm(target.vmm)
+        .granularity(target.granularity)
+        .malloc_page(target.malloc_page)
+        .backed(false)
+        .record_calls(false);
+    sim.capacity = pool_bytes.min(MAX_CAPACITY);
+    Ok(Arc::new(CountingDriver::new(
+        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?),
+        Counter::default(),
+    )))
 }
 
 /// A dry run's prompt of `n` tokens. The dry-run executor reads no token: only the prompt's

@@ -7,7 +7,8 @@ use super::*;
 use crate::engine_kind::EngineKind;
 use crate::model::ModelShape;
 use crate::planner::tail::tail_prompt;
-use crate::planner::{room_beside, simulate_beside, Outside, GPU_MALLOC_PAGE};
+use crate::planner::test_setup::{h100, two_layers};
+use crate::planner::{room_beside, simulate_beside, GPU_MALLOC_PAGE};
 use crate::policy::PurgePolicy;
 use cupool_pool::layering::Layering;
 use cupool_pool::PoolKind;
@@ -58,17 +59,6 @@ fn ggml_s_layering(mut cfg: RunConfig) -> RunConfig {
         size_classes: false,
     };
     cfg
-}
-
-/// An H100 with `free` bytes free before the engine starts.
-fn h100(cfg: &RunConfig, free: usize) -> PlanTarget {
-    PlanTarget {
-        free_bytes: free,
-        vmm: true,
-        granularity: 2 << 20,
-        malloc_page: GPU_MALLOC_PAGE,
-        outside: Outside::of(cfg.engine, cfg.engine_model.as_ref(), cfg.weight_type, 900),
-    }
 }
 
 /// Every context tried from the top: none fits above the one whose start-up buffers, with the
@@ -241,26 +231,6 @@ fn room_beside_the_weights(cfg: &RunConfig, room_mib: usize) -> PlanTarget {
     let (w, _) = cfg.resident_bytes(STEP);
     let outside = h100(cfg, 0).outside.at_compute();
     h100(cfg, w + outside + (room_mib << 20))
-}
-
-/// A 2-layer Llama-3-8B-shaped configuration for the property tests.
-fn two_layers(
-    profile: Option<Profile>,
-    kind: PoolKind,
-    purge: PurgePolicy,
-    ubatch: usize,
-) -> RunConfig {
-    let mut shape = ModelShape::preset("llama3-8b").unwrap();
-    shape.n_layer = 2;
-    let mut cfg = RunConfig::new(shape, 4096);
-    if let Some(profile) = profile {
-        cfg.engine = EngineKind::Profile { profile, cc: 900 };
-    }
-    cfg.n_ubatch = ubatch;
-    cfg.n_batch = 4 * ubatch;
-    cfg.purge = purge;
-    cfg.pool.kind = Some(kind);
-    cfg
 }
 
 proptest::proptest! {

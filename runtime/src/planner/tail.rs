@@ -24,10 +24,9 @@
 
 use super::PlanTarget;
 use crate::config::RunConfig;
-use crate::counting_driver::{Counter, CountingDriver};
 use crate::fast_forward::FastForward;
 use crate::profiled::{self, LayerBytes};
-use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
+use cupool_pool::driver::sim::MAX_CAPACITY;
 use cupool_pool::driver::Driver;
 use cupool_profiles::UbatchShape;
 use std::sync::Arc;
@@ -104,18 +103,8 @@ fn worst_tail(cfg: &RunConfig, target: &PlanTarget, bytes: &mut LayerBytes) -> O
 /// the run cannot say (no profile, or the profile refuses the ubatch).
 fn alone_peak(cfg: &RunConfig, target: &PlanTarget, n_tokens: usize, n_kv: usize) -> Option<usize> {
     let (profile, setup) = profiled::setup(cfg).ok()??;
-    let mut sim = SimConfig::gib(0.0)
-        .vmm(target.vmm)
-        .granularity(target.granularity)
-        .malloc_page(target.malloc_page)
-        .backed(false)
-        .record_calls(false);
-    sim.capacity = MAX_CAPACITY;
-    // Counted: layers that repeat one that made no driver call are skipped, as in a dry run.
-    let counted = Arc::new(CountingDriver::new(
-        Arc::new(SimDevice::new(sim).ok()?),
-        Counter::default(),
-    ));
+    // Layers that repeat one that made no driver call are skipped, as in a dry run.
+    let counted = super::dry_device(target, MAX_CAPACITY).ok()?;
     let driver: Arc<dyn Driver> = counted.clone();
     let pool = crate::engine::build_pool(cfg, driver).ok()?;
     let u = UbatchShape {

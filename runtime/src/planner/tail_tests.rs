@@ -1,43 +1,10 @@
 //! The tail the search checks against every tail, by brute force.
 
 use super::*;
-use crate::engine_kind::EngineKind;
-use crate::model::ModelShape;
-use crate::planner::{Outside, GPU_MALLOC_PAGE};
+use crate::planner::test_setup::{h100, two_layers};
 use crate::policy::PurgePolicy;
 use cupool_pool::PoolKind;
 use cupool_profiles::Profile;
-
-/// A 2-layer Llama-3-8B shape under `profile`, its pool and purge, ubatches of `ubatch`
-/// tokens, a context of `n_ctx`.
-fn two_layers(
-    profile: Profile,
-    kind: PoolKind,
-    purge: PurgePolicy,
-    ubatch: usize,
-    n_ctx: usize,
-) -> RunConfig {
-    let mut shape = ModelShape::preset("llama3-8b").unwrap();
-    shape.n_layer = 2;
-    let mut cfg = RunConfig::new(shape, n_ctx);
-    cfg.engine = EngineKind::Profile { profile, cc: 900 };
-    cfg.n_ubatch = ubatch;
-    cfg.n_batch = 4 * ubatch;
-    cfg.purge = purge;
-    cfg.pool.kind = Some(kind);
-    cfg
-}
-
-/// An H100 with room for anything.
-fn roomy(cfg: &RunConfig) -> PlanTarget {
-    PlanTarget {
-        free_bytes: usize::MAX / 4,
-        vmm: true,
-        granularity: 2 << 20,
-        malloc_page: GPU_MALLOC_PAGE,
-        outside: Outside::of(cfg.engine, cfg.engine_model.as_ref(), cfg.weight_type, 900),
-    }
-}
 
 /// The short last ubatch the search checks is the one whose prompt peaks highest, over a VMM
 /// pool: every prompt of a context's whole ubatches and a short last one, tried one by one on a
@@ -53,8 +20,9 @@ fn the_tail_checked_is_the_prompt_that_peaks_highest() {
         for purge in [PurgePolicy::Never, PurgePolicy::Always, PurgePolicy::Auto] {
             for ubatch in [256usize, 512] {
                 for n_ctx in [4096usize, 4352, 9216, 9472] {
-                    let cfg = two_layers(profile, PoolKind::Vmm, purge, ubatch, n_ctx);
-                    let t = roomy(&cfg);
+                    let mut cfg = two_layers(Some(profile), PoolKind::Vmm, purge, ubatch);
+                    cfg.n_ctx = n_ctx;
+                    let t = h100(&cfg, usize::MAX / 4);
                     let peak = |p: usize| super::super::pool_peaks(&cfg, &t, p).unwrap().0;
                     let checked = tail_prompt(&cfg, &t, &mut LayerBytes::new(&cfg))
                         .map_or(0, peak)
