@@ -271,7 +271,9 @@ proptest::proptest! {
 
     /// A search that only needs to beat a context answers what the whole search does, where
     /// that is above it, and nothing otherwise: the advice's other settings lose nothing by
-    /// stopping early.
+    /// stopping early. One that also starts one step above the context answers the same,
+    /// errors included; where fitting is not monotone the two may meet different boundaries,
+    /// each of which must fit with its next step failing.
     #[test]
     fn a_search_above_a_context_answers_as_the_whole_one(
         profile in proptest::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833), Some(Profile::Llama)]),
@@ -288,7 +290,21 @@ proptest::proptest! {
         let answer = whole.clone().ok().flatten().unwrap_or(0) as isize;
         let above = (answer + around * STEP as isize).max(0) as usize;
         let beyond = max_ctx_above(&cfg, &t, 0, &|| above).map_err(|e| e.to_string());
-        proptest::prop_assert_eq!(beyond, whole.map(|m| m.filter(|&m| m > above)));
+        let expected = whole.map(|m| m.filter(|&m| m > above));
+        proptest::prop_assert_eq!(&beyond, &expected);
+        let started = max_ctx_above(&cfg, &t, above, &|| above).map_err(|e| e.to_string());
+        match (&started, &expected) {
+            (Ok(a), Ok(b)) if a != b => {
+                for &m in [a, b].into_iter().flatten() {
+                    proptest::prop_assert!(fits(&cfg, &t, m).unwrap(), "{m} fits");
+                    proptest::prop_assert!(!fits(&cfg, &t, m + STEP).unwrap(), "{} fails", m + STEP);
+                }
+                let top = a.unwrap_or(0).max(b.unwrap_or(0)).max(above + STEP);
+                let fails_below = (1..top / STEP).any(|k| !fits(&cfg, &t, k * STEP).unwrap());
+                proptest::prop_assert!(fails_below, "{a:?} and {b:?} differ where fitting is monotone");
+            }
+            _ => proptest::prop_assert_eq!(started, expected),
+        }
     }
 }
 
@@ -326,45 +342,6 @@ proptest::proptest! {
                 proptest::prop_assert!(fails_below, "{p} and {b} differ where fitting is monotone");
             }
             _ => proptest::prop_assert_eq!(predicted, bisected),
-        }
-    }
-}
-
-proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
-
-    /// A search that starts one step above a context it expects to beat answers what the
-    /// whole search answers, errors included, where that is above the context; where fitting
-    /// is not monotone the two may meet different boundaries, each of which must fit with its
-    /// next step failing.
-    #[test]
-    fn a_search_from_a_start_answers_as_the_whole_one(
-        profile in proptest::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833), Some(Profile::Llama)]),
-        kind in proptest::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
-        purge in proptest::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
-        ubatch in proptest::sample::select(vec![64usize, 256, 512]),
-        room_mib in 0usize..1500,
-        // Where the start lies from the whole search's answer, in steps.
-        around in proptest::prop_oneof![-2isize..2, -40isize..40],
-    ) {
-        let cfg = two_layers(profile, kind, purge, ubatch);
-        let t = room_beside_the_weights(&cfg, room_mib);
-        let whole = max_ctx_that_fits(&cfg, &t).map_err(|e| e.to_string());
-        let answer = whole.clone().ok().flatten().unwrap_or(0) as isize;
-        let start = (answer + around * STEP as isize).max(0) as usize;
-        let started = max_ctx_above(&cfg, &t, start, &|| start).map_err(|e| e.to_string());
-        let expected = whole.map(|m| m.filter(|&m| m > start));
-        match (&started, &expected) {
-            (Ok(a), Ok(b)) if a != b => {
-                for &m in [a, b].into_iter().flatten() {
-                    proptest::prop_assert!(fits(&cfg, &t, m).unwrap(), "{m} fits");
-                    proptest::prop_assert!(!fits(&cfg, &t, m + STEP).unwrap(), "{} fails", m + STEP);
-                }
-                let top = a.unwrap_or(0).max(b.unwrap_or(0)).max(start + STEP);
-                let fails_below = (1..top / STEP).any(|k| !fits(&cfg, &t, k * STEP).unwrap());
-                proptest::prop_assert!(fails_below, "{a:?} and {b:?} differ where fitting is monotone");
-            }
-            _ => proptest::prop_assert_eq!(started, expected),
         }
     }
 }
