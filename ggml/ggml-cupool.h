@@ -42,6 +42,12 @@
 //       replaced by a slightly larger copy (a KV cache concatenated every chunk) gets address space
 //       of its own, where the next copies land and only what they grow by gets new memory; off
 //       keeps every block in the pool's one range. Unset: on.
+//   CUPOOL_VMM_AHEAD=worker|inline|off: with CUPOOL_VMM_LANES on: the memory a growing cache's next
+//       copies will need is mapped ahead of need, on a worker thread (a page made on the allocating
+//       thread costs it about ten times as much) or inline (the same memory, for reproducible
+//       replays); off (the default) maps a block's memory when it lands. It speeds up Phi-3's
+//       prefill, and costs Llama-3's and a MoE's, whose copies it guesses wrong (docs/pytorch.md).
+//       Unset: off.
 //   CUPOOL_DEVICE=cuda|sim|auto: libcupool's devices: every CUDA device, simulated cards, or cuda
 //       if present (auto). Unset: auto.
 //   CUPOOL_SIM_GIB (a number of GiB above 0 and up to 262144): each simulated card's memory. Unset:

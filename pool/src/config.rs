@@ -166,6 +166,11 @@ impl PoolConfig {
         if let Some(v) = get("CUPOOL_VMM_LANES") {
             c.vmm.lanes = parse_bool("CUPOOL_VMM_LANES", &v)?;
         }
+        if let Some(v) = get("CUPOOL_VMM_AHEAD") {
+            c.vmm.ahead = crate::upstream::vmm::Ahead::from_word(&v).ok_or_else(|| {
+                InvalidConfig::new("CUPOOL_VMM_AHEAD", &v, "one of worker, inline, off")
+            })?;
+        }
         Ok(c)
     }
 

@@ -100,12 +100,16 @@ impl VmmPool {
     }
 }
 
-/// The VMM pool's placement for `config`: lanes open only with [`VmmConfig::lanes`].
+/// The VMM pool's placement for `config`: lanes open only with [`VmmConfig::lanes`], and name
+/// what their next copies need only where the upstream makes it ahead ([`VmmConfig::ahead`]).
 fn vmm_placement(config: &VmmConfig) -> Lanes<Bump> {
     let bump = Bump::with_large_rounding(config.large_rounding);
     let mut lanes = Lanes::new(bump, config.large_rounding);
     if !config.lanes {
         lanes.apart_refused();
+    }
+    if config.ahead == crate::upstream::vmm::Ahead::Off {
+        lanes.predict_nothing();
     }
     lanes
 }

@@ -124,9 +124,15 @@ fn replace_blocks(lanes: bool) -> cupool_pool::PoolStats {
         s.reserved_peak_bytes,
         s.live_peak_bytes
     );
-    // What the pool holds goes back to the card: the free memory rises by all of it.
-    let (held, free_before) = (s.reserved_bytes, drv.mem_info().unwrap().free);
     drop(live);
+    purge_gives_everything_back(pool, &drv);
+    s
+}
+
+/// Purges `pool`, whose blocks are all freed, and drops it: what it held goes back to the
+/// card, whose free memory rises by all of it.
+fn purge_gives_everything_back(pool: Arc<dyn Pool>, drv: &Arc<dyn Driver>) {
+    let (held, free_before) = (pool.stats().reserved_bytes, drv.mem_info().unwrap().free);
     let token = synchronize(drv.as_ref()).unwrap();
     pool.purge(&token, Purge::All).unwrap();
     assert_eq!(pool.stats().reserved_bytes, 0);
@@ -136,7 +142,6 @@ fn replace_blocks(lanes: bool) -> cupool_pool::PoolStats {
         free_after + 4 * MIB >= free_before + held,
         "held {held}, free before {free_before}, after {free_after}"
     );
-    s
 }
 
 #[test]
@@ -163,4 +168,75 @@ fn cuda_lanes_keep_every_byte_and_give_everything_back() {
         "lanes reserve address space of their own: {:?}",
         s.calls
     );
+}
+
+/// A KV cache copied layer by layer, its growth made ahead on the pool's worker thread
+/// (`upstream/vmm/ahead.rs`) while kernels write the copies and read the old blocks queued
+/// behind their frees: every byte kept, the growth mapped on the worker, and a purge gives
+/// everything back.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_growth_made_ahead_on_the_worker_keeps_every_byte() {
+    use cupool_pool::driver::timed::{TimedDriver, AHEAD_MAP};
+    use cupool_pool::upstream::vmm::Ahead;
+    if common::no_gpu() {
+        return;
+    }
+    let cuda = CudaDriver::new(0).unwrap();
+    let k = kernels(&cuda);
+    let timed = Arc::new(TimedDriver::timed(Arc::new(cuda)));
+    let drv: Arc<dyn Driver> = timed.clone();
+    let config = VmmConfig {
+        min_grow: 0,
+        max_grow: 0,
+        large_rounding: 2 * MIB,
+        recycle: true,
+        lanes: true,
+        ahead: Ahead::Worker,
+        ..VmmConfig::default()
+    };
+    let pool: Arc<dyn Pool> = Arc::new(VmmPool::with_config(drv.clone(), config).unwrap());
+    let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
+    let step = 3 * MIB / 4;
+    let mut cache: Vec<(PoolBuffer<u32>, u32)> = (0..16u32)
+        .map(|i| {
+            let b = PoolBuffer::<u32>::alloc(&pool, step).unwrap();
+            k.fill(&b, i);
+            (b, i)
+        })
+        .collect();
+    for round in 1..=12u32 {
+        for (i, slot) in cache.iter_mut().enumerate() {
+            let tag = round * 100 + i as u32;
+            let new = PoolBuffer::<u32>::alloc(&pool, slot.0.len() + step).unwrap();
+            k.fill(&new, tag);
+            let (old, old_tag) = std::mem::replace(slot, (new, tag));
+            k.check(&old, old_tag, &bad);
+            drop(old);
+        }
+    }
+    for (b, tag) in &cache {
+        k.check(b, *tag, &bad);
+    }
+    let mismatches = k.stream.clone_dtoh(&bad).unwrap()[0];
+    let times = timed.times();
+    let calls = |name: &str| times.get(name).map_or(0, |c| c.calls);
+    let s = pool.stats();
+    eprintln!(
+        "{}: mismatches {mismatches}, maps on the allocating thread {}, on the worker {}, peak live {} MiB, peak reserved {} MiB",
+        drv.name(),
+        calls("map"),
+        calls(AHEAD_MAP),
+        s.live_peak_bytes / MIB,
+        s.reserved_peak_bytes / MIB
+    );
+    assert_eq!(mismatches, 0, "a live block lost its bytes");
+    assert!(
+        // A lane is read as a cache's once two copies in a row grew in it: the worker maps
+        // from the fourth round on.
+        calls(AHEAD_MAP) >= 16 * 8 && calls("map") < calls(AHEAD_MAP),
+        "the worker maps the growth: {times:?}"
+    );
+    drop(cache);
+    purge_gives_everything_back(pool, &drv);
 }

@@ -45,6 +45,7 @@ OPTIONS = {
     "vmm_recycle_free": "CUPOOL_VMM_RECYCLE_FREE",
     "vmm_recycle_page": "CUPOOL_VMM_RECYCLE_PAGE",
     "vmm_lanes": "CUPOOL_VMM_LANES",
+    "vmm_ahead": "CUPOOL_VMM_AHEAD",
     "size_classes": "CUPOOL_SIZE_CLASSES",
     "purge": "CUPOOL_PURGE",
     "auto_headroom": "CUPOOL_AUTO_HEADROOM",

@@ -101,6 +101,10 @@ pub fn build(flavor: Flavor, driver: Arc<dyn Driver>) -> Arc<Phases> {
                     recycle_free: 0,
                     // Large blocks replaced by grown copies open lanes.
                     lanes: true,
+                    // Their growth made ahead, on this thread: the faults injected hit the
+                    // same calls in every run (tests/ahead.rs checks the worker gives the same
+                    // pool).
+                    ahead: crate::upstream::vmm::Ahead::Inline,
                 },
             )
             .expect("valid settings"),

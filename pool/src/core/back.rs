@@ -41,6 +41,9 @@ impl Ctx {
         g: &mut State<P, U>,
         fit: Fit,
     ) -> Result<(), DriverError> {
+        // Pages in flight are taken in first: every choice below sees the pool as it would be
+        // with them made at once (`upstream/vmm/ahead.rs`).
+        self.collect_ahead(g, true);
         let mut donors = Vec::new();
         let mut idle = false;
         // Recycling costs driver calls on this thread (23–34 µs per page moved on an H100,
@@ -48,8 +51,11 @@ impl Ctx {
         // (`VmmConfig::recycle_free`). A move does not wait for the device
         // (`upstream/vmm/stale.rs`).
         let snap = g.tracker.snapshot();
+        // Memory made ahead of need is spoken for: it is no reason to move pages.
+        let mut early = 0;
+        g.placement.ahead(&mut |_, l| early += l);
         if g.upstream
-            .worth_recycling(snap.cached_bytes, snap.reserved_bytes)
+            .worth_recycling(snap.cached_bytes.saturating_sub(early), snap.reserved_bytes)
         {
             let (spans, freed_at) = g.placement.free_spans();
             if g.upstream.movable(&spans) {
@@ -92,11 +98,25 @@ impl Ctx {
         g: &mut State<P, U>,
         fit: Fit,
     ) -> Option<Result<(), DriverError>> {
+        // Memory made ahead of need goes first, alone: the pool then holds about what it would
+        // with nothing made ahead (a wider shed empties free lanes too, whose next copies then
+        // map whole). Nothing more is made ahead until a purge.
+        let mut early = Vec::new();
+        g.placement.surplus(&mut |a, l| early.push((a, l)));
+        g.ahead_paused = true;
         let (mut spans, freed_at) = g.placement.free_spans();
         if !self.driver.epoch().idle_since(freed_at) {
             if let Err(e) = self.sync(g) {
                 tracing::warn!(pool = %self.kind, error = %e, "synchronize failed; cannot release free pages for a block that does not fit");
                 return None;
+            }
+        }
+        if !early.is_empty() && g.upstream.shed(&early, &mut g.tracker.s.calls) > 0 {
+            let r = g
+                .upstream
+                .back(fit.addr, fit.capacity, &[], true, &mut g.tracker.s.calls);
+            if !matches!(&r, Err(e) if e.is_oom()) {
+                return Some(r);
             }
         }
         spans.push((fit.addr, fit.capacity));

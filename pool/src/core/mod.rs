@@ -11,6 +11,7 @@
 //! back at the next slow path (growth, purge, stats). A pool dropped with live blocks moves its
 //! state into a retired core that the owners table keeps until those blocks are dropped.
 
+mod ahead;
 mod back;
 mod oom;
 mod retire;
@@ -51,6 +52,8 @@ struct State<P, U> {
     pending: Vec<Segment>,
     /// Some of the memory is asleep (`sleep.rs`): allocations are refused until a wake.
     asleep: bool,
+    /// A block ran out of memory: nothing is made ahead of need until a purge (`ahead.rs`).
+    ahead_paused: bool,
 }
 
 /// What the slow paths need besides the state: who the pool is and what it talks to.
@@ -118,6 +121,7 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
                 tracker: Tracker::default(),
                 pending: Vec::new(),
                 asleep: false,
+                ahead_paused: false,
             }))),
             inbox: owners::register(id),
         }
@@ -162,17 +166,10 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
         if g.asleep {
             return Err(self.ctx.asleep(&g));
         }
-        let fit = if size > crate::placement::bump::LARGE && g.upstream.recycles() {
-            let State {
-                placement,
-                upstream,
-                ..
-            } = &mut *g;
-            placement.take_backed(size, &|a, l| upstream.unbacked(a, l))
-        } else {
-            g.placement.take(size)
-        };
-        if let Some(fit) = fit {
+        if size > crate::placement::bump::LARGE && g.upstream.recycles() {
+            return self.alloc_backed(&mut g, size);
+        }
+        if let Some(fit) = g.placement.take(size) {
             if !g.upstream.backed(fit.addr, fit.capacity) {
                 return self.ctx.back_taken(&mut g, fit, size);
             }
@@ -248,6 +245,9 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     fn stats(&self) -> PoolStats {
         let mut g = self.state.lock();
         self.take_dropped(&mut g);
+        // The reserve counts every page the device holds for the pool: a page in flight is
+        // waited for (a stats call is no hot path).
+        self.ctx.collect_ahead(&mut g, true);
         let mut s = g.tracker.snapshot();
         s.asleep_bytes = g.upstream.asleep_bytes();
         s

@@ -218,6 +218,8 @@ impl Ctx {
     ) -> Result<Released, PoolError> {
         let mut out = Released::default();
         let mut first_err = None;
+        // Memory freed: room to make pages ahead of need again.
+        g.ahead_paused = false;
         for seg in std::mem::take(&mut g.pending) {
             match g.upstream.release(seg, &mut g.tracker.s.calls) {
                 Ok(()) => {

@@ -23,6 +23,7 @@ mod shared;
 pub mod sim;
 pub mod timed;
 mod wait;
+pub mod worker;
 
 pub use error::{CallKind, DriverError, ErrorCode};
 pub use host::{HostBuffer, HostMemory};

@@ -135,4 +135,25 @@ pub trait Placement: Send + fmt::Debug + 'static {
 
     /// Segments still held (idle or not), for the pool's final release.
     fn segments(&self) -> Vec<Segment>;
+
+    /// Ranges the next blocks are expected to need memory on, soonest first, for the upstream
+    /// to back ahead of need ([`crate::upstream::Upstream::back_ahead`]): a guess, never a
+    /// reservation (the memory there is free space until a block lands). None by default.
+    fn ahead(&self, f: &mut dyn FnMut(u64, usize)) {
+        let _ = f;
+    }
+
+    /// A range behind the block just placed that no block ever used, where memory made ahead
+    /// of need may lie that the block did not need (a copy smaller than expected): the core
+    /// gives it back at once, with no synchronize (no kernel can use it). Taken once.
+    fn take_excess(&mut self) -> Option<(u64, usize)> {
+        None
+    }
+
+    /// Free ranges that hold memory only because of what [`Placement::ahead`] named (behind a
+    /// block, beyond what it or the last block there needed): the first memory given back when
+    /// a block runs out of it. None by default.
+    fn surplus(&self, f: &mut dyn FnMut(u64, usize)) {
+        let _ = f;
+    }
 }

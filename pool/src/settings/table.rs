@@ -126,6 +126,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "with CUPOOL_VMM_RECYCLE on: a large block replaced by a slightly larger copy (a KV cache concatenated every chunk) gets address space of its own, where the next copies land and only what they grow by gets new memory; off keeps every block in the pool's one range",
     },
     Setting {
+        name: "CUPOOL_VMM_AHEAD",
+        accepts: OneOf(&["worker", "inline", "off"]),
+        read_by: &[by(Library, "off"), by(Cli, "off"), by(Libcupool, "off")],
+        keyword: Some("vmm_ahead"),
+        env_only: false,
+        doc: "with CUPOOL_VMM_LANES on: the memory a growing cache's next copies will need is mapped ahead of need, on a worker thread (a page made on the allocating thread costs it about ten times as much) or inline (the same memory, for reproducible replays); off (the default) maps a block's memory when it lands. It speeds up Phi-3's prefill, and costs Llama-3's and a MoE's, whose copies it guesses wrong (docs/pytorch.md)",
+    },
+    Setting {
         name: "CUPOOL_DEVICE",
         accepts: OneOf(&["cuda", "sim", "auto"]),
         read_by: &[

@@ -159,6 +159,21 @@ pub trait Upstream: Send + fmt::Debug + 'static {
         None
     }
 
+    /// Puts memory behind `[addr, addr+len)` ahead of need, off the calling thread where the
+    /// upstream can (a VMM pool's worker: `vmm/ahead.rs`); until it is taken in
+    /// ([`Upstream::collect_ahead`]) the range counts as backed in [`Upstream::unbacked`] and
+    /// as vacant in [`Upstream::backed`]. Best effort: a failure leaves the range vacant.
+    fn back_ahead(&mut self, addr: u64, len: usize, calls: &mut DriverCalls) {
+        let _ = (addr, len, calls);
+    }
+
+    /// Takes in the memory [`Upstream::back_ahead`] finished (all of it, waiting, with
+    /// `wait`); whether any came in (the core then counts it as reserved).
+    fn collect_ahead(&mut self, wait: bool, calls: &mut DriverCalls) -> bool {
+        let _ = (wait, calls);
+        false
+    }
+
     /// Returns `seg`. On error the upstream still holds it and it may be released again later.
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError>;
 

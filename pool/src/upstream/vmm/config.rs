@@ -57,6 +57,15 @@ pub struct VmmConfig {
     /// place, mapping only what they grow by (`CUPOOL_VMM_LANES`; see
     /// [`crate::placement::lanes`]). On by default.
     pub lanes: bool,
+    /// With lanes: whether the memory a growing cache's next copies will need is made ahead
+    /// of need, and where: on a worker thread, inline (the same memory, for reproducible
+    /// replays), or not ahead, the default (`CUPOOL_VMM_AHEAD`; see `ahead.rs`). A page made
+    /// on the allocating thread costs it ~130 µs on an H100, a tenth of that on a worker. On
+    /// the Phi-3 prefill on an H100 the worker took the allocating thread's driver time from
+    /// 323 to 72 ms a prefill; on Llama-3 and the Qwen3 MoE its guesses missed (pages made
+    /// ahead, then given back) and cost time and, on the MoE, 110 MiB
+    /// (data/h100-2026-11-27-ahead): off until it guesses from what hit.
+    pub ahead: super::Ahead,
 }
 
 impl Default for VmmConfig {
@@ -70,6 +79,7 @@ impl Default for VmmConfig {
             recycle_page: 8 << 20,
             recycle_free: 6,
             lanes: true,
+            ahead: super::Ahead::Off,
         }
     }
 }

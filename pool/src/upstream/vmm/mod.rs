@@ -23,8 +23,10 @@
 //! Segments apart (a reservation each, released in any order) serve a placement's lanes
 //! (`apart.rs`).
 
+mod ahead;
 mod apart;
 mod config;
+mod grow;
 mod recycle;
 mod sleep;
 mod space;
@@ -32,6 +34,7 @@ mod stale;
 mod unmap;
 mod view;
 
+pub use ahead::Ahead;
 pub use config::VmmConfig;
 
 use super::{Grow, Upstream};
@@ -39,7 +42,7 @@ use crate::driver::{CallKind, DevicePtr, Driver, DriverError, ErrorCode};
 use crate::placement::Segment;
 use crate::pool::Moved;
 use crate::stats::DriverCalls;
-use space::{AddressSpace, Tail};
+use space::AddressSpace;
 use std::sync::Arc;
 
 /// See the module docs.
@@ -62,6 +65,8 @@ pub struct VmmReserve {
     /// The segment the last growth handed out (start, end), until the block placed in it is
     /// backed: only that block's backing covers the rest of its segment (the amortised step).
     fresh: Option<(DevicePtr, DevicePtr)>,
+    /// Pages asked for ahead of need, not taken in yet (`ahead.rs`).
+    in_flight: ahead::InFlight,
 }
 
 impl VmmReserve {
@@ -78,6 +83,7 @@ impl VmmReserve {
             streak: 0,
             page: 0,
             fresh: None,
+            in_flight: Default::default(),
         }
     }
 
@@ -138,73 +144,6 @@ impl VmmReserve {
         need.max(amortised)
             .checked_next_multiple_of(self.granularity)
             .map_or(room, |p| p.min(room))
-    }
-
-    /// A further reservation of at least `need` bytes, at `hint` if the driver places it
-    /// there. A size the driver refused is not asked for again.
-    #[cold]
-    fn reserve(
-        &mut self,
-        need: usize,
-        hint: DevicePtr,
-        calls: &mut DriverCalls,
-    ) -> Result<(DevicePtr, usize), DriverError> {
-        let driver = self.driver.clone();
-        let (base, len) = self.space.reserve(
-            driver.as_ref(),
-            self.reserve_len,
-            need,
-            hint,
-            self.granularity,
-            calls,
-        )?;
-        if len < self.reserve_len {
-            tracing::info!(
-                refused = self.reserve_len,
-                reserved = len,
-                "the driver refused a vmm reservation of the configured size; later ones are smaller too"
-            );
-            self.reserve_len = len;
-        }
-        Ok((base, len))
-    }
-
-    /// Grows into a further reservation: right after `tail`'s if the driver places it there,
-    /// continuing the last segment (so it needs only what the last one lacks, which matters
-    /// where address space is scarce); else anywhere, holding `alone` bytes by itself.
-    #[cold]
-    fn grow_further(
-        &mut self,
-        tail: Tail,
-        extend: usize,
-        alone: usize,
-        calls: &mut DriverCalls,
-    ) -> Result<Segment, DriverError> {
-        let driver = self.driver.clone();
-        let least = if tail.extends {
-            extend - tail.room
-        } else {
-            alone
-        };
-        let (mut base, mut len) = self.reserve(least, tail.end, calls)?;
-        let contiguous = base == tail.end && tail.extends;
-        if !contiguous && len < alone {
-            // Placed elsewhere, and too small to hold the request by itself.
-            self.space.drop_empty_tail(driver.as_ref());
-            (base, len) = self.reserve(alone, 0, calls)?;
-        }
-        let result = if contiguous {
-            let want = self.preferred(extend, tail.room + len);
-            self.space.claim(tail.at, want)
-        } else {
-            let want = self.preferred(alone, len);
-            self.space.claim(base, want)
-        };
-        if result.is_err() {
-            // Leave the address space as it was.
-            self.space.drop_empty_tail(driver.as_ref());
-        }
-        result
     }
 
     /// Backs `[from, to)` from `donors`, then with new pages.
@@ -281,7 +220,12 @@ impl Upstream for VmmReserve {
     }
 
     fn unbacked(&self, addr: u64, len: usize) -> usize {
-        self.space.unbacked_now(self.driver.epoch(), addr, len)
+        // Pages in flight will be there: the placement weighs the memory as made.
+        let n = self.space.unbacked_now(self.driver.epoch(), addr, len);
+        if self.in_flight.is_empty() || n == usize::MAX {
+            return n;
+        }
+        n.saturating_sub(self.in_flight.overlap(addr, len))
     }
 
     fn must_wait(&mut self, addr: u64, len: usize) -> bool {
@@ -309,6 +253,8 @@ impl Upstream for VmmReserve {
             addr / gran * gran,
             (addr + len as u64).next_multiple_of(gran),
         );
+        // Donors' pages move and vacant ranges fill: nothing may be in flight.
+        self.settle_ahead(calls);
         let pages = (!donors.is_empty()).then(|| self.space.donor_pages(donors));
         let mut pages = recycle::Donors {
             pages: pages.unwrap_or_default(),
@@ -349,6 +295,7 @@ impl Upstream for VmmReserve {
     }
 
     fn shed(&mut self, unused: &[(u64, usize)], calls: &mut DriverCalls) -> usize {
+        self.settle_ahead(calls);
         let driver = self.driver.clone();
         self.space.shed(driver.as_ref(), unused, calls)
     }
@@ -357,7 +304,17 @@ impl Upstream for VmmReserve {
         Some(self.space.held())
     }
 
+    fn back_ahead(&mut self, addr: u64, len: usize, calls: &mut DriverCalls) {
+        self.map_ahead(addr, len, calls)
+    }
+
+    #[inline]
+    fn collect_ahead(&mut self, wait: bool, calls: &mut DriverCalls) -> bool {
+        !self.in_flight.is_empty() && self.take_ahead(wait, calls)
+    }
+
     fn release(&mut self, seg: Segment, calls: &mut DriverCalls) -> Result<(), DriverError> {
+        self.settle_ahead(calls);
         self.release_segment(seg, calls)
     }
 
@@ -372,17 +329,20 @@ impl Upstream for VmmReserve {
         self.streak = 0;
     }
 
-    fn close(&mut self, _calls: &mut DriverCalls) -> Result<(), DriverError> {
+    fn close(&mut self, calls: &mut DriverCalls) -> Result<(), DriverError> {
+        self.settle_ahead(calls);
         self.space.close(self.driver.as_ref())
     }
 
     const CAN_SLEEP: bool = true;
 
     fn sleep(&mut self, offload: bool, calls: &mut DriverCalls) -> Result<Moved, DriverError> {
+        self.settle_ahead(calls);
         self.space.sleep(self.driver.as_ref(), offload, calls)
     }
 
     fn wake(&mut self, calls: &mut DriverCalls) -> Result<Moved, DriverError> {
+        self.settle_ahead(calls);
         let driver = self.driver.clone();
         let r = self.space.wake(driver.as_ref(), calls);
         // Growth after a wake starts small, as after a free.

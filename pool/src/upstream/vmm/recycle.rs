@@ -255,7 +255,7 @@ impl AddressSpace {
         }
     }
 
-    fn place(&mut self, at: DevicePtr, len: usize, handle: crate::driver::PhysHandle) {
+    pub(super) fn place(&mut self, at: DevicePtr, len: usize, handle: crate::driver::PhysHandle) {
         self.held += len;
         self.pages.insert(
             at,

@@ -27,6 +27,18 @@
 //! pool's large requests); everything else goes to the inner placement unchanged. A free
 //! lane's range, and the free end of a busy one, are free spans: their pages may be moved to
 //! other blocks or shed like any hole's. A purge of everything releases the free lanes.
+//!
+//! Where the upstream makes memory ahead of need (`CUPOOL_VMM_AHEAD`,
+//! `upstream/vmm/ahead.rs`), a lane whose last two blocks both grew over the one before is read
+//! as a growing cache's, and [`Placement::ahead`] names the growth the next copy will need
+//! behind the [`AHEAD`] such busy lanes placed longest ago (their blocks are replaced next); that
+//! growth is kept out of the free spans. Memory a copy did not need (beyond the largest block a
+//! lane has held: nothing ever used it) goes back when the copy lands
+//! ([`Placement::take_excess`]).
+
+mod ahead;
+
+pub use ahead::AHEAD;
 
 use super::{Fit, Idle, Placement, Segment};
 use crate::pool::Purge;
@@ -65,6 +77,14 @@ struct Lane {
     last: usize,
     /// Epoch of the latest free of its block.
     freed_at: u64,
+    /// When its block was placed (the lanes' own count): its key in `Lanes::growing`.
+    placed: u64,
+    /// What its block grew by over the lane's last (0: not larger, or a lane just opened),
+    /// and what the block before did.
+    grew: [usize; 2],
+    /// The end of the largest block it has held: memory beyond it was only ever made ahead
+    /// of need, never handed out.
+    handed: usize,
 }
 
 /// See the module docs.
@@ -85,6 +105,18 @@ pub struct Lanes<P> {
     asked: bool,
     /// Whether lanes may open (the upstream refused address space apart: never again).
     enabled: bool,
+    /// The busy lanes whose block grew over the lane's last, by (when it was placed,
+    /// address), oldest first: the copies of a growing cache, replaced in the order they were
+    /// placed ([`Placement::ahead`]).
+    growing: BTreeSet<(u64, u64)>,
+    /// Blocks placed in lanes so far.
+    placed: u64,
+    /// The range of the lane the last block landed in that no block ever used
+    /// ([`Placement::take_excess`]).
+    excess: Option<(u64, usize)>,
+    /// Whether [`Placement::ahead`] names the growing lanes' next growth (off where nothing
+    /// makes memory ahead: then nothing is kept from recycling for it either).
+    predicts: bool,
 }
 
 impl<P: Placement> Lanes<P> {
@@ -99,6 +131,10 @@ impl<P: Placement> Lanes<P> {
             recent: [0; RECENT],
             asked: false,
             enabled: true,
+            growing: BTreeSet::new(),
+            excess: None,
+            predicts: true,
+            placed: 0,
         }
     }
 
@@ -179,6 +215,21 @@ impl<P: Placement> Placement for Lanes<P> {
                 if let Some(lane) = self.lanes.get_mut(&at) {
                     self.free.remove(&(lane.last, at));
                     lane.used = n;
+                    self.placed += 1;
+                    lane.placed = self.placed;
+                    // What it grew by over the lane's last block: what the block that
+                    // replaces it will grow by (each copy of a cache grows alike).
+                    lane.grew = [lane.grew[1], n.saturating_sub(lane.last).min(GROW)];
+                    lane.handed = lane.handed.max(n);
+                    // Memory made ahead for a larger copy than came (a last, shorter chunk)
+                    // goes back at once: no kernel ever used it.
+                    let end = lane.handed.next_multiple_of(SPILL_GRANULE);
+                    if end < lane.seg.len {
+                        self.excess = Some((at + end as u64, lane.seg.len - end));
+                    }
+                    if lane.next_growth() > 0 {
+                        self.growing.insert((lane.placed, at));
+                    }
                 }
                 self.note(n);
                 return Some(Fit {
@@ -207,6 +258,7 @@ impl<P: Placement> Placement for Lanes<P> {
         let n = self.rounded(size);
         self.asked = false;
         self.pending = self.pending.saturating_sub(1);
+        self.placed += 1;
         self.lanes.insert(
             seg.ptr,
             Lane {
@@ -214,6 +266,9 @@ impl<P: Placement> Placement for Lanes<P> {
                 used: n,
                 last: n,
                 freed_at: 0,
+                placed: self.placed,
+                grew: [0; 2],
+                handed: n,
             },
         );
         self.note(n);
@@ -250,6 +305,7 @@ impl<P: Placement> Placement for Lanes<P> {
             if lane.used > 0 {
                 lane.last = lane.used;
                 self.free.insert((lane.last, fit.addr));
+                self.growing.remove(&(lane.placed, fit.addr));
             }
             lane.used = 0;
             // A block never handed out (a failed backing) comes back at epoch 0: the lane's
@@ -283,6 +339,7 @@ impl<P: Placement> Placement for Lanes<P> {
     fn remove(&mut self, seg: &Segment) {
         if let Some(l) = self.lanes.get(&seg.ptr).filter(|l| l.seg == *seg) {
             self.free.remove(&(l.last, seg.ptr));
+            self.growing.remove(&(l.placed, seg.ptr));
             self.lanes.remove(&seg.ptr);
         } else {
             self.inner.remove(seg);
@@ -296,8 +353,10 @@ impl<P: Placement> Placement for Lanes<P> {
     fn free_spans(&self) -> (Vec<(u64, usize)>, u64) {
         let (mut spans, mut last) = self.inner.free_spans();
         for (&at, l) in &self.lanes {
-            if l.used < l.seg.len {
-                spans.push((at + l.used as u64, l.seg.len - l.used));
+            // The growth asked for ahead is not free to move: it would be made again.
+            let kept = self.kept(at, l);
+            if kept < l.seg.len {
+                spans.push((at + kept as u64, l.seg.len - kept));
             }
             last = last.max(l.freed_at);
         }
@@ -308,5 +367,17 @@ impl<P: Placement> Placement for Lanes<P> {
         let mut out = self.inner.segments();
         out.extend(self.lanes.values().map(|l| l.seg));
         out
+    }
+
+    fn take_excess(&mut self) -> Option<(u64, usize)> {
+        self.excess.take()
+    }
+
+    fn surplus(&self, f: &mut dyn FnMut(u64, usize)) {
+        self.name_surplus(f)
+    }
+
+    fn ahead(&self, f: &mut dyn FnMut(u64, usize)) {
+        self.name_ahead(f)
     }
 }
