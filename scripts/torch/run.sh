@@ -13,7 +13,8 @@
 # $BASE_LIB, such as the previous commit's, to compare two builds in one call), freeN
 # (CUPOOL_VMM_RECYCLE_FREE=N, the percent of free memory kept before pages move), pageN
 # (CUPOOL_VMM_RECYCLE_PAGE=N MiB), defer (CUPOOL_VMM_DEFER=on: page moves on a worker thread),
-# noahead (CUPOOL_VMM_AHEAD=off: lanes' growth mapped when a copy lands, not ahead on a worker)
+# ahead and noahead (CUPOOL_VMM_AHEAD=worker, or off, the default: lanes' growth mapped ahead on
+# a worker thread, or when a copy lands)
 # and timed (CUPOOL_TIME_DRIVER=on: the report adds what the prefill spent in driver calls);
 # e.g. cupool-timed-defer-free2.
 # PREFILL_ARGS="--speed-reps N" times N more prefills in each process (see prefill.py).
@@ -42,6 +43,7 @@ if [ "$what" = prefill ]; then
               timed) env+=(CUPOOL_TIME_DRIVER=on) ;;
               defer) env+=(CUPOOL_VMM_DEFER=on) ;;
               noahead) env+=(CUPOOL_VMM_AHEAD=off) ;;
+              ahead) env+=(CUPOOL_VMM_AHEAD=worker) ;;
               page*) env+=(CUPOOL_VMM_RECYCLE_PAGE="${w#page}") ;;
               free*) env+=(CUPOOL_VMM_RECYCLE_FREE="${w#free}") ;;
               base) env+=(CUPOOL_LIB="${BASE_LIB:?cupool-base needs BASE_LIB}") ;;
