@@ -222,9 +222,10 @@ impl<P: Placement> Placement for Lanes<P> {
                     lane.grew = [lane.grew[1], n.saturating_sub(lane.last).min(GROW)];
                     lane.handed = lane.handed.max(n);
                     // Memory made ahead for a larger copy than came (a last, shorter chunk)
-                    // goes back at once: no kernel ever used it.
+                    // goes back at once: no kernel ever used it. (None where nothing is made
+                    // ahead.)
                     let end = lane.handed.next_multiple_of(SPILL_GRANULE);
-                    if end < lane.seg.len {
+                    if self.predicts && end < lane.seg.len {
                         self.excess = Some((at + end as u64, lane.seg.len - end));
                     }
                     if lane.next_growth() > 0 {
