@@ -301,3 +301,108 @@ proptest! {
         }
     }
 }
+
+/// A driver whose maps fail while `failing` is set, and whose maps on a pool's worker thread
+/// take `worker_ms`.
+#[derive(Debug)]
+struct Flaky {
+    inner: Arc<dyn Driver>,
+    failing: std::sync::atomic::AtomicBool,
+    worker_ms: u64,
+}
+
+impl cupool_pool::driver::forward::Forward for Flaky {
+    fn inner(&self) -> &dyn Driver {
+        self.inner.as_ref()
+    }
+
+    fn map(&self, at: u64, bytes: usize) -> Result<PhysHandle, cupool_pool::driver::DriverError> {
+        use cupool_pool::driver::{CallKind, DriverError, ErrorCode};
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(DriverError::new(
+                CallKind::Map,
+                ErrorCode::OutOfMemory,
+                "refused by the test",
+            ));
+        }
+        if cupool_pool::driver::worker::on_worker() {
+            std::thread::sleep(std::time::Duration::from_millis(self.worker_ms));
+        }
+        self.inner.map(at, bytes)
+    }
+}
+
+fn flaky(dev: &Arc<SimDevice>, worker_ms: u64) -> Arc<Flaky> {
+    Arc::new(Flaky {
+        inner: as_driver(dev),
+        failing: false.into(),
+        worker_ms,
+    })
+}
+
+/// A block whose backing failed in a lane leaves nothing behind: after a purge releases that
+/// lane and a new lane gets its address space, the block there has all its memory (a range
+/// named for the failed block once unmapped part of it).
+#[test]
+fn a_failed_backing_names_nothing_to_give_back_later() {
+    for ahead in [Ahead::Worker, Ahead::Inline] {
+        let dev = sim(4.0);
+        let drv = flaky(&dev, 0);
+        let p = pool(drv.clone(), ahead);
+        let a = p.alloc(4 * MIB).unwrap();
+        let b = p.alloc(6 * MIB).unwrap();
+        p.free(a).unwrap();
+        let c = p.alloc(4 * MIB).unwrap();
+        let e = p.alloc(12 * MIB).unwrap();
+        let f = p.alloc(14 * MIB).unwrap();
+        p.free(e).unwrap();
+        p.free(c).unwrap();
+        p.free(b).unwrap();
+        drv.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(p.alloc(6 * MIB).is_err());
+        drv.failing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        p.purge(&synchronize(&*dev).unwrap(), Purge::All).unwrap();
+        let g = p.alloc(16 * MIB).unwrap();
+        assert!(
+            dev.contains(g.ptr(), g.size()),
+            "{ahead:?}: the block at {:#x} has all its memory",
+            g.ptr()
+        );
+        fill(&g, 7);
+        assert!(holds(&g, 7));
+        assert_eq!(p.stats().reserved_bytes, dev.ledger().device_bytes);
+        drop((f, g));
+    }
+}
+
+/// A purge or a sleep while the worker is still making pages counts them first: the reserve
+/// is what the device holds right after it, and a purge reports what the device got back.
+#[test]
+fn a_purge_with_pages_in_flight_counts_them() {
+    for sleep in [false, true] {
+        let dev = sim(4.0);
+        let p = pool(flaky(&dev, 20), Ahead::Worker);
+        let mut cache: Vec<Block> = (0..8).map(|_| p.alloc(3 * MIB).unwrap()).collect();
+        for _ in 0..4 {
+            step(&p, &mut cache, 3 * MIB, 0);
+        }
+        p.purge(&synchronize(&*dev).unwrap(), Purge::All).unwrap();
+        step(&p, &mut cache, 3 * MIB, 0);
+        step(&p, &mut cache[..4], 3 * MIB, 0);
+        let token = synchronize(&*dev).unwrap();
+        if sleep {
+            p.sleep(&token, false).unwrap();
+            p.wake().unwrap();
+        } else {
+            p.purge(&token, Purge::All).unwrap();
+        }
+        let held = dev.ledger().device_bytes;
+        assert_eq!(
+            p.reserved_bytes(),
+            held,
+            "sleep {sleep}: the published reserve"
+        );
+        assert_eq!(p.stats().reserved_bytes, held, "sleep {sleep}");
+    }
+}

@@ -24,6 +24,10 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
             } = &mut *g;
             placement.take_backed(size, &|a, l| upstream.unbacked(a, l))
         };
+        // Named by this landing alone: given back only once the block has its memory (a
+        // failed backing gives the fit back, and a range kept for later could by then lie
+        // under another block).
+        let excess = g.placement.take_excess();
         let r = match fit {
             // A range still in flight counts as vacant here: backing it waits for it.
             Some(fit) if !g.upstream.backed(fit.addr, fit.capacity) => {
@@ -39,7 +43,7 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
             }
         };
         if r.is_ok() {
-            if let Some(excess) = g.placement.take_excess() {
+            if let Some(excess) = excess {
                 if g.upstream.shed(&[excess], &mut g.tracker.s.calls) > 0 {
                     self.ctx.settle(g);
                 }

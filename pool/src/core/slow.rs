@@ -218,6 +218,9 @@ impl Ctx {
     ) -> Result<Released, PoolError> {
         let mut out = Released::default();
         let mut first_err = None;
+        // Pages in flight are counted before any release: what a release gives back is the
+        // fall of the memory held (`count_release`).
+        self.collect_ahead(g, true);
         // Memory freed: room to make pages ahead of need again.
         g.ahead_paused = false;
         for seg in std::mem::take(&mut g.pending) {

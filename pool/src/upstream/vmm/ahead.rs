@@ -238,10 +238,8 @@ impl VmmReserve {
                             calls.record(CallKind::Map);
                             self.space.place(at, len, h);
                         }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "could not map memory ahead of need");
-                            return;
-                        }
+                        // As the worker does: the next pages are tried all the same.
+                        Err(e) => tracing::debug!(error = %e, "could not map memory ahead of need"),
                     }
                 }
                 at += len as u64;

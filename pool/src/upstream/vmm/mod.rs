@@ -295,7 +295,13 @@ impl Upstream for VmmReserve {
     }
 
     fn shed(&mut self, unused: &[(u64, usize)], calls: &mut DriverCalls) -> usize {
-        self.settle_ahead(calls);
+        // Only pages in flight inside what is shed must be there first.
+        if unused
+            .iter()
+            .any(|&(a, l)| self.in_flight.overlap(a, l) > 0)
+        {
+            self.settle_ahead(calls);
+        }
         let driver = self.driver.clone();
         self.space.shed(driver.as_ref(), unused, calls)
     }
