@@ -28,6 +28,11 @@ use std::time::Instant;
 /// Called with each ubatch's row as it ends.
 pub(crate) type Observer = Box<dyn FnMut(&UbatchRow) + Send>;
 
+/// Called in a dry run after each ubatch's layers (before its boundary purge) with the tokens
+/// done and the bytes the device holds; `false` ends the run there (the planner's trajectory,
+/// `planner/trajectory.rs`).
+pub(crate) type Watch = Box<dyn FnMut(usize, usize) -> bool + Send>;
+
 /// See the module docs.
 pub(crate) struct Engine {
     pub cfg: RunConfig,
@@ -43,6 +48,9 @@ pub(crate) struct Engine {
     failed: bool,
     ubatch_index: usize,
     pub observer: Option<Observer>,
+    /// See [`Watch`]; `watched` is set where it ended the run.
+    pub watch: Option<Watch>,
+    pub watched: bool,
     /// Tokens of the prefill being decoded, from position 0.
     prefill_tokens: usize,
     /// Where the decode in progress started (its batches count from there).
@@ -142,6 +150,8 @@ impl Engine {
             failed: false,
             ubatch_index: 0,
             observer: None,
+            watch: None,
+            watched: false,
         })
     }
 
@@ -208,6 +218,9 @@ impl Engine {
                     oom = Some((pos0, report));
                     break;
                 }
+            }
+            if self.watched {
+                break;
             }
             // The first ubatch of an engine profile's run may hold its warm-up.
             let alone = pos0 == 0

@@ -46,6 +46,9 @@ impl Engine {
         self.begin_phase(index);
         let result = self.layers(&ub);
         let phase = self.end_phase();
+        if let (Ok(()), Some(w)) = (&result, self.watch.as_mut()) {
+            self.watched = !w(pos0 + n_tokens, self.driver.mem_info()?.used());
+        }
         // Decided before the phase closes in a recording: its keep list belongs to the phase.
         let purge = match (&result, prefill) {
             (Ok(()), true) => self.boundary_purge(next, phase.live)?,

@@ -33,7 +33,10 @@
 //!    bisected where one fits: the first run from the top with a fitting context holds the
 //!    answer. Where the slack of the probes that fit predicts the boundary (`narrow.rs`), the
 //!    bisections probe there first, and the walk starts where `top`'s slack covers the
-//!    buffer's excess over its floor; the answer is the bisection's wherever whether a context
+//!    buffer's excess over its floor. Where the slack's prediction misses (a legacy pool grows
+//!    in steps of 5%) and the pool's run does not follow its room until an allocation fails,
+//!    one dry run's trajectory (`trajectory.rs`) says where the boundary is expected, and the
+//!    bracket is narrowed from there; the answer is the bisection's wherever whether a context
 //!    fits is monotone.
 //!
 //! Each walk downwards ends within the buffer's excess over its floor (ggml-alloc's holes, at
@@ -44,15 +47,14 @@
 //!
 //! Whether a context fits is a probe (`probe.rs`); where the next probe goes, `narrow.rs`.
 
-use super::narrow::{Beside, Bracket, Slacks};
-use super::probe::{fits_beside, STEP};
+use super::narrow::Beside;
+use super::probe::STEP;
+use super::walk::Walk;
 use super::{room_beside, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
 use crate::policy::PurgePolicy;
-use crate::profiled::LayerBytes;
 use cupool_pool::PoolKind;
-use std::collections::HashMap;
 
 /// The largest context, in multiples of 256 up to [`crate::config::MAX_CTX`], whose prompts
 /// all complete; `None` if none does. Exact where the compute buffer is not monotone in the
@@ -139,24 +141,7 @@ fn search_with(
     if s_lo == 0 {
         return Ok(None);
     }
-    let mut walk = Walk {
-        cfg,
-        target,
-        buffer: HashMap::new(),
-        fits: HashMap::new(),
-        // No context above the bound starts: a start beyond it is the bound's.
-        start: start.min(LIMIT) / STEP * STEP,
-        above,
-        refuses_nothing: None,
-        bytes: LayerBytes::new(cfg),
-        slacks: Slacks::default(),
-        predicting: predict,
-    };
-    if let Some(span) = (s_lo * STEP).checked_sub(STEP).filter(|&n| n > 0) {
-        let kv = |c: usize| cfg.resident_bytes(c).1;
-        let per_position = kv(s_lo * STEP).saturating_sub(kv(STEP)) as f64 / span as f64;
-        walk.slacks.set_least(per_position);
-    }
+    let mut walk = Walk::new(cfg, target, (start, s_lo * STEP), above, predict);
     // The exact start-up buffers, downwards from the floor's bound (a few contexts, where the
     // buffer is above its floor): none above `bound` starts. When the pool fits beside them
     // there, that is the answer, with one dry run.
@@ -194,204 +179,16 @@ fn search_with(
             lo *= 2;
         }
         // lo fits beside the floor, the bracket's end does not.
-        let mut b = Bracket::new(lo, (lo * 2).min(end));
-        while b.fail - b.lo > STEP {
-            // `top` ends below the bracket's end.
-            if walk.answers_at_most(b.fail - STEP) {
-                return Ok(None);
-            }
-            let predicted = walk.predict(Beside::Floor, b.lo);
-            let c = b.next(predicted, STEP);
-            let fits = walk.fits_floor(c)?;
-            b.probed(c, fits, STEP);
+        match walk.bisect(Beside::Floor, lo, (lo * 2).min(end))? {
+            Some(top) => top,
+            None => return Ok(None),
         }
-        walk.predicting &= !b.missed();
-        b.lo
     };
     // Where the buffer is its floor, `top` fits as it did beside the floor.
     if walk.compute(top) == floor(top) {
         return Ok(Some(top));
     }
     walk.largest_from(top)
-}
-
-/// The exact search below the bound: each context's own compute buffer, replayed once.
-struct Walk<'a> {
-    cfg: &'a RunConfig,
-    target: &'a PlanTarget,
-    /// Each context's compute buffer.
-    buffer: HashMap<usize, usize>,
-    /// Whether each context probed fits.
-    fits: HashMap<usize, bool>,
-    /// The context the answer is expected to beat, in steps ([`max_ctx_above`]).
-    start: usize,
-    /// Only an answer above this counts ([`max_ctx_above`]).
-    above: &'a dyn Fn() -> usize,
-    /// Whether no dry run can fail (its pool is one the device has, and the engine profile
-    /// refuses no ubatch it could ask), once asked.
-    refuses_nothing: Option<bool>,
-    /// The profile's bytes for the short last ubatches.
-    bytes: LayerBytes,
-    /// What the probes that fit had to spare: where the next probes go.
-    slacks: Slacks,
-    /// Whether the slack still predicts: no prediction of this search was off by more than
-    /// the steps from it reach.
-    predicting: bool,
-}
-
-impl Walk<'_> {
-    /// Whether the search may stop with no answer, every answer it has left being at most
-    /// `most`: only one above `above()` counts, and where no dry run left out could fail.
-    fn answers_at_most(&mut self, most: usize) -> bool {
-        let (cfg, vmm) = (self.cfg, self.target.vmm);
-        most <= (self.above)()
-            && *self.refuses_nothing.get_or_insert_with(|| {
-                cfg.pool.resolve(vmm).is_ok() && crate::profiled::refuses_no_ubatch(cfg)
-            })
-    }
-
-    /// Where the slack of probes beside `kind` is predicted to run out above `lo`, while it
-    /// predicts.
-    fn predict(&self, kind: Beside, lo: usize) -> Option<usize> {
-        self.predicting
-            .then(|| self.slacks.zero_from(kind, lo, STEP))
-            .flatten()
-            .map(|p| self.over_bar(p))
-    }
-
-    /// `p`, or one step above `start` where `p` is at or below it: the search expects no
-    /// answer there.
-    fn over_bar(&self, p: usize) -> usize {
-        match self.start {
-            0 => p,
-            s => p.max(s + STEP),
-        }
-    }
-
-    fn compute(&mut self, n_ctx: usize) -> usize {
-        let cfg = self.cfg;
-        *self
-            .buffer
-            .entry(n_ctx)
-            .or_insert_with(|| cfg.compute_buffer_bytes(n_ctx))
-    }
-
-    fn fits(&mut self, n_ctx: usize) -> Result<bool, RuntimeError> {
-        if let Some(&f) = self.fits.get(&n_ctx) {
-            return Ok(f);
-        }
-        let compute = self.compute(n_ctx);
-        let slack = fits_beside(self.cfg, self.target, n_ctx, compute, &mut self.bytes)?;
-        if let Some(s) = slack {
-            self.slacks.note(Beside::Exact, n_ctx, s);
-        }
-        self.fits.insert(n_ctx, slack.is_some());
-        Ok(slack.is_some())
-    }
-
-    /// Whether every prompt up to `n_ctx` completes beside the floor of its compute buffer.
-    fn fits_floor(&mut self, n_ctx: usize) -> Result<bool, RuntimeError> {
-        let floor = self.cfg.compute_floor_bytes(n_ctx);
-        let slack = fits_beside(self.cfg, self.target, n_ctx, floor, &mut self.bytes)?;
-        if let Some(s) = slack {
-            self.slacks.note(Beside::Floor, n_ctx, s);
-        }
-        Ok(slack.is_some())
-    }
-
-    /// The largest context at or below `bound` whose start-up buffers fit beside what lies
-    /// outside them; `None` if none does.
-    fn starts_at_or_below(&mut self, bound: usize) -> Option<usize> {
-        (1..=bound / STEP).rev().map(|s| s * STEP).find(|&c| {
-            let (w, kv) = self.cfg.resident_bytes(c);
-            let compute = self.compute(c);
-            room_beside(self.target, (w, kv, compute)).is_ok()
-        })
-    }
-
-    /// The largest context from `lo` (which fits) below `fail` (which does not), where every
-    /// context between them lies in one run of contexts whose buffer does not decrease: there
-    /// whether a context fits is monotone.
-    fn bisect(&mut self, lo: usize, fail: usize) -> Result<Option<usize>, RuntimeError> {
-        let mut b = Bracket::new(lo, fail);
-        while b.fail - b.lo > STEP {
-            // The answer is below the bracket's end.
-            if self.answers_at_most(b.fail - STEP) {
-                return Ok(None);
-            }
-            let predicted = self.predict(Beside::Exact, b.lo);
-            let c = b.next(predicted, STEP);
-            let fits = self.fits(c)?;
-            b.probed(c, fits, STEP);
-        }
-        self.predicting &= !b.missed();
-        Ok(Some(b.lo))
-    }
-
-    /// Where the largest context at or below `top` that fits beside its own buffer is
-    /// predicted to be, from `top`'s slack beside its floor and the buffer's excess over it.
-    fn predicted_below(&mut self, top: usize) -> Option<usize> {
-        if !self.predicting {
-            return None;
-        }
-        let excess = self
-            .compute(top)
-            .saturating_sub(self.cfg.compute_floor_bytes(top));
-        self.slacks
-            .covering(top, excess, STEP)
-            .map(|p| self.over_bar(p))
-    }
-
-    /// The largest context at or below `top` that fits, when none above `top` does: run by run
-    /// downwards, each run probed at its top (or, in the run that holds it, first where the
-    /// slack predicts the answer), at doubling distances below that and at its bottom.
-    fn largest_from(&mut self, top: usize) -> Result<Option<usize>, RuntimeError> {
-        let mut hi = top;
-        // The first probe where `top`'s slack beside its floor predicts the largest context
-        // that fits beside the context's own buffer, rather than at `top`.
-        let mut first = self.predicted_below(top);
-        loop {
-            // What is left to answer is at most `hi`.
-            if self.answers_at_most(hi) {
-                return Ok(None);
-            }
-            // Every context above `hi` fails; the run goes down from `hi` while the buffer
-            // does not grow below.
-            let mut fail = hi + STEP;
-            let start = first.filter(|&p| p <= hi).unwrap_or(hi);
-            let (mut c, mut probe, mut gap) = (hi, start, STEP);
-            loop {
-                if c == probe {
-                    if self.fits(c)? {
-                        return self.bisect(c, fail);
-                    }
-                    fail = c;
-                    // What is left to answer is below `fail`.
-                    if self.answers_at_most(fail - STEP) {
-                        return Ok(None);
-                    }
-                    probe = c.saturating_sub(gap);
-                    gap *= 2;
-                }
-                if c == STEP || self.compute(c - STEP) > self.compute(c) {
-                    break;
-                }
-                c -= STEP;
-            }
-            // The prediction was probed in this run, or lies below it: kept for its own run.
-            if first.is_some_and(|p| p >= c) {
-                first = None;
-            }
-            // `c` is the run's bottom: if it fails, so does the whole run.
-            if fail != c && self.fits(c)? {
-                return self.bisect(c, fail);
-            }
-            if c == STEP {
-                return Ok(None);
-            }
-            hi = c - STEP;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -6,10 +6,12 @@
 use super::*;
 use crate::engine_kind::EngineKind;
 use crate::model::ModelShape;
+use crate::planner::probe::fits_beside;
 use crate::planner::tail::tail_prompt;
 use crate::planner::test_setup::{h100, two_layers};
 use crate::planner::{room_beside, simulate_beside, GPU_MALLOC_PAGE};
 use crate::policy::PurgePolicy;
+use crate::profiled::LayerBytes;
 use cupool_pool::layering::Layering;
 use cupool_pool::PoolKind;
 use cupool_profiles::{EngineModel, Profile, Weights};

@@ -1,0 +1,108 @@
+//! A dry run: the engine with the dry-run executor on a simulated card of a given room, which
+//! computes nothing and touches no memory, so the pool's requests, peaks and failure are the
+//! run's own.
+
+use super::PlanTarget;
+use crate::config::{RunConfig, MAX_CTX};
+use crate::counting_driver::{Counter, CountingDriver};
+use crate::engine::{Engine, Watch};
+use crate::error::RuntimeError;
+use crate::executor::dry_run::DryRun;
+use crate::executor::DeviceBuffers;
+use crate::fast_forward::FastForward;
+use crate::memory::{ComputeLayout, KvLayout, WeightLayout};
+use crate::policy::BudgetMode;
+use crate::report::RunReport;
+use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
+use cupool_pool::driver::Driver;
+use std::borrow::Cow;
+use std::sync::{Arc, OnceLock};
+
+/// A dry run of a prefill of `n_prompt` tokens with `cfg`'s pool and purge policy on a
+/// simulated card whose pool has `pool_bytes` to itself (the startup buffers take none of it).
+/// `fast` skips the layers and ubatches that repeat one before them exactly (the engine's
+/// fast-forward, told by a [`CountingDriver`] whether a step called the driver) and keeps no
+/// rows: the same peaks, driver calls and failure, in a fraction of the time.
+pub(super) fn dry_run(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+    pool_bytes: usize,
+    fast: bool,
+) -> Result<RunReport, RuntimeError> {
+    Ok(watched(cfg, target, n_prompt, pool_bytes, fast, None)?.0)
+}
+
+/// [`dry_run`], with `watch` called after each ubatch's layers ([`Watch`]): the report, and
+/// whether the watch ended the run.
+pub(super) fn watched(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+    pool_bytes: usize,
+    fast: bool,
+    watch: Option<Watch>,
+) -> Result<(RunReport, bool), RuntimeError> {
+    let mut c = cfg.clone();
+    c.budget = BudgetMode::Ggml;
+    // The dry run measures; it has no budget to warn about (and so projects nothing itself).
+    c.margin_bytes = usize::MAX / 4;
+    c.record_trace = false;
+    c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
+    let counted = dry_device(target, pool_bytes)?;
+    let driver: Arc<dyn Driver> = counted.clone();
+    let m = &c.model;
+    // The dry run touches no memory: the startup buffers need no addresses.
+    let bufs = DeviceBuffers {
+        weights: 0,
+        kv: 0,
+        compute: 0,
+        wl: WeightLayout::new(m, c.weight_type),
+        kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
+        cl: ComputeLayout::new(m, c.n_ubatch),
+    };
+    let tokens = dry_prompt(n_prompt);
+    // A simulation's out-of-memory is its result, not news: its pool and engine log nothing.
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        let ff = FastForward::new(fast.then_some(counted));
+        let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX, ff)?;
+        engine.watch = watch;
+        let report = engine.decode(&tokens)?;
+        Ok((report, engine.watched))
+    })
+}
+
+/// The simulated card of a dry run: `target`'s kind, `pool_bytes` of it for the pool. Its
+/// allocations take whole pages, as on the target; counted, since the fast-forward reads from
+/// it whether a step called the driver.
+pub(crate) fn dry_device(
+    target: &PlanTarget,
+    pool_bytes: usize,
+) -> Result<Arc<CountingDriver>, RuntimeError> {
+    let mut sim = SimConfig::gib(0.0)
+        .vmm(target.vmm)
+        .granularity(target.granularity)
+        .malloc_page(target.malloc_page)
+        .backed(false)
+        .record_calls(false);
+    sim.capacity = pool_bytes.min(MAX_CAPACITY);
+    Ok(Arc::new(CountingDriver::new(
+        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?),
+        Counter::default(),
+    )))
+}
+
+/// A dry run's prompt of `n` tokens. The dry-run executor reads no token: only the prompt's
+/// length shapes the run, so every dry run slices one buffer of zeros as long as the longest
+/// context, allocated once and never written (computing the ids, or zeroing a buffer per run,
+/// took a tenth of a long dry run).
+pub(super) fn dry_prompt(n: usize) -> Cow<'static, [i32]> {
+    static ZEROS: OnceLock<Box<[i32]>> = OnceLock::new();
+    match ZEROS
+        .get_or_init(|| vec![0; MAX_CTX].into_boxed_slice())
+        .get(..n)
+    {
+        Some(t) => Cow::Borrowed(t),
+        None => Cow::Owned(vec![0; n]),
+    }
+}
