@@ -52,10 +52,11 @@ fn step(p: &dyn Pool, cache: &mut [Block], grow: usize, act: usize) -> Vec<u64> 
 }
 
 /// Phi-3's prefill in miniature: 8 layers' keys and values grown by 3 MiB a step (4, then
-/// 2 MiB of granules). A lane is read as a growing cache's once two copies in a row grew in it
-/// (three steps to learn); from then on the worker maps the growth and the allocating thread
-/// almost nothing, where without it every copy maps its growth there. The reserve pays a
-/// growth or two for it.
+/// 2 MiB of granules), with an activation between layers that lands in the lanes too. A lane
+/// is read as a growing cache's once two copies in a row grew alike in it and the growth it
+/// would then have asked for was needed (six steps to learn, activations between); from then
+/// on the worker maps at least three quarters of the growth, where without it every copy maps
+/// its growth on the allocating thread. The reserve pays a growth or two for it.
 #[test]
 fn the_worker_maps_the_lanes_growth_off_the_allocating_thread() {
     let run = |ahead: Ahead| {
@@ -73,8 +74,8 @@ fn the_worker_maps_the_lanes_growth_off_the_allocating_thread() {
         };
         let mut peak = 0;
         let mut learnt = (0, 0);
-        for s in 0..10 {
-            if s == 4 {
+        for s in 0..12 {
+            if s == 6 {
                 learnt = calls();
             }
             step(&p, &mut cache, 3 * MIB, 5 * MIB);
@@ -95,7 +96,7 @@ fn the_worker_maps_the_lanes_growth_off_the_allocating_thread() {
         "each copy maps its growth: {off_inline}"
     );
     assert!(
-        ahead >= 12 * 6 && inline <= 3 * 6,
+        ahead >= 12 * 6 && inline <= 4 * 6,
         "the worker maps the growth: {inline} maps on the allocating thread, {ahead} on the worker, {off_inline} without"
     );
     assert!(

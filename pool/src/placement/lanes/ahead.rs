@@ -1,7 +1,7 @@
 //! What the lanes expect their next copies to need ([`Placement::ahead`]): see the module docs
 //! of [`super`].
 
-use super::{Lane, Lanes, SPILL_GRANULE};
+use super::{Lane, Lanes, GROW, SPILL, SPILL_GRANULE};
 use crate::placement::Placement;
 
 /// Growing busy lanes whose next growth [`Placement::ahead`] names: the ones whose blocks were
@@ -11,16 +11,48 @@ use crate::placement::Placement;
 pub const AHEAD: usize = 2;
 
 impl Lane {
-    /// The growth the block that replaces this lane's is expected to need: where its last two
-    /// blocks both grew (a cache's copies; an activation that happened to land on a smaller
-    /// one's lane grows once), the growth before the last (3 MiB a chunk in 2 MiB granules
-    /// grows by 4, then 2 MiB, by turns); else none.
+    /// Where the block replacing this lane's is expected to end, in whole granules: where its
+    /// last two blocks grew alike (a cache's copies each grow by one chunk; an activation that
+    /// happened to land on a smaller one's lane grows once, or by another amount), this one
+    /// grown once more.
+    fn expected_end(&self) -> Option<usize> {
+        let g = self.grew[1];
+        (g > 0 && self.grew[0] == g).then(|| (self.size + g).next_multiple_of(SPILL_GRANULE))
+    }
+
+    /// Notes a block of `size` bytes landing in the lane: whether the growth this lane would
+    /// have asked for was needed (blocks that grew alike and then stopped, as a MoE's
+    /// activations do at 8, 12 and 16 MiB, lose the lane its trust until a guess is right
+    /// again), and what the block grew by.
+    pub(super) fn landed(&mut self, size: usize) {
+        // A block a little smaller (an activation between a cache's copies, on the memory the
+        // last copy left) is no copy: the next copy grows over the last one. One much smaller
+        // starts the lane's history again (a new sequence's cache, where the lane's memory
+        // was moved away).
+        if size < self.size {
+            if self.size - size > SPILL {
+                (self.size, self.grew) = (size, [0; 2]);
+            }
+            return;
+        }
+        if let Some(end) = self.expected_end() {
+            self.trusted = size.next_multiple_of(SPILL_GRANULE) >= end;
+        }
+        self.grew = [self.grew[1], size.saturating_sub(self.size).min(GROW)];
+        self.size = size;
+    }
+
+    /// The memory beyond its block that the block replacing it is expected to need, where the
+    /// lane's last guess was right: the granules the expected block reaches past this one's
+    /// (none where the chunk still fits the last granule: 0.5 MiB a chunk takes a granule every
+    /// fourth copy).
     #[inline]
     pub(super) fn next_growth(&self) -> usize {
-        if self.grew[0] > 0 && self.grew[1] > 0 {
-            self.grew[0]
-        } else {
-            0
+        match self.expected_end() {
+            Some(end) if self.trusted => {
+                end.saturating_sub(self.used.next_multiple_of(SPILL_GRANULE))
+            }
+            _ => 0,
         }
     }
 }
@@ -74,5 +106,102 @@ impl<P: Placement> Lanes<P> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::Segment;
+
+    const MIB: usize = 1 << 20;
+
+    /// A busy lane whose blocks of `sizes` bytes landed in turn.
+    fn lane(sizes: &[usize]) -> Lane {
+        let mut l = Lane {
+            seg: Segment {
+                ptr: 1 << 40,
+                len: 1 << 30,
+                handle: 0,
+            },
+            used: 0,
+            last: 0,
+            freed_at: 0,
+            placed: 0,
+            size: sizes[0],
+            grew: [0; 2],
+            trusted: false,
+            handed: 0,
+        };
+        for &s in &sizes[1..] {
+            l.landed(s);
+        }
+        l.used = sizes.last().unwrap().next_multiple_of(SPILL_GRANULE);
+        l
+    }
+
+    #[test]
+    fn a_cache_s_copies_are_expected_to_grow_by_their_chunk_in_whole_granules() {
+        // 3 MiB a chunk: 12 -> 15 MiB needs 16, 4 MiB past 12; 15 -> 18 needs 2 past 16.
+        assert_eq!(
+            lane(&[3 * MIB, 6 * MIB, 9 * MIB, 12 * MIB]).next_growth(),
+            4 * MIB
+        );
+        assert_eq!(
+            lane(&[6 * MIB, 9 * MIB, 12 * MIB, 15 * MIB]).next_growth(),
+            2 * MIB
+        );
+        // Half a MiB a chunk: a granule every fourth copy.
+        let half = MIB / 2;
+        assert_eq!(
+            lane(&[8 * MIB, 8 * MIB + half, 9 * MIB, 9 * MIB + half]).next_growth(),
+            0
+        );
+        assert_eq!(
+            lane(&[8 * MIB + half, 9 * MIB, 9 * MIB + half, 10 * MIB]).next_growth(),
+            2 * MIB
+        );
+    }
+
+    #[test]
+    fn an_activation_between_copies_leaves_the_cache_s_growth_as_it_was() {
+        let l = lane(&[3 * MIB, 6 * MIB, 9 * MIB, 5 * MIB, 12 * MIB]);
+        assert_eq!(l.next_growth(), 4 * MIB);
+    }
+
+    #[test]
+    fn a_much_smaller_block_starts_the_lane_s_history_again() {
+        let l = lane(&[
+            30 * MIB,
+            33 * MIB,
+            36 * MIB,
+            3 * MIB,
+            6 * MIB,
+            9 * MIB,
+            12 * MIB,
+        ]);
+        assert_eq!(l.next_growth(), 4 * MIB);
+    }
+
+    #[test]
+    fn blocks_that_grew_alike_and_stopped_are_not_guessed_again() {
+        // Not trusted before one guess was seen to hold.
+        assert_eq!(lane(&[4 * MIB, 8 * MIB, 12 * MIB]).next_growth(), 0);
+        // 16 would have been right: trusted, 20 expected.
+        assert_eq!(
+            lane(&[4 * MIB, 8 * MIB, 12 * MIB, 16 * MIB]).next_growth(),
+            4 * MIB
+        );
+        // They stopped at 16 and started again from 8: 20 was wrong, no guess until one holds.
+        let l = lane(&[
+            4 * MIB,
+            8 * MIB,
+            12 * MIB,
+            16 * MIB,
+            16 * MIB,
+            8 * MIB,
+            12 * MIB,
+        ]);
+        assert_eq!(l.next_growth(), 0);
     }
 }

@@ -79,9 +79,14 @@ struct Lane {
     freed_at: u64,
     /// When its block was placed (the lanes' own count): its key in `Lanes::growing`.
     placed: u64,
-    /// What its block grew by over the lane's last (0: not larger, or a lane just opened),
-    /// and what the block before did.
+    /// Bytes asked for by its last block (before rounding).
+    size: usize,
+    /// What its block grew by over the lane's last, in bytes asked for (0: not larger, or a
+    /// lane just opened), and what the block before did.
     grew: [usize; 2],
+    /// Whether the last growth this lane would have been asked ahead for was needed by the
+    /// block that came (`ahead.rs`).
+    trusted: bool,
     /// The end of the largest block it has held: memory beyond it was only ever made ahead
     /// of need, never handed out.
     handed: usize,
@@ -219,7 +224,7 @@ impl<P: Placement> Placement for Lanes<P> {
                     lane.placed = self.placed;
                     // What it grew by over the lane's last block: what the block that
                     // replaces it will grow by (each copy of a cache grows alike).
-                    lane.grew = [lane.grew[1], n.saturating_sub(lane.last).min(GROW)];
+                    lane.landed(size);
                     lane.handed = lane.handed.max(n);
                     // Memory made ahead for a larger copy than came (a last, shorter chunk)
                     // goes back at once: no kernel ever used it. (None where nothing is made
@@ -268,7 +273,9 @@ impl<P: Placement> Placement for Lanes<P> {
                 last: n,
                 freed_at: 0,
                 placed: self.placed,
+                size,
                 grew: [0; 2],
+                trusted: false,
                 handed: n,
             },
         );
