@@ -15,6 +15,7 @@ use crate::policy::BudgetMode;
 use crate::report::RunReport;
 use cupool_pool::driver::sim::{SimConfig, SimDevice, MAX_CAPACITY};
 use cupool_pool::driver::Driver;
+use cupool_pool::upstream::vmm::Ahead;
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
@@ -49,6 +50,7 @@ pub(super) fn watched(
     c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;
     c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
+    reproducible(&mut c);
     let counted = dry_device(target, pool_bytes)?;
     let driver: Arc<dyn Driver> = counted.clone();
     let m = &c.model;
@@ -105,4 +107,27 @@ pub(super) fn dry_prompt(n: usize) -> Cow<'static, [i32]> {
         Some(t) => Cow::Borrowed(t),
         None => Cow::Owned(vec![0; n]),
     }
+}
+
+/// Makes `cfg`'s pool decide as it would with every page made at once: a worker thread making
+/// memory ahead of need (`CUPOOL_VMM_AHEAD=worker`) finishes its pages when the thread runs, so
+/// a dry run's placements, and the planner's answers, would depend on timing (the same plan
+/// answered 28,672 and 29,184 positions in turn). `inline` makes the same memory at once.
+pub(crate) fn reproducible(cfg: &mut RunConfig) {
+    if cfg.pool.vmm.ahead == Ahead::Worker {
+        cfg.pool.vmm.ahead = Ahead::Inline;
+    }
+}
+
+/// `cfg` as [`reproducible`] makes it, cloned into `owned` only where it changes.
+pub(crate) fn reproducible_ref<'a>(
+    cfg: &'a RunConfig,
+    owned: &'a mut Option<RunConfig>,
+) -> &'a RunConfig {
+    if cfg.pool.vmm.ahead != Ahead::Worker {
+        return cfg;
+    }
+    let mut c = cfg.clone();
+    reproducible(&mut c);
+    owned.insert(c)
 }

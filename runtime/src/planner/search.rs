@@ -75,8 +75,8 @@ pub fn max_ctx_that_fits(
 ///
 /// `start` is a context the caller expects the answer to beat, fixed before the search (the
 /// advice's: the configured settings' answer): where the search predicts, it probes one step
-/// above it first and never predicts at or below it, so a search that cannot beat it ends in a
-/// probe or two. The probes depend on `start` and on earlier probes' results, never on
+/// above it first and the slack never predicts at or below it (a trajectory's expectation is
+/// probed where it is: `walk.rs`), so a search that cannot beat it ends in a probe or two. The probes depend on `start` and on earlier probes' results, never on
 /// `above()`: a search that stops early has run a prefix of the whole one with the same
 /// `start`, and its answer is that one's however `above()` grows meanwhile. Where whether a
 /// context fits is monotone, `start` changes no answer either.

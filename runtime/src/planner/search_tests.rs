@@ -347,3 +347,34 @@ proptest::proptest! {
         }
     }
 }
+
+/// A pool that makes memory ahead on a worker thread (`CUPOOL_VMM_AHEAD=worker`, which `plan`
+/// reads from the environment) is planned as with the pages made at once: the same answer every
+/// time, and the same as `inline`'s. (Before, the worker's timing moved the dry runs'
+/// placements: one configuration answered 28,672 and 29,184 positions in turn.)
+#[test]
+fn a_worker_making_memory_ahead_plans_as_inline() {
+    use cupool_pool::upstream::vmm::Ahead;
+    for profile in [None, Some(Profile::IkLlama)] {
+        for purge in [PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always] {
+            for room_mib in [250, 300, 337, 400, 500, 700, 900] {
+                let answer = |ahead: Ahead| {
+                    let mut cfg = two_layers(profile, PoolKind::Vmm, purge, 256);
+                    cfg.pool.vmm.recycle = true;
+                    cfg.pool.vmm.lanes = true;
+                    cfg.pool.vmm.ahead = ahead;
+                    let t = room_beside_the_weights(&cfg, room_mib);
+                    max_ctx_that_fits(&cfg, &t).unwrap()
+                };
+                let inline = answer(Ahead::Inline);
+                for _ in 0..3 {
+                    assert_eq!(
+                        answer(Ahead::Worker),
+                        inline,
+                        "{profile:?} {purge:?} {room_mib} MiB"
+                    );
+                }
+            }
+        }
+    }
+}

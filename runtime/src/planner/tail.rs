@@ -18,16 +18,21 @@
 //! its buffers carries the earlier ubatches' into the last. A brute force over contexts of
 //! 1,024-16,384 positions, ubatches of 256-2,048, both KV types and every purge found 30-odd
 //! legacy cases where a prompt peaks above both checked ones (up to 25% of the pool's peak:
-//! mainline, `always`, `-ub 512 -c 2048`, the 2,023-token prompt), against 319 with the sum of
-//! the requests this replaced. Ranking every tail on a replay of the legacy placement alone
-//! would close most of it; it is not built.
+//! mainline, `always`, `-ub 512 -c 2048`, the 2,023-token prompt: 41.2 MiB against 32.8),
+//! against 319 with the sum of the requests this replaced. A legacy pool purged `always` starts
+//! every ubatch empty, so there every tail is ranked by its peak alone on a fresh pool, which is
+//! the prompt's last ubatch's exactly (`tail_tests.rs` checks it by brute force). A legacy pool
+//! never purged or purged `auto` carries the earlier ubatches' buffers into the last: its
+//! choice stays the stand-in above.
 
 use super::PlanTarget;
 use crate::config::RunConfig;
 use crate::fast_forward::FastForward;
+use crate::policy::PurgePolicy;
 use crate::profiled::{self, LayerBytes};
 use cupool_pool::driver::sim::MAX_CAPACITY;
 use cupool_pool::driver::Driver;
+use cupool_pool::PoolKind;
 use cupool_profiles::UbatchShape;
 use std::sync::Arc;
 
@@ -74,6 +79,19 @@ fn worst_tail(cfg: &RunConfig, target: &PlanTarget, bytes: &mut LayerBytes) -> O
             Some((t, h.most, h.requests))
         })
         .collect();
+    // A legacy pool purged `always` starts every ubatch empty (the boundary before it
+    // released everything), so a prompt's last ubatch peaks as it does alone on a fresh pool:
+    // every tail is ranked so, exactly (best fit and the 1.05 growth make the peak fluctuate
+    // from one token count to the next, where the runs below miss it).
+    if cfg.purge == PurgePolicy::Always && cfg.pool.resolve(target.vmm) == Ok(PoolKind::Legacy) {
+        let longest = held.last().map(|&(t, _, _)| t);
+        return held
+            .iter()
+            .filter_map(|&(t, _, _)| Some((alone_peak(cfg, target, t, n_kv(t))?, t)))
+            .max()
+            .map(|(_, t)| t)
+            .or(longest);
+    }
     // The longest tail of each run computed one way (the requests grow with the tokens
     // there), and the longest of all.
     let mut candidates: Vec<(usize, usize)> = held
@@ -106,6 +124,8 @@ fn alone_peak(cfg: &RunConfig, target: &PlanTarget, n_tokens: usize, n_kv: usize
     // Layers that repeat one that made no driver call are skipped, as in a dry run.
     let counted = super::dry_device(target, MAX_CAPACITY).ok()?;
     let driver: Arc<dyn Driver> = counted.clone();
+    let mut owned = None;
+    let cfg = super::dry::reproducible_ref(cfg, &mut owned);
     let pool = crate::engine::build_pool(cfg, driver).ok()?;
     let u = UbatchShape {
         n_tokens,

@@ -7,7 +7,7 @@ use cupool_pool::PoolKind;
 use cupool_profiles::Profile;
 
 /// The short last ubatch the search checks is the one whose prompt peaks highest, over a VMM
-/// pool: every prompt of a context's whole ubatches and a short last one, tried one by one on a
+/// pool and a legacy pool purged `always`: every prompt of a context's whole ubatches and a short last one, tried one by one on a
 /// card the pool never fills, peaks no higher than the search's tail prompt (or the full one).
 /// For the profiles that model tails, every purge policy, two ubatch sizes, contexts that are
 /// and are not multiples of the ubatch. (The sum of the requests, which chose before, missed
@@ -15,12 +15,18 @@ use cupool_profiles::Profile;
 /// ones at 20.)
 #[test]
 fn the_tail_checked_is_the_prompt_that_peaks_highest() {
+    let pools = [
+        (PoolKind::Vmm, PurgePolicy::Never),
+        (PoolKind::Vmm, PurgePolicy::Always),
+        (PoolKind::Vmm, PurgePolicy::Auto),
+        (PoolKind::Legacy, PurgePolicy::Always),
+    ];
     let mut worse = Vec::new();
     for profile in [Profile::IkLlama, Profile::LlamaB8833, Profile::Llama] {
-        for purge in [PurgePolicy::Never, PurgePolicy::Always, PurgePolicy::Auto] {
+        for (kind, purge) in pools {
             for ubatch in [256usize, 512] {
-                for n_ctx in [4096usize, 4352, 9216, 9472] {
-                    let mut cfg = two_layers(Some(profile), PoolKind::Vmm, purge, ubatch);
+                for n_ctx in [2048usize, 4096, 4352, 9216, 9472] {
+                    let mut cfg = two_layers(Some(profile), kind, purge, ubatch);
                     cfg.n_ctx = n_ctx;
                     let t = h100(&cfg, usize::MAX / 4);
                     let peak = |p: usize| super::super::pool_peaks(&cfg, &t, p).unwrap().0;
@@ -35,7 +41,7 @@ fn the_tail_checked_is_the_prompt_that_peaks_highest() {
                         .unwrap();
                     if most > checked {
                         worse.push(format!(
-                            "{profile:?} {purge:?} -ub {ubatch} -c {n_ctx}: the prompt of {at} peaks at {most}, the checked ones at {checked}"
+                            "{profile:?} {kind:?} {purge:?} -ub {ubatch} -c {n_ctx}: the prompt of {at} peaks at {most}, the checked ones at {checked}"
                         ));
                     }
                 }

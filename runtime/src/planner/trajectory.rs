@@ -29,8 +29,9 @@ use std::sync::Arc;
 /// fails, and fails about where its held memory passes the room. A VMM pool does: `auto` over
 /// it releases nothing however little is free (it keeps what the next ubatch asks for, and its
 /// placement keeps no block it could release for that: `Bump::idle`), and a retry after a
-/// failed allocation can release only the few idle pages of its range, so its run completes at
-/// most a few steps above where the trajectory expects (four in `tests`). A legacy pool does
+/// failed allocation can release only the few idle pages of its range, so its run completes a
+/// few steps above where the trajectory expects (up to four in `tests`, seven with page
+/// recycling on and purged `always`). A legacy pool does
 /// only never purged and never retrying: one that frees its whole cache and retries (libcupool
 /// under a purge policy, mainline since PR #22155) completes in much less room than it holds
 /// where nothing limits it (ik_llama.cpp's, purged `always`, held 90 MiB through its first
@@ -43,7 +44,7 @@ fn reads_no_room(cfg: &RunConfig, kind: PoolKind) -> bool {
                 EngineKind::Profile { profile, .. } => profile.legacy_flush_and_retry(),
                 EngineKind::Cupool => false,
             };
-            cfg.purge == PurgePolicy::Never && !retries
+            cfg.purge == PurgePolicy::Never && !retries && !cfg.pool.legacy.flush_and_retry
         }
         _ => false,
     }
@@ -93,8 +94,8 @@ impl Trajectory {
             watched(&c, target, bound, MAX_CAPACITY, true, Some(Box::new(watch))).ok()?;
         let completed = report.completed;
         let points = std::mem::take(&mut *points.lock().ok()?);
-        // A run ended by the watch stops at its last point; one that completed covers the
-        // whole prompt (its last ubatches may have been skipped as repeats: they held no more).
+        // A run ended by the watch stops at its last point (its report says completed: the
+        // watch, not the pool, ended it); one that completed covers the whole prompt.
         let reached = match (completed, stopped) {
             (true, false) => bound,
             _ => points.last().map_or(0, |&(done, _)| done),
@@ -179,6 +180,23 @@ mod tests {
         assert_eq!(t.expected(5_120, 64 * 256, room), 5_120);
     }
 
+    /// Pools that read their room or free their cache and retry get no trajectory: mainline's
+    /// legacy pool (it retries since PR #22155), any legacy pool under a purge policy (libcupool
+    /// retries there), a legacy pool purged `auto`.
+    #[test]
+    fn a_pool_that_reads_its_room_or_retries_has_no_trajectory() {
+        let none = |profile, purge| {
+            let cfg = two_layers(profile, PoolKind::Legacy, purge, STEP);
+            let t = h100(&cfg, 80 << 30);
+            Trajectory::of(&cfg, &t, 4096, |_| Some(usize::MAX)).is_none()
+        };
+        assert!(none(Some(Profile::Llama), PurgePolicy::Never));
+        assert!(none(Some(Profile::IkLlama), PurgePolicy::Always));
+        assert!(none(None, PurgePolicy::Auto));
+        assert!(!none(Some(Profile::LlamaB8833), PurgePolicy::Never));
+        assert!(!none(None, PurgePolicy::Never));
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
 
@@ -224,11 +242,7 @@ mod tests {
                 let (w, kv) = c2.resident_bytes(c);
                 room_beside(&t2, (w, kv, c2.compute_floor_bytes(c))).ok()
             };
-            let Some(traj) = Trajectory::of(&cfg, &t, bound, floor_room) else {
-                // Mainline's legacy pool retries: no trajectory.
-                proptest::prop_assert!(kind == PoolKind::Legacy && profile == Some(Profile::LlamaB8833));
-                return Ok(());
-            };
+            let traj = Trajectory::of(&cfg, &t, bound, floor_room).expect("a trajectory");
             let expected = traj.expected(STEP, bound, room);
             // Exact where nothing retries; a pool purged under libcupool's policies retries a
             // failed allocation after releasing what it holds idle, and completes a step or four

@@ -31,7 +31,7 @@ impl Lane {
         // was moved away).
         if size < self.size {
             if self.size - size > SPILL {
-                (self.size, self.grew) = (size, [0; 2]);
+                (self.size, self.grew, self.trusted) = (size, [0; 2], false);
             }
             return;
         }

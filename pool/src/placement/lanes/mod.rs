@@ -29,10 +29,10 @@
 //! other blocks or shed like any hole's. A purge of everything releases the free lanes.
 //!
 //! Where the upstream makes memory ahead of need (`CUPOOL_VMM_AHEAD`,
-//! `upstream/vmm/ahead.rs`), a lane whose last two blocks both grew over the one before is read
-//! as a growing cache's, and [`Placement::ahead`] names the growth the next copy will need
-//! behind the [`AHEAD`] such busy lanes placed longest ago (their blocks are replaced next); that
-//! growth is kept out of the free spans. Memory a copy did not need (beyond the largest block a
+//! `upstream/vmm/ahead.rs`), a lane whose last two blocks grew alike, and whose last such guess
+//! held, is read as a growing cache's (`ahead.rs`), and [`Placement::ahead`] names the growth
+//! the next copy will need behind the [`AHEAD`] such busy lanes placed longest ago (their blocks
+//! are replaced next); that growth is kept out of the free spans. Memory a copy did not need (beyond the largest block a
 //! lane has held: nothing ever used it) goes back when the copy lands
 //! ([`Placement::take_excess`]).
 
@@ -82,7 +82,8 @@ struct Lane {
     /// Bytes asked for by its last block (before rounding).
     size: usize,
     /// What its block grew by over the lane's last, in bytes asked for (0: not larger, or a
-    /// lane just opened), and what the block before did.
+    /// lane just opened), and what the block before did; a block a little smaller than the
+    /// last (an activation between copies) leaves it as it was (`Lane::landed`).
     grew: [usize; 2],
     /// Whether the last growth this lane would have been asked ahead for was needed by the
     /// block that came (`ahead.rs`).
@@ -110,7 +111,7 @@ pub struct Lanes<P> {
     asked: bool,
     /// Whether lanes may open (the upstream refused address space apart: never again).
     enabled: bool,
-    /// The busy lanes whose block grew over the lane's last, by (when it was placed,
+    /// The busy lanes expected to grow ([`Lane::next_growth`]), by (when their block was placed,
     /// address), oldest first: the copies of a growing cache, replaced in the order they were
     /// placed ([`Placement::ahead`]).
     growing: BTreeSet<(u64, u64)>,
