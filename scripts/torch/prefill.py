@@ -33,6 +33,9 @@ p.add_argument("--speed-reps", type=int, default=0,
                     "empty cache with the allocator's free memory given back to the driver first "
                     "(torch.cuda.empty_cache, cupool.trim), so every one starts as the first did: "
                     "repeated timings in one process, with the GPU's busy share of each")
+p.add_argument("--profile", metavar="FILE",
+               help="write torch.profiler's CPU table of the last --speed-reps prefill here "
+                    "(ops by their own CPU time on the Python thread)")
 p.add_argument("--warmup", type=int, default=0,
                help="tokens run through the model (their cache dropped) before the timed prefill, "
                     "so the first chunk's one-off set-up (cuBLAS, kernel loading) is not timed")
@@ -187,7 +190,13 @@ with torch.no_grad():
         time.sleep(0.3)
         before = cupool.stats(dev) if timed_after else None
         t_start = time.time()
-        cache, nxt, took = prefill()
+        if a.profile and len(speed) == a.speed_reps - 1:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                cache, nxt, took = prefill()
+            with open(a.profile, "w") as f:
+                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+        else:
+            cache, nxt, took = prefill()
         if before:
             speed_driver_ms.append((cupool.stats(dev)["cupool.driver_ns"] - before["cupool.driver_ns"]) / 1e6)
         time.sleep(0.3)
