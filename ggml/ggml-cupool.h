@@ -45,10 +45,10 @@
 //   CUPOOL_VMM_AHEAD=worker|inline|off: with CUPOOL_VMM_LANES on: the memory a growing cache's next
 //       copies will need is mapped ahead of need, on a worker thread (a page made on the allocating
 //       thread costs it about ten times as much) or inline (the same memory, for reproducible
-//       replays); off (the default) maps a block's memory when it lands. It takes most of the
-//       lanes' page work off the allocating thread (Phi-3: 334 to 119 ms of driver time a prefill)
-//       at no cost in memory, without making a prefill measurably faster (docs/pytorch.md). Unset:
-//       off.
+//       replays); off maps a block's memory when it lands. It takes most of the lanes' page work
+//       off the allocating thread at no cost in memory (Phi-3's prefill: 334 to 119 ms of driver
+//       time, the Python thread's CPU time from 1.28x expandable's to 1.08x; docs/pytorch.md).
+//       Unset: off.
 //   CUPOOL_DEVICE=cuda|sim|auto: libcupool's devices: every CUDA device, simulated cards, or cuda
 //       if present (auto). Unset: auto.
 //   CUPOOL_SIM_GIB (a number of GiB above 0 and up to 262144): each simulated card's memory. Unset:

@@ -126,3 +126,19 @@ def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch)
 def test_the_out_of_memory_shim_s_source_ships_with_the_package():
     # install() builds it against the user's PyTorch: a wheel without it could not raise.
     assert os.path.exists(os.path.join(os.path.dirname(cupool.__file__), "torch_oom.cpp"))
+
+
+def test_install_makes_memory_ahead_on_a_worker_unless_told(monkeypatch):
+    """install() asks for the worker (``vmm_ahead="worker"``) only where nothing else decides:
+    a keyword, ``CUPOOL_VMM_AHEAD``, a configuration string, or a library already open."""
+    import cupool.torch as ct
+    monkeypatch.delenv("CUPOOL_VMM_AHEAD", raising=False)
+    monkeypatch.setattr(cupool, "is_initialized", lambda: False)
+    assert ct.install_options(None, {"sim_gib": 1}) == {"sim_gib": 1, "vmm_ahead": "worker"}
+    assert ct.install_options(None, {"vmm_ahead": "off"}) == {"vmm_ahead": "off"}
+    assert ct.install_options("GGML_POOL=vmm", {}) == {}
+    monkeypatch.setenv("CUPOOL_VMM_AHEAD", "inline")
+    assert ct.install_options(None, {}) == {}
+    monkeypatch.delenv("CUPOOL_VMM_AHEAD")
+    monkeypatch.setattr(cupool, "is_initialized", lambda: True)
+    assert ct.install_options(None, {}) == {}

@@ -128,10 +128,15 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "CUPOOL_VMM_AHEAD",
         accepts: OneOf(&["worker", "inline", "off"]),
-        read_by: &[by(Library, "off"), by(Cli, "off"), by(Libcupool, "off")],
+        read_by: &[
+            by(Library, "off"),
+            by(Cli, "off"),
+            by(Libcupool, "off"),
+            by(Python, "worker (cupool.torch.install), libcupool's (cupool.init)"),
+        ],
         keyword: Some("vmm_ahead"),
         env_only: false,
-        doc: "with CUPOOL_VMM_LANES on: the memory a growing cache's next copies will need is mapped ahead of need, on a worker thread (a page made on the allocating thread costs it about ten times as much) or inline (the same memory, for reproducible replays); off (the default) maps a block's memory when it lands. It takes most of the lanes' page work off the allocating thread (Phi-3: 334 to 119 ms of driver time a prefill) at no cost in memory, without making a prefill measurably faster (docs/pytorch.md)",
+        doc: "with CUPOOL_VMM_LANES on: the memory a growing cache's next copies will need is mapped ahead of need, on a worker thread (a page made on the allocating thread costs it about ten times as much) or inline (the same memory, for reproducible replays); off maps a block's memory when it lands. It takes most of the lanes' page work off the allocating thread at no cost in memory (Phi-3's prefill: 334 to 119 ms of driver time, the Python thread's CPU time from 1.28x expandable's to 1.08x; docs/pytorch.md)",
     },
     Setting {
         name: "CUPOOL_DEVICE",
