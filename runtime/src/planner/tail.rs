@@ -20,8 +20,9 @@
 //! legacy cases where a prompt peaks above both checked ones (up to 25% of the pool's peak:
 //! mainline, `always`, `-ub 512 -c 2048`, the 2,023-token prompt: 41.2 MiB against 32.8),
 //! against 319 with the sum of the requests this replaced. A legacy pool purged `always` starts
-//! every ubatch empty, so there every tail is ranked by its peak alone on a fresh pool, which is
-//! the prompt's last ubatch's exactly (`tail_tests.rs` checks it by brute force). A legacy pool
+//! every ubatch empty, so there every tail of a ubatch up to 512 tokens is ranked by its peak
+//! alone on a fresh pool, which is the prompt's last ubatch's exactly (`tail_tests.rs` checks
+//! it by brute force); larger ubatches keep the candidates, each tail being a dry run. A legacy pool
 //! never purged or purged `auto` carries the earlier ubatches' buffers into the last: its
 //! choice stays the stand-in above.
 
@@ -38,6 +39,9 @@ use std::sync::Arc;
 
 /// At most this many candidates run alone: those holding the most at once.
 const MOST_CANDIDATES: usize = 8;
+
+/// Ubatches up to this many tokens have every tail of a legacy pool purged `always` ranked.
+const EVERY_TAIL_UP_TO: usize = 512;
 
 /// The prompt of `cfg`'s context that ends in its worst short ubatch, if one is shorter than
 /// the context. `bytes` answers for `cfg`'s profile (kept across the contexts a search tries).
@@ -83,7 +87,13 @@ fn worst_tail(cfg: &RunConfig, target: &PlanTarget, bytes: &mut LayerBytes) -> O
     // released everything), so a prompt's last ubatch peaks as it does alone on a fresh pool:
     // every tail is ranked so, exactly (best fit and the 1.05 growth make the peak fluctuate
     // from one token count to the next, where the runs below miss it).
-    if cfg.purge == PurgePolicy::Always && cfg.pool.resolve(target.vmm) == Ok(PoolKind::Legacy) {
+    // Each tail is a dry run of its own at every probe: beyond `EVERY_TAIL_UP_TO` tokens a
+    // ubatch keeps the candidates below (every tail of a 4,096-token ubatch took a MoE plan
+    // from 0.19 to 1.56 s).
+    if cfg.purge == PurgePolicy::Always
+        && cfg.n_ubatch <= EVERY_TAIL_UP_TO
+        && cfg.pool.resolve(target.vmm) == Ok(PoolKind::Legacy)
+    {
         let longest = held.last().map(|&(t, _, _)| t);
         return held
             .iter()
