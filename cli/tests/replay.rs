@@ -349,6 +349,107 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
     }
 }
 
+/// One process serving the recorded request three times without emptying its cache (a server,
+/// a notebook): the weights once, then the prefill three times, each request's tensors freed at
+/// its end (what `scripts/torch/repeat-trace.py` writes). With libcupool's default the later
+/// requests run on the pool the first left with no driver call at all and the same reserve;
+/// with the KV cache's growth made ahead (`CUPOOL_VMM_AHEAD`, `cupool.torch.install()`'s
+/// default) at most the guesses given back. Before the lanes the first request left were taken
+/// again, the second request moved thousands of pages (Llama-3: 288 synchronizes) and mapped up
+/// to 1.06 times its live peak, 1.43 with the growth made ahead
+/// (`data/cpu-2026-11-28-lanes-again`).
+#[test]
+fn the_recorded_requests_run_again_without_a_driver_call() {
+    use std::io::Read;
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    for trace in [
+        "data/h100-2026-11-22-pytorch/trace-phi3.jsonl.gz",
+        "data/h100-2026-11-22-pytorch/trace-llama3.jsonl.gz",
+        "data/h100-2026-11-26-recycle-free-phi3-moe/trace-qwen3moe.jsonl.gz",
+    ] {
+        let path = format!("{root}/{trace}");
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        let events: Vec<Value> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let first = events
+            .iter()
+            .position(|e| e["op"] == "phase_begin")
+            .unwrap();
+        let stride = events
+            .iter()
+            .filter_map(|e| e["id"].as_u64())
+            .max()
+            .unwrap()
+            + 1;
+        let mut out: Vec<String> = events[..first].iter().map(Value::to_string).collect();
+        for r in 0..3 {
+            let mut live = std::collections::BTreeSet::new();
+            for e in &events[first..] {
+                let mut e = e.clone();
+                if let Some(id) = e["id"].as_u64() {
+                    let id = id + r * stride;
+                    e["id"] = id.into();
+                    if e["op"] == "alloc" {
+                        live.insert(id);
+                    } else if !live.remove(&id) {
+                        continue;
+                    }
+                }
+                out.push(e.to_string());
+            }
+            out.extend(
+                live.iter()
+                    .map(|id| format!(r#"{{"op":"free","id":{id}}}"#)),
+            );
+        }
+        let three = tmp("three-requests.jsonl");
+        std::fs::write(&three, out.join("\n")).unwrap();
+        for ahead in ["off", "inline"] {
+            let run = |p: &str| -> Value {
+                let o = bin()
+                    .env("CUPOOL_VMM_AHEAD", ahead)
+                    .args(["replay", p, "--pool", "vmm", "--round-large", "2097152"])
+                    .args(["--size-classes", "1048576", "--format", "json"])
+                    .output()
+                    .unwrap();
+                assert!(
+                    o.status.success(),
+                    "{p}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                serde_json::from_slice(&o.stdout).unwrap()
+            };
+            let (one, all) = (run(&path), run(three.to_str().unwrap()));
+            let n = |v: &Value, k: &str| v[k].as_u64().unwrap();
+            assert_eq!(
+                (
+                    n(&all, "peak_reserved_bytes"),
+                    n(&all, "driver_remaps"),
+                    n(&all, "driver_syncs")
+                ),
+                (n(&one, "peak_reserved_bytes"), 0, 0),
+                "{trace} (ahead {ahead}): one request {one}, three {all}"
+            );
+            let (maps, unmaps) = (
+                n(&all, "driver_maps") - n(&one, "driver_maps"),
+                n(&all, "driver_unmaps") - n(&one, "driver_unmaps"),
+            );
+            // Made ahead and given back: the later requests' guesses that did not hold.
+            let given_back = if ahead == "off" { 0 } else { 2 * 64 };
+            assert!(
+                maps <= given_back && unmaps <= given_back,
+                "{trace} (ahead {ahead}): the later requests made {maps} pages and unmapped {unmaps}"
+            );
+        }
+    }
+}
+
 /// The replay timelines in docs/pytorch.md are what their commands draw now, byte for byte
 /// (`CUPOOL_BLESS=1` redraws them); a plot name the CLI cannot write is refused before any work.
 #[test]

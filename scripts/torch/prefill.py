@@ -33,6 +33,10 @@ p.add_argument("--speed-reps", type=int, default=0,
                     "empty cache with the allocator's free memory given back to the driver first "
                     "(torch.cuda.empty_cache, cupool.trim), so every one starts as the first did: "
                     "repeated timings in one process, with the GPU's busy share of each")
+p.add_argument("--keep-cache", action="store_true",
+               help="with --speed-reps: keep the allocator's cache between the prefills (no "
+                    "empty_cache or trim), as a server or a notebook runs one request after "
+                    "another; each prefill's driver peak is reported too")
 p.add_argument("--profile", metavar="FILE",
                help="write torch.profiler's CPU table of the last --speed-reps prefill here "
                     "(ops by their own CPU time on the Python thread)")
@@ -178,14 +182,15 @@ with torch.no_grad():
     own = cupool.stats(dev) if a.allocator.startswith("cupool") else None
     # Repeated timings: every prefill from an empty cache, the allocator's free memory back
     # with the driver, as before the first.
-    speed, speed_driver_ms = [], []
+    speed, speed_driver_ms, speed_peak, speed_pool = [], [], [], []
     for _ in range(a.speed_reps):
         del cache, nxt
         gc.collect()
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        if a.allocator.startswith("cupool"):
-            cupool.trim(dev)
+        if not a.keep_cache:
+            torch.cuda.empty_cache()
+            if a.allocator.startswith("cupool"):
+                cupool.trim(dev)
         sampler = Sampler(a.sample_ms)
         time.sleep(0.3)
         before = cupool.stats(dev) if timed_after else None
@@ -200,7 +205,11 @@ with torch.no_grad():
         if before:
             speed_driver_ms.append((cupool.stats(dev)["cupool.driver_ns"] - before["cupool.driver_ns"]) / 1e6)
         time.sleep(0.3)
-        speed.append((took, busy(sampler.stop(), t_start, t_start + took)))
+        rows = sampler.stop()
+        speed.append((took, busy(rows, t_start, t_start + took)))
+        speed_peak.append(max((r[1] for r in rows), default=base) - base)
+        if a.allocator.startswith("cupool"):
+            speed_pool.append(cupool.stats(dev)["reserved_bytes.all.peak"] / 2**20)
 
 if rec:
     rec.stop()
@@ -214,6 +223,8 @@ result = {
     "prefill_s": prefill_s, "gpu_busy_pct": util,
     **({"speed_prefill_s": [t for t, _ in speed], "speed_gpu_busy_pct": [u for _, u in speed]} if speed else {}),
     **({"speed_driver_ms": speed_driver_ms} if speed_driver_ms else {}),
+    **({"keep_cache": True, "speed_driver_peak_mib": speed_peak} if a.keep_cache and speed else {}),
+    **({"speed_cupool_reserved_peak_mib": speed_pool} if a.keep_cache and speed_pool else {}),
     **peak_torch,
 }
 if timed_after:

@@ -86,6 +86,21 @@ for model in sorted({m for m, _ in runs}):
             dcell = f"{statistics.median(dms):.1f} [{min(dms):.1f}, {max(dms):.1f}]" if dms else "–"
             print(f"| {a} | {procs} | {len(ts)} | {statistics.median(ts):.2f} [{min(ts):.2f}, {max(ts):.2f}] "
                   f"| {model_prompt[model] / statistics.median(ts):,.0f} | {rel} | {busy} | {dcell} |")
+    kept = [(a, r) for (m, a), rs in sorted(runs.items()) if m == model for r in rs if r.get("keep_cache")]
+    if kept:
+        # prefill.py --keep-cache: the requests after the first on the pool it left (no
+        # empty_cache between), each process's in order.
+        print("\n| allocator | first prefill (s) | the next ones, kept cache (s) | driver peak: first, "
+              "then each next one (MiB) | cupool's reserve peak so far, the same (MiB) "
+              "| in libcupool's driver calls, next ones (ms) |")
+        print("|---|---|---|---|---|---|")
+        for a, r in kept:
+            nxt = ", ".join(f"{t:.2f}" for t in r["speed_prefill_s"])
+            peaks = ", ".join(f"{p:,.0f}" for p in [r["driver_peak_mib"]] + r["speed_driver_peak_mib"])
+            dms = ", ".join(f"{x:.1f}" for x in r.get("speed_driver_ms", [])) or "–"
+            pool = r.get("speed_cupool_reserved_peak_mib")
+            pool = ", ".join(f"{p:,.0f}" for p in [r["cupool_peak_reserved_mib"]] + pool) if pool else "–"
+            print(f"| {a} | {r['prefill_s']:.2f} | {nxt} | {peaks} | {pool} | {dms} |")
     timed = [(a, [r for r in rs if r.get("cupool_driver_ms") is not None]) for (m, a), rs in sorted(runs.items())
              if m == model]
     timed = [(a, rs) for a, rs in timed if rs]

@@ -27,8 +27,10 @@ impl Ctx {
         size: usize,
     ) -> Result<Block, PoolError> {
         if let Err(e) = self.back(g, fit) {
-            // Never handed out: its place is free again.
-            g.placement.give_back(fit, 0);
+            // Never handed out: its place is free again, from now on. Pages moved there before
+            // the failure keep their old mappings, which the device may use until a
+            // synchronize after now: a purge under an older token must not release them.
+            g.placement.give_back(fit, self.driver.epoch().current());
             return Err(self.failed(g, size, e));
         }
         g.tracker.on_alloc(size, fit.capacity);

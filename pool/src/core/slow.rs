@@ -105,8 +105,9 @@ impl Ctx {
             if let Err(e) = self.back(g, fit) {
                 // The block was never handed out: its place is free again. A segment with no
                 // memory behind it goes back too (no kernel can use it: nothing to wait for),
-                // so a failed growth leaves the pool as it was.
-                g.placement.give_back(fit, 0);
+                // so a failed growth leaves the pool as it was. (Freed now: pages moved there
+                // keep old mappings until a synchronize after now, as in `back_taken`.)
+                g.placement.give_back(fit, self.driver.epoch().current());
                 if g.upstream.wholly_vacant(&seg)
                     && g.upstream.release(seg, &mut g.tracker.s.calls).is_ok()
                 {

@@ -67,7 +67,7 @@ impl<P: Placement> Lanes<P> {
     /// for it while it is one of the [`AHEAD`] (that memory is not free to move: it would be
     /// made again).
     pub(super) fn kept(&self, at: u64, l: &Lane) -> usize {
-        if self.predicts
+        let kept = if self.predicts
             && l.used > 0
             && l.next_growth() > 0
             && self.growing.range(..=(l.placed, at)).nth(AHEAD).is_none()
@@ -75,7 +75,9 @@ impl<P: Placement> Lanes<P> {
             (l.used + l.next_growth()).next_multiple_of(SPILL_GRANULE)
         } else {
             l.used
-        }
+        };
+        // A lane taken again keeps the memory its earlier blocks reached (`again.rs`).
+        l.kept_for_reach().map_or(kept, |k| k.max(kept))
     }
 
     /// Every lane's range beyond its block, or its last block while free, in whole granules.
@@ -132,6 +134,9 @@ mod tests {
             grew: [0; 2],
             trusted: false,
             handed: 0,
+            reach: 0,
+            left: false,
+            opened: 0,
         };
         for &s in &sizes[1..] {
             l.landed(s);

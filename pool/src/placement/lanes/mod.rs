@@ -12,6 +12,8 @@
 //! keeps its pages mapped, and the next large block that covers them and needs at most
 //! [`GROW`] bytes more lands there: only its growth gets new memory, and nothing is left behind
 //! free space. Among the free lanes that fit, the one with the most memory behind the block.
+//! When every lane is free at once (the requests that used them ended), the next lanes to open
+//! are those, taken again in the order they opened (`again.rs`).
 //!
 //! A lane opens where a replacement is seen: a large block is freed while one of the last
 //! [`RECENT`] large blocks allocated is larger by at most [`GROW`] (its grown copy, allocated
@@ -36,6 +38,7 @@
 //! lane has held: nothing ever used it) goes back when the copy lands
 //! ([`Placement::take_excess`]).
 
+mod again;
 mod ahead;
 
 pub use ahead::AHEAD;
@@ -91,6 +94,15 @@ struct Lane {
     /// The end of the largest block it has held: memory beyond it was only ever made ahead
     /// of need, never handed out.
     handed: usize,
+    /// The end of the largest block it has held since it opened or was taken again: what a
+    /// fresh lane's memory would be (`again.rs`).
+    reach: usize,
+    /// Free since every lane was free at once: the requests that used it ended, and the next
+    /// lane to open takes it (`again.rs`).
+    left: bool,
+    /// When it opened (the lanes' count of blocks placed then): left lanes are taken again in
+    /// the order they opened.
+    opened: u64,
 }
 
 /// See the module docs.
@@ -172,30 +184,6 @@ impl<P: Placement> Lanes<P> {
     fn opens(&self, n: usize) -> bool {
         self.enabled && self.pending > 0 && n <= GROW && self.lanes.len() < MAX_LANES
     }
-
-    /// The free lane for a block of `n` bytes: the most memory behind the block, at most
-    /// [`GROW`] bytes without, and no more than [`SPILL`] behind the lane beyond it.
-    fn free_lane(&self, n: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<u64> {
-        let mut best: Option<(usize, u64)> = None;
-        // Memory behind a free lane covers its last block, rounded up to a granule at most.
-        let least = n.saturating_sub(GROW + SPILL_GRANULE);
-        for &(_, at) in self.free.range((least, 0)..=(n + SPILL, u64::MAX)) {
-            let Some(lane) = self.lanes.get(&at) else {
-                continue;
-            };
-            let need = unbacked(at, n);
-            let beyond = lane.seg.len - n;
-            let empty_beyond = unbacked(at + n as u64, beyond);
-            if need > GROW || empty_beyond == usize::MAX || beyond - empty_beyond > SPILL {
-                continue;
-            }
-            let behind = n - need;
-            if best.is_none_or(|(b, _)| behind > b) {
-                best = Some((behind, at));
-            }
-        }
-        best.map(|(_, at)| at)
-    }
 }
 
 impl<P: Placement> Placement for Lanes<P> {
@@ -220,6 +208,12 @@ impl<P: Placement> Placement for Lanes<P> {
             if let Some(at) = self.free_lane(n, unbacked) {
                 if let Some(lane) = self.lanes.get_mut(&at) {
                     self.free.remove(&(lane.last, at));
+                    if lane.left {
+                        // Taken again in place of a lane to open (`again.rs`).
+                        self.pending = self.pending.saturating_sub(1);
+                        (lane.left, lane.reach) = (false, 0);
+                    }
+                    lane.reach = lane.reach.max(n);
                     lane.used = n;
                     self.placed += 1;
                     lane.placed = self.placed;
@@ -278,6 +272,9 @@ impl<P: Placement> Placement for Lanes<P> {
                 grew: [0; 2],
                 trusted: false,
                 handed: n,
+                reach: n,
+                left: false,
+                opened: self.placed,
             },
         );
         self.note(n);
@@ -317,9 +314,11 @@ impl<P: Placement> Placement for Lanes<P> {
                 self.growing.remove(&(lane.placed, fit.addr));
             }
             lane.used = 0;
-            // A block never handed out (a failed backing) comes back at epoch 0: the lane's
-            // memory is still the last block's until the device is past its free.
+            // A block never handed out (a failed backing) comes back at the epoch of its
+            // failure, maybe older than the lane's last free: the lane's memory is still the
+            // last block's until the device is past that free.
             lane.freed_at = lane.freed_at.max(freed_at);
+            self.leave_all_if_free();
             return None;
         }
         let c = fit.capacity;

@@ -1,0 +1,189 @@
+//! A recorded PyTorch allocation stream replayed through libcupool's PyTorch entry points
+//! (`cupool_torch_alloc`, `cupool_torch_free`), one thread, as the plug-in calls them: the CPU
+//! time libcupool adds to each tensor a model makes. The trace is parsed before the clock
+//! starts; the time is the calls' alone, split by request size (up to 1 MiB: the small-block
+//! pool and the thread's cache; above: the VMM range and the KV cache's lanes), and for the
+//! large ones by tenth of the trace.
+//!
+//! The trace runs `BENCH_ROUNDS` times in one process (default 5), each round after the last
+//! freed everything: the first is the recorded process, the later ones a process serving the
+//! same request again on the pool the first left. Before lanes were taken again by the next
+//! request (`pool/src/placement/lanes/again.rs`), a large allocation took 0.6 µs in the first
+//! round and 7 to 23 µs on average in the later ones (up to 174 µs late in the fifth): the pool moved
+//! the old lanes' pages one by one.
+//!
+//! - `BENCH_TRACE`: the trace (default: the Phi-3 chunked prefill recorded on the H100,
+//!   `data/h100-2026-11-22-pytorch/trace-phi3.jsonl.gz`);
+//! - `BENCH_DEVICE`: `sim` (the default, runs anywhere) or `cuda` (real driver calls, no
+//!   kernels);
+//! - every other setting from the environment, as libcupool reads it (`CUPOOL_VMM_AHEAD`, ...).
+//!
+//! Prints one JSON line per round and the median over the rounds after the first; `perf
+//! record` on this binary shows where the time goes.
+use cupool::{cupool_init, cupool_shutdown, cupool_torch_alloc, cupool_torch_free, CupoolStatus};
+use cupool_pool::trace::{parse, TraceEvent};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+/// A request above this many bytes leaves the small-block pool (libcupool's size class).
+const SMALL: usize = 1 << 20;
+
+/// One call to make, with the trace's ids resolved to slots.
+enum Call {
+    Alloc { slot: usize, size: usize },
+    Free { slot: usize },
+}
+
+fn load(path: &str) -> Vec<Call> {
+    let mut raw = Vec::new();
+    std::fs::File::open(path)
+        .unwrap_or_else(|e| panic!("BENCH_TRACE {path}: {e}"))
+        .read_to_end(&mut raw)
+        .expect("the trace is readable");
+    let text = if path.ends_with(".gz") {
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(&raw[..])
+            .read_to_string(&mut s)
+            .expect("the trace is gzip");
+        s
+    } else {
+        String::from_utf8(raw).expect("the trace is UTF-8")
+    };
+    let events = parse(&text).expect("the trace parses");
+    // Ids become dense slots, so the replay indexes a vector, not a map.
+    let mut slots = HashMap::new();
+    let mut calls = Vec::with_capacity(events.len());
+    for e in events {
+        match e {
+            TraceEvent::Alloc { id, size, .. } => {
+                let slot = slots.len();
+                slots.insert(id, slot);
+                calls.push(Call::Alloc { slot, size });
+            }
+            TraceEvent::Free { id } => {
+                if let Some(slot) = slots.get(&id) {
+                    calls.push(Call::Free { slot: *slot });
+                }
+            }
+            _ => {}
+        }
+    }
+    calls
+}
+
+/// Time spent in each kind of call during one replay.
+#[derive(Default)]
+struct Spent {
+    small: (u64, Duration),
+    large: (u64, Duration),
+    frees: (u64, Duration),
+    /// Large allocations' time in each tenth of the trace: whether a call's cost grows with
+    /// what the pool has seen.
+    tenths: [(u64, Duration); 10],
+}
+
+fn replay(calls: &[Call], sizes: &mut [usize], ptrs: &mut [usize]) -> Spent {
+    let mut spent = Spent::default();
+    let stream = std::ptr::null_mut();
+    for (i, c) in calls.iter().enumerate() {
+        let tenth = i * 10 / calls.len();
+        match *c {
+            Call::Alloc { slot, size } => {
+                let t = Instant::now();
+                let p = cupool_torch_alloc(size, 0, stream);
+                let d = t.elapsed();
+                assert!(
+                    !p.is_null(),
+                    "the trace's allocation of {size} bytes failed"
+                );
+                let bin = if size <= SMALL {
+                    &mut spent.small
+                } else {
+                    &mut spent.large
+                };
+                bin.0 += 1;
+                bin.1 += d;
+                if size > SMALL {
+                    spent.tenths[tenth].0 += 1;
+                    spent.tenths[tenth].1 += d;
+                }
+                sizes[slot] = size;
+                ptrs[slot] = p as usize;
+            }
+            Call::Free { slot } => {
+                let t = Instant::now();
+                cupool_torch_free(ptrs[slot] as *mut c_void, sizes[slot], 0, stream);
+                spent.frees.0 += 1;
+                spent.frees.1 += t.elapsed();
+                ptrs[slot] = 0;
+            }
+        }
+    }
+    // What the trace left live is freed, so the next replay starts where this one did.
+    for (p, s) in ptrs.iter_mut().zip(sizes.iter()) {
+        if *p != 0 {
+            cupool_torch_free(*p as *mut c_void, *s, 0, stream);
+            *p = 0;
+        }
+    }
+    spent
+}
+
+fn ns(bin: (u64, Duration)) -> f64 {
+    bin.1.as_nanos() as f64 / bin.0.max(1) as f64
+}
+
+fn main() {
+    let path = std::env::var("BENCH_TRACE").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../data/h100-2026-11-22-pytorch/trace-phi3.jsonl.gz"
+        )
+        .into()
+    });
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .map(|r| r.parse().expect("BENCH_ROUNDS: a number of replays"))
+        .unwrap_or(5);
+    let device = std::env::var("BENCH_DEVICE").unwrap_or_else(|_| "sim".into());
+    let calls = load(&path);
+    let n = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Alloc { .. }))
+        .count();
+    let (mut sizes, mut ptrs) = (vec![0; n], vec![0; n]);
+    // The simulated card must hold the trace's peak (about 15 GiB for Phi-3).
+    let config = CString::new(format!("CUPOOL_DEVICE={device} CUPOOL_SIM_GIB=80")).unwrap();
+    // SAFETY: a NUL-terminated string.
+    assert_eq!(unsafe { cupool_init(config.as_ptr()) }, CupoolStatus::Ok);
+    let mut per_event = Vec::new();
+    for round in 0..rounds.max(2) {
+        let t = Instant::now();
+        let s = replay(&calls, &mut sizes, &mut ptrs);
+        let wall = t.elapsed();
+        let events = s.small.0 + s.large.0 + s.frees.0;
+        println!(
+            "{{\"round\":{round},\"device\":\"{device}\",\"events\":{events},\"wall_ms\":{:.1},\"ns_per_event\":{:.0},\"small_alloc_ns\":{:.0},\"large_alloc_ns\":{:.0},\"free_ns\":{:.0},\"small_allocs\":{},\"large_allocs\":{},\"frees\":{},\"large_alloc_ns_by_tenth\":{:?}}}",
+            wall.as_secs_f64() * 1e3,
+            wall.as_nanos() as f64 / events as f64,
+            ns(s.small),
+            ns(s.large),
+            ns(s.frees),
+            s.small.0,
+            s.large.0,
+            s.frees.0,
+            s.tenths.map(|t| ns(t).round() as u64)
+        );
+        if round > 0 {
+            per_event.push(wall.as_nanos() as f64 / events as f64);
+        }
+    }
+    per_event.sort_by(f64::total_cmp);
+    println!(
+        "median over {} replays: {:.0} ns per call",
+        per_event.len(),
+        per_event[per_event.len() / 2]
+    );
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok);
+}

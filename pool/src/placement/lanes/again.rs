@@ -1,0 +1,130 @@
+//! Which free lane a large block lands in, and lanes taken again by the next request.
+//!
+//! A free lane takes a block that its memory covers but for at most [`GROW`] bytes, and that
+//! leaves no more than [`SPILL`] of its memory behind the lane's free end: a lane's memory
+//! serves blocks near the size it was made for. Among those, the most memory behind the block.
+//!
+//! **The next request.** A model served more than once in one process (a second prompt, a
+//! benchmark's repeats without `empty_cache`) grows its caches again from one chunk, while
+//! the lanes the first request left are free, each cache's with the memory of its last,
+//! largest copy behind it. Measured before this rule (data/cpu-2026-11-28-lanes-again,
+//! replays of the recorded prefills run again with the weights kept): the second request found
+//! no lane whose memory fits its small copies, opened lanes of its own and grew them by moving
+//! the old lanes' pages one by one. Phi-3 moved 24,000 pages, synchronized 25 times and
+//! mapped 1.062 times its live peak; Llama-3 moved 11,000 and synchronized 288 times; and the
+//! lanes, their free spans and the pages every move sorts grew with each repeat (a large
+//! allocation took 0.6 µs of CPU in the first request and 7 to 23 µs on average in the later ones,
+//! up to 174 µs late in the fifth).
+//!
+//! So when every lane is free at once (the requests that used them ended), each is *left*:
+//! the next lanes to open are the left ones instead, in the order they first opened (a repeat
+//! opens its lanes in the same order, each for the same tensor), and each one taken again is
+//! weighed as if it were new, by the memory its blocks have reached since ([`Lane::reach`]),
+//! so the request places its blocks as the first one did. The memory beyond that reach, up
+//! to the largest block the lane ever held, is kept out of the free spans: the request's cache
+//! grows into it without a driver call. A left lane not taken again is a free span like any
+//! free lane's.
+
+use super::{Lane, Lanes, GROW, SPILL, SPILL_GRANULE};
+use crate::placement::Placement;
+
+impl Lane {
+    /// The memory a fresh lane with this one's blocks would have: up to the end of the largest
+    /// block since it opened or was taken again, in granules. Where that is all it has (a lane
+    /// never left), the lane's own memory decides.
+    #[inline]
+    fn fresh_end(&self) -> Option<usize> {
+        (self.reach < self.handed).then(|| self.reach.next_multiple_of(SPILL_GRANULE))
+    }
+
+    /// Where a lane's free span starts while its memory beyond the blocks of this request is
+    /// kept for them to grow into (`None`: nothing kept).
+    pub(super) fn kept_for_reach(&self) -> Option<usize> {
+        (!self.left && self.fresh_end().is_some()).then(|| {
+            self.handed
+                .next_multiple_of(SPILL_GRANULE)
+                .min(self.seg.len)
+        })
+    }
+}
+
+impl<P: Placement> Lanes<P> {
+    /// The free lane for a block of `n` bytes (rounded): one whose memory fits it, else a
+    /// left lane where the block would open a new one.
+    pub(super) fn free_lane(
+        &self,
+        n: usize,
+        unbacked: &dyn Fn(u64, usize) -> usize,
+    ) -> Option<u64> {
+        self.fitting_lane(n, unbacked)
+            .or_else(|| self.opens(n).then(|| self.left_lane(n)).flatten())
+    }
+
+    /// The free lane whose memory fits a block of `n` bytes (see the module docs). A lane taken
+    /// again counts only the memory a fresh lane would have.
+    fn fitting_lane(&self, n: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<u64> {
+        let mut best: Option<(usize, u64)> = None;
+        // Memory behind a free lane covers its last block, rounded up to a granule at most.
+        let least = n.saturating_sub(GROW + SPILL_GRANULE);
+        for &(_, at) in self.free.range((least, 0)..=(n + SPILL, u64::MAX)) {
+            let Some(lane) = self.lanes.get(&at) else {
+                continue;
+            };
+            if lane.left {
+                continue;
+            }
+            let (need, spills) = match lane.fresh_end() {
+                Some(end) => {
+                    let inside = n.min(end);
+                    let need = unbacked(at, inside);
+                    let over = end.saturating_sub(n);
+                    let empty = if over > 0 {
+                        unbacked(at + n as u64, over)
+                    } else {
+                        0
+                    };
+                    (
+                        need.saturating_add(n - inside),
+                        empty == usize::MAX || over - empty.min(over) > SPILL,
+                    )
+                }
+                None => {
+                    let beyond = lane.seg.len - n;
+                    let empty = unbacked(at + n as u64, beyond);
+                    (
+                        unbacked(at, n),
+                        empty == usize::MAX || beyond - empty > SPILL,
+                    )
+                }
+            };
+            if need > GROW || spills {
+                continue;
+            }
+            let behind = n - need;
+            if best.is_none_or(|(b, _)| behind > b) {
+                best = Some((behind, at));
+            }
+        }
+        best.map(|(_, at)| at)
+    }
+
+    /// The left lane that opened first with room for `n` bytes.
+    fn left_lane(&self, n: usize) -> Option<u64> {
+        self.lanes
+            .iter()
+            .filter(|(_, l)| l.left && l.used == 0 && l.seg.len >= n)
+            .min_by_key(|(_, l)| l.opened)
+            .map(|(&at, _)| at)
+    }
+
+    /// Leaves every lane where none is busy (see the module docs).
+    pub(super) fn leave_all_if_free(&mut self) {
+        if self.free.len() == self.lanes.len() {
+            for l in self.lanes.values_mut() {
+                l.left = true;
+            }
+            // Replacements seen by the ended requests open nothing for the next one.
+            self.pending = 0;
+        }
+    }
+}
