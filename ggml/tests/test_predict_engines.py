@@ -23,6 +23,10 @@ IK_WARM = "data/h100-2026-11-27-ik-warmup"
 MOE = ["data/h100x2-2026-11-27-mainline-moe-predict", "data/h100-2026-11-27-mainline-moe-page"]
 HELD_OUT_OOM = "data/h100-2026-11-27-mainline-oom-heldout"
 HELD_OUT_CTX = "data/h100-2026-11-27-mainline-predict-heldout"
+# The same held-out cases on an H200, and the terms outside the engine measured there.
+H200_OOM = "data/h200-2026-11-28-mainline-oom-heldout"
+H200_CTX = "data/h200-2026-11-28-mainline-predict-heldout"
+OUTSIDE = {"h100": "data/h100-2026-11-27-outside-probe", "h200": "data/h200-2026-11-28-outside-probe"}
 # The MoE cases again with libcupool's pool in the plan: its layering, then its purge-and-retry.
 LAYERING = "data/h100-2026-11-27-mainline-moe-layering"
 RETRY = "data/h100-2026-11-27-mainline-moe-retry"
@@ -159,6 +163,46 @@ def test_the_held_out_mainline_tables_in_the_docs_are_their_data_s():
         "phi3-f16-13": [" completes ", " fails at start-up "],
         "qwen3-q8-10.5": [" dies at the first compute ", " fails at start-up "],
     }
+
+
+def test_the_plan_holds_on_an_h200_as_on_the_h100():
+    """The held-out mainline cases run on an H200 with the plan as it was, none of its terms
+    measured there: every token is the plan's, every fix completes, every largest context holds
+    both ways in both checks (the MoE's too: the plan builds libcupool's layered pool), the pool's
+    end reserve is the engine's to the byte and the room within 4 MiB; the terms that do not
+    depend on the engine are the H100's to the 0.1 MiB; the docs show the tables."""
+    pc = module("scripts/llama/predict-check.py")
+    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
+    for cmd, marker in (("report-oom", "predict-oom"), ("report-oom", "predict-oom-room"), ("report", "predict-check")):
+        b = block(report(cmd, H200_OOM), marker)
+        assert b in docs, f"docs/repro-prefill.md's H200 {marker} table: predict-check.py {cmd} {H200_OOM}"
+    cases = 0
+    for path in sorted(glob.glob(os.path.join(ROOT, H200_OOM, "*.plan.json"))):
+        plan, runs = json.load(open(path)), runs_of(path)
+        run = next(r for r in runs if ("-ctx-" if ".ctx." in path else "-fits-") in r["name"])
+        assert plan["pool_peak_reserved_bytes"] == run["stats"]["0"]["reserved_bytes.all.peak"], path
+        row = [c.strip() for c in pc.room_row(plan, run).split("|")]
+        room, real_room = (float(c.replace(",", "")) for c in row[2:4])
+        assert 0 <= room - real_room < 4, path
+        if path.endswith(".ctx.plan.json"):
+            assert pc.real_oom_token(run) == plan["oom_at_token"], path
+            assert next(r for r in runs if "-fix-" in r["name"])["rc"] == 0 and plan["fix"]["fits"]
+        else:
+            assert run["rc"] == 0 and next(r for r in runs if "-above-" in r["name"])["rc"] != 0, path
+        cases += 1
+    assert cases == 6
+    b = block(report("report", H200_CTX), "predict-check")
+    assert b in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
+    outcomes = {r.split("|")[1].strip(): r.split("|")[4:6] for r in b.splitlines() if r.startswith("| ") and "GiB" in r}
+    assert outcomes == {c: [" completes ", " fails at start-up "] for c in ("llama3-q8-11", "phi3-f16-13", "qwen3-q8-10.5")}
+    terms = ("context_mib", "own_module_mib", "cublas_handle_mib", "first_gemm_mib")
+    seen = {}
+    for gpu, folder in OUTSIDE.items():
+        for line in open(os.path.join(ROOT, folder, "outside.jsonl")):
+            r = json.loads(line)
+            assert gpu.upper() in r["gpu"], folder
+            seen.setdefault(r["module_loading"], set()).add(tuple(r[t] for t in terms))
+    assert seen == {"default (lazy)": {(526.8, 0.0, 68.0, 0.0)}, "EAGER": {(526.8, 0.0, 458.0, 20.0)}}
 
 
 def test_libcupool_s_pool_in_the_plan_holds_both_ways():
