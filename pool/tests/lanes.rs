@@ -263,3 +263,98 @@ fn a_failed_backing_in_a_free_lane_keeps_its_free_epoch() {
         assert!(p.releasable(&Purge::All) < 64 * MIB);
     }
 }
+
+/// The largest block the pool can still place: a search over sizes in 2 MiB steps; each
+/// refusal must leave the pool consistent, each success is freed again.
+fn largest_alloc(p: &dyn Pool, most: usize) -> usize {
+    let (mut lo, mut hi) = (0, most / (2 * MIB));
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        match p.alloc(mid * 2 * MIB) {
+            Ok(b) => {
+                p.free(b).unwrap();
+                lo = mid;
+            }
+            Err(_) => hi = mid - 1,
+        }
+    }
+    lo * 2 * MIB
+}
+
+/// A lane the next request took again and freed while another lane is busy keeps no memory
+/// for growth: its whole memory is free to shed, and the largest block that still fits is the
+/// card less what is live (the review's miniature: 872 MiB where 888 fit).
+#[test]
+fn a_free_lane_taken_again_can_be_shed() {
+    let dev = sim(1.0);
+    let p = vmm_with(as_driver(&dev), 8 * MIB, true);
+    grow_cache(&p, &dev, 4, 12); // the first request: four lanes of 39 MiB, all left
+                                 // The next request's cache takes them again and grows to 9 MiB; one tensor stays live.
+    let mut cache: Vec<Block> = (0..4).map(|_| p.alloc(3 * MIB).unwrap()).collect();
+    for step in 1..=2 {
+        for b in cache.iter_mut() {
+            let grown = p.alloc(3 * MIB * (step + 1)).unwrap();
+            p.free(std::mem::replace(b, grown)).unwrap();
+        }
+    }
+    let kept = cache.remove(0);
+    for b in cache {
+        p.free(b).unwrap();
+    }
+    let live = kept.size();
+    let largest = largest_alloc(&p, 1 << 30);
+    // What is live, its lane's granule and one page of the pool's bookkeeping may stay.
+    assert!(
+        largest + live + 16 * MIB >= 1 << 30,
+        "largest {} MiB with {} MiB live",
+        largest / MIB,
+        live / MIB
+    );
+    p.free(kept).unwrap();
+}
+
+/// Where the driver refused address space for more lanes, the lanes already open are still
+/// taken again by the next request: its copies grow there as the first request's did, with no
+/// more page moves or synchronizes than the first request made.
+#[test]
+fn the_next_request_takes_the_lanes_again_after_address_space_ran_out() {
+    let dev = Arc::new(
+        SimDevice::new(SimConfig::gib(2.0).address_space(512 * MIB + 4 * (1 << 30))).unwrap(),
+    );
+    let p = cupool_pool::pools::VmmPool::with_config(
+        as_driver(&dev),
+        cupool_pool::upstream::vmm::VmmConfig {
+            reserve_bytes: Some(512 * MIB),
+            recycle_page: 8 * MIB,
+            min_grow: 0,
+            max_grow: 0,
+            large_rounding: 2 * MIB,
+            recycle: true,
+            lanes: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let calls = p.stats().calls;
+        grow_cache(&p, &dev, 6, 10);
+        let after = p.stats().calls;
+        runs.push((
+            after.maps - calls.maps,
+            after.remaps - calls.remaps,
+            after.syncs - calls.syncs,
+        ));
+        assert_eq!(
+            dev.ledger().reservations,
+            5,
+            "the range and four lanes: no fifth fits"
+        );
+    }
+    for r in &runs[1..] {
+        assert!(
+            r.1 <= runs[0].1 && r.2 <= runs[0].2 && r.0 < runs[0].0 / 4,
+            "the next requests grow in the lanes the first left: {runs:?}"
+        );
+    }
+}

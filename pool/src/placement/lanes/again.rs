@@ -39,6 +39,9 @@ impl Lane {
 
     /// Where a lane's free span starts while its memory beyond the blocks of this request is
     /// kept for them to grow into (`None`: nothing kept).
+    /// A free lane keeps it too: its block's copy comes back to it next (moving its pages
+    /// out in between made the recorded Phi-3 requests move 20,780 pages where they moved
+    /// 2,968), and its whole range is named as surplus instead, for an out-of-memory to shed.
     pub(super) fn kept_for_reach(&self) -> Option<usize> {
         (!self.left && self.fresh_end().is_some()).then(|| {
             self.handed
@@ -49,19 +52,41 @@ impl Lane {
 }
 
 impl<P: Placement> Lanes<P> {
-    /// The free lane for a block of `n` bytes (rounded): one whose memory fits it, else a
-    /// left lane where the block would open a new one.
+    /// The free lane for a block of `n` bytes (rounded), and whether it is taken again by a
+    /// new request: one whose memory fits it, else a left lane where the block would open a
+    /// new one. (A left lane is not taken for a block its memory fits as it is: replayed, the
+    /// next requests then moved thousands of pages, `data/cpu-2026-11-28-lanes-again/review`.)
     pub(super) fn free_lane(
         &self,
         n: usize,
         unbacked: &dyn Fn(u64, usize) -> usize,
-    ) -> Option<u64> {
-        self.fitting_lane(n, unbacked)
-            .or_else(|| self.opens(n).then(|| self.left_lane(n)).flatten())
+    ) -> Option<(u64, bool)> {
+        if let Some(at) = self.fitting_lane(n, unbacked) {
+            return Some((at, false));
+        }
+        if self.retakes(n) {
+            if let Some(&(_, at)) = self.left_order.first() {
+                return Some((at, true));
+            }
+        }
+        None
     }
 
-    /// The free lane whose memory fits a block of `n` bytes (see the module docs). A lane taken
-    /// again counts only the memory a fresh lane would have.
+    /// Whether a block of `n` bytes that no free lane fits takes a left lane: where it would
+    /// open a lane, whether or not one may open (at [`super::MAX_LANES`], or once the upstream
+    /// refused address space apart, the left lanes are still there to take).
+    fn retakes(&self, n: usize) -> bool {
+        self.pending > 0 && n <= GROW
+    }
+
+    /// Whether a replacement seen adds a lane to open or to take again.
+    pub(super) fn room_for_pending(&self) -> bool {
+        (self.enabled && self.lanes.len() + self.pending < super::MAX_LANES)
+            || self.pending < self.left_order.len()
+    }
+
+    /// The free lane whose memory fits a block of `n` bytes (see the module docs); left lanes
+    /// are not among them. A lane taken again counts only the memory a fresh lane would have.
     fn fitting_lane(&self, n: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<u64> {
         let mut best: Option<(usize, u64)> = None;
         // Memory behind a free lane covers its last block, rounded up to a granule at most.
@@ -108,23 +133,27 @@ impl<P: Placement> Lanes<P> {
         best.map(|(_, at)| at)
     }
 
-    /// The left lane that opened first with room for `n` bytes.
-    fn left_lane(&self, n: usize) -> Option<u64> {
-        self.lanes
-            .iter()
-            .filter(|(_, l)| l.left && l.used == 0 && l.seg.len >= n)
-            .min_by_key(|(_, l)| l.opened)
-            .map(|(&at, _)| at)
-    }
-
     /// Leaves every lane where none is busy (see the module docs).
     pub(super) fn leave_all_if_free(&mut self) {
         if self.free.len() == self.lanes.len() {
-            for l in self.lanes.values_mut() {
-                l.left = true;
+            for (&at, l) in self.lanes.iter_mut() {
+                if !l.left {
+                    l.left = true;
+                    self.left_order.insert((l.opened, at));
+                }
             }
             // Replacements seen by the ended requests open nothing for the next one.
             self.pending = 0;
+        }
+    }
+
+    /// Takes the left lane at `at` again for a new request's block: weighed as new from here
+    /// on, in place of a lane to open.
+    pub(super) fn take_again(&mut self, at: u64) {
+        if let Some(lane) = self.lanes.get_mut(&at) {
+            self.left_order.remove(&(lane.opened, at));
+            self.pending = self.pending.saturating_sub(1);
+            (lane.left, lane.reach) = (false, 0);
         }
     }
 }

@@ -80,10 +80,18 @@ impl<P: Placement> Lanes<P> {
         l.kept_for_reach().map_or(kept, |k| k.max(kept))
     }
 
-    /// Every lane's range beyond its block, or its last block while free, in whole granules.
+    /// Every lane's range beyond its block, or its last block while free, in whole granules;
+    /// all of a free lane whose memory is kept for a request's cache (not a free span:
+    /// [`Lane::kept_for_reach`]).
     pub(super) fn name_surplus(&self, f: &mut dyn FnMut(u64, usize)) {
         for (&at, l) in &self.lanes {
-            let end = if l.used > 0 { l.used } else { l.last };
+            let end = if l.used > 0 {
+                l.used
+            } else if l.kept_for_reach().is_some() {
+                0
+            } else {
+                l.last
+            };
             let end = end.next_multiple_of(SPILL_GRANULE);
             if end < l.seg.len {
                 f(at + end as u64, l.seg.len - end);

@@ -117,6 +117,9 @@ pub struct Lanes<P> {
     free: BTreeSet<(usize, u64)>,
     /// Lanes to open: replacements seen, not yet given a lane.
     pending: usize,
+    /// The left lanes by (when they opened, address): the next request takes them in that
+    /// order (`again.rs`).
+    left_order: BTreeSet<(u64, u64)>,
     /// Capacities of the last large blocks allocated, newest last.
     recent: [usize; RECENT],
     /// Whether the last [`Placement::take_backed`] left a request for a new lane.
@@ -146,6 +149,7 @@ impl<P: Placement> Lanes<P> {
             lanes: BTreeMap::new(),
             free: BTreeSet::new(),
             pending: 0,
+            left_order: BTreeSet::new(),
             recent: [0; RECENT],
             asked: false,
             enabled: true,
@@ -205,14 +209,12 @@ impl<P: Placement> Placement for Lanes<P> {
         self.asked = false;
         let n = self.rounded(size);
         if n <= LANE_BYTES && !self.lanes.is_empty() {
-            if let Some(at) = self.free_lane(n, unbacked) {
+            if let Some((at, again)) = self.free_lane(n, unbacked) {
+                if again {
+                    self.take_again(at);
+                }
                 if let Some(lane) = self.lanes.get_mut(&at) {
                     self.free.remove(&(lane.last, at));
-                    if lane.left {
-                        // Taken again in place of a lane to open (`again.rs`).
-                        self.pending = self.pending.saturating_sub(1);
-                        (lane.left, lane.reach) = (false, 0);
-                    }
                     lane.reach = lane.reach.max(n);
                     lane.used = n;
                     self.placed += 1;
@@ -315,16 +317,15 @@ impl<P: Placement> Placement for Lanes<P> {
             }
             lane.used = 0;
             // A block never handed out (a failed backing) comes back at the epoch of its
-            // failure, maybe older than the lane's last free: the lane's memory is still the
-            // last block's until the device is past that free.
+            // failure; keep the latest of the two, so the lane's memory waits for the device
+            // to pass every free of a block in it.
             lane.freed_at = lane.freed_at.max(freed_at);
             self.leave_all_if_free();
             return None;
         }
         let c = fit.capacity;
         if c > super::bump::LARGE
-            && self.enabled
-            && self.lanes.len() + self.pending < MAX_LANES
+            && self.room_for_pending()
             && self.recent.iter().any(|&r| c < r && r - c <= GROW)
         {
             self.pending += 1;
@@ -348,6 +349,7 @@ impl<P: Placement> Placement for Lanes<P> {
         if let Some(l) = self.lanes.get(&seg.ptr).filter(|l| l.seg == *seg) {
             self.free.remove(&(l.last, seg.ptr));
             self.growing.remove(&(l.placed, seg.ptr));
+            self.left_order.remove(&(l.opened, seg.ptr));
             self.lanes.remove(&seg.ptr);
         } else {
             self.inner.remove(seg);
