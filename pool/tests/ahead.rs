@@ -18,14 +18,8 @@ fn pool(driver: Arc<dyn Driver>, ahead: Ahead) -> VmmPool {
     VmmPool::with_config(
         driver,
         VmmConfig {
-            recycle_page: 8 * MIB,
-            min_grow: 0,
-            max_grow: 0,
-            large_rounding: 2 * MIB,
-            recycle: true,
-            lanes: true,
             ahead,
-            ..Default::default()
+            ..recycling_config(8 * MIB, true)
         },
     )
     .expect("valid settings")

@@ -325,13 +325,7 @@ fn the_next_request_takes_the_lanes_again_after_address_space_ran_out() {
         as_driver(&dev),
         cupool_pool::upstream::vmm::VmmConfig {
             reserve_bytes: Some(512 * MIB),
-            recycle_page: 8 * MIB,
-            min_grow: 0,
-            max_grow: 0,
-            large_rounding: 2 * MIB,
-            recycle: true,
-            lanes: true,
-            ..Default::default()
+            ..recycling_config(8 * MIB, true)
         },
     )
     .unwrap();

@@ -28,21 +28,23 @@ pub fn recycling_vmm(dev: Arc<dyn Driver>, page: usize) -> cupool_pool::pools::V
     vmm_with(dev, page, false)
 }
 
+/// [`recycling_vmm`]'s settings, with lanes or without.
+pub fn recycling_config(page: usize, lanes: bool) -> cupool_pool::upstream::vmm::VmmConfig {
+    cupool_pool::upstream::vmm::VmmConfig {
+        recycle_page: page,
+        min_grow: 0,
+        max_grow: 0,
+        large_rounding: 2 * MIB,
+        recycle: true,
+        lanes,
+        ..Default::default()
+    }
+}
+
 /// [`recycling_vmm`], with lanes or without.
 pub fn vmm_with(dev: Arc<dyn Driver>, page: usize, lanes: bool) -> cupool_pool::pools::VmmPool {
-    cupool_pool::pools::VmmPool::with_config(
-        dev,
-        cupool_pool::upstream::vmm::VmmConfig {
-            recycle_page: page,
-            min_grow: 0,
-            max_grow: 0,
-            large_rounding: 2 * MIB,
-            recycle: true,
-            lanes,
-            ..Default::default()
-        },
-    )
-    .expect("valid settings")
+    cupool_pool::pools::VmmPool::with_config(dev, recycling_config(page, lanes))
+        .expect("valid settings")
 }
 
 /// True, after saying why, on a machine without a CUDA GPU: the test then returns. With
