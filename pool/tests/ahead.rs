@@ -352,6 +352,9 @@ fn a_failed_backing_names_nothing_to_give_back_later() {
         let f = p.alloc(14 * MIB).unwrap();
         p.free(e).unwrap();
         p.free(c).unwrap();
+        // Every lane is free: c's is left, and a replacement seen since takes it again.
+        let h = p.alloc(8 * MIB).unwrap();
+        p.free(h).unwrap();
         p.free(b).unwrap();
         drv.failing.store(true, std::sync::atomic::Ordering::SeqCst);
         assert!(p.alloc(6 * MIB).is_err());
