@@ -100,9 +100,10 @@ impl Ctx {
         g: &mut State<P, U>,
         fit: Fit,
     ) -> Option<Result<(), DriverError>> {
-        // Memory made ahead of need goes first, alone: the pool then holds about what it would
-        // with nothing made ahead (a wider shed empties free lanes too, whose next copies then
-        // map whole). Nothing more is made ahead until a purge.
+        // Memory made ahead of need, and free lanes' memory kept for a request's cache, goes
+        // first, alone: the pool then holds about what it would with nothing made ahead or kept
+        // (a wider shed empties the other free lanes too, whose next copies then map whole).
+        // Nothing more is made ahead until a purge.
         let mut early = Vec::new();
         g.placement.surplus(&mut |a, l| early.push((a, l)));
         g.ahead_paused = true;

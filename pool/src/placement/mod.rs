@@ -151,8 +151,9 @@ pub trait Placement: Send + fmt::Debug + 'static {
     }
 
     /// Free ranges that hold memory only because of what [`Placement::ahead`] named (behind a
-    /// block, beyond what it or the last block there needed): the first memory given back when
-    /// a block runs out of it. None by default.
+    /// block, beyond what it or the last block there needed), or that are kept out of the free
+    /// spans for a later block (a free lane kept for a request's cache): the first memory given
+    /// back when a block runs out of it. None by default.
     fn surplus(&self, f: &mut dyn FnMut(u64, usize)) {
         let _ = f;
     }

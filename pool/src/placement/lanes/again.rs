@@ -22,8 +22,10 @@
 //! weighed as if it were new, by the memory its blocks have reached since ([`Lane::reach`]),
 //! so the request places its blocks as the first one did. The memory beyond that reach, up
 //! to the largest block the lane ever held, is kept out of the free spans: the request's cache
-//! grows into it without a driver call. A left lane not taken again is a free span like any
-//! free lane's.
+//! grows into it without a driver call, and while the lane is free all of it is named as
+//! surplus, the first memory an out-of-memory sheds. A left lane not taken again is a free span
+//! like any free lane's. Left lanes are taken again also where no lane may open any more (at
+//! [`super::MAX_LANES`], or once the upstream refused address space apart).
 
 use super::{Lane, Lanes, GROW, SPILL, SPILL_GRANULE};
 use crate::placement::Placement;

@@ -13,7 +13,8 @@
 //! [`GROW`] bytes more lands there: only its growth gets new memory, and nothing is left behind
 //! free space. Among the free lanes that fit, the one with the most memory behind the block.
 //! When every lane is free at once (the requests that used them ended), the next lanes to open
-//! are those, taken again in the order they opened (`again.rs`).
+//! are those, taken again in the order they opened, also where no lane may open any more
+//! (`again.rs`).
 //!
 //! A lane opens where a replacement is seen: a large block is freed while one of the last
 //! [`RECENT`] large blocks allocated is larger by at most [`GROW`] (its grown copy, allocated
@@ -28,7 +29,8 @@
 //! Lanes only take blocks the core places with [`Placement::take_backed`] (a recycling VMM
 //! pool's large requests); everything else goes to the inner placement unchanged. A free
 //! lane's range, and the free end of a busy one, are free spans: their pages may be moved to
-//! other blocks or shed like any hole's. A purge of everything releases the free lanes.
+//! other blocks or shed like any hole's (but the memory a lane taken again keeps for its
+//! cache: `again.rs`). A purge of everything releases the free lanes.
 //!
 //! Where the upstream makes memory ahead of need (`CUPOOL_VMM_AHEAD`,
 //! `upstream/vmm/ahead.rs`), a lane whose last two blocks grew alike, and whose last such guess
@@ -350,6 +352,10 @@ impl<P: Placement> Placement for Lanes<P> {
             self.free.remove(&(l.last, seg.ptr));
             self.growing.remove(&(l.placed, seg.ptr));
             self.left_order.remove(&(l.opened, seg.ptr));
+            if !self.enabled {
+                // Lanes to take again, where none may open: no more than are left.
+                self.pending = self.pending.min(self.left_order.len());
+            }
             self.lanes.remove(&seg.ptr);
         } else {
             self.inner.remove(seg);
