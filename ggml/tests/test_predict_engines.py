@@ -136,25 +136,39 @@ def test_the_mainline_moe_table_in_the_docs_is_its_data_s():
     ]
 
 
-def test_the_held_out_mainline_tables_in_the_docs_are_their_data_s():
-    """The 2026-11-27 mainline runs at new free levels: with CUPOOL_FA_KV=pool every token is the
-    plan's, every fix completes, every largest context completes and one ubatch above dies, the
-    pool's end reserve is the engine's to the byte; with the default (`llama`) the dense shapes'
-    largest contexts hold both ways and the MoE's dies at its first compute, as the docs say."""
+def held_out_oom_holds(folder, room_within):
+    """One day's held-out mainline OOM check (`CUPOOL_FA_KV=pool`, six runs): docs/repro-prefill.md
+    shows its tables; every token is the plan's, every fix completes, every largest context
+    completes and one ubatch above dies, the pool's end reserve is the engine's to the byte and
+    the plan's room at most `room_within` MiB above the engine's."""
     pc = module("scripts/llama/predict-check.py")
     docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
     for cmd, marker in (("report-oom", "predict-oom"), ("report-oom", "predict-oom-room"), ("report", "predict-check")):
-        b = block(report(cmd, HELD_OUT_OOM), marker)
-        assert b in docs, f"docs/repro-prefill.md's held-out {marker} table: predict-check.py {cmd} {HELD_OUT_OOM}"
-    for path in sorted(glob.glob(os.path.join(ROOT, HELD_OUT_OOM, "*.plan.json"))):
+        b = block(report(cmd, folder), marker)
+        assert b in docs, f"docs/repro-prefill.md's {marker} table: predict-check.py {cmd} {folder}"
+    cases = 0
+    for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.plan.json"))):
         plan, runs = json.load(open(path)), runs_of(path)
         run = next(r for r in runs if ("-ctx-" if ".ctx." in path else "-fits-") in r["name"])
         assert plan["pool_peak_reserved_bytes"] == run["stats"]["0"]["reserved_bytes.all.peak"], path
+        row = [c.strip() for c in pc.room_row(plan, run).split("|")]
+        room, real_room = (float(c.replace(",", "")) for c in row[2:4])
+        assert 0 <= room - real_room < room_within, path
         if path.endswith(".ctx.plan.json"):
             assert pc.real_oom_token(run) == plan["oom_at_token"], path
             assert next(r for r in runs if "-fix-" in r["name"])["rc"] == 0 and plan["fix"]["fits"]
         else:
             assert run["rc"] == 0 and next(r for r in runs if "-above-" in r["name"])["rc"] != 0, path
+        cases += 1
+    assert cases == 6, folder
+
+
+def test_the_held_out_mainline_tables_in_the_docs_are_their_data_s():
+    """The 2026-11-27 mainline runs at new free levels: with CUPOOL_FA_KV=pool every token is the
+    plan's, every fix completes, every largest context completes and one ubatch above dies, the
+    pool's end reserve is the engine's to the byte; with the default (`llama`) the dense shapes'
+    largest contexts hold both ways and the MoE's dies at its first compute, as the docs say."""
+    held_out_oom_holds(HELD_OUT_OOM, room_within=5)
     b = block(report("report", HELD_OUT_CTX), "predict-check")
     assert b in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
     outcomes = {r.split("|")[1].strip(): r.split("|")[4:6] for r in b.splitlines() if r.startswith("| ") and "GiB" in r}
@@ -171,26 +185,7 @@ def test_the_plan_holds_on_an_h200_as_on_the_h100():
     both ways in both checks (the MoE's too: the plan builds libcupool's layered pool), the pool's
     end reserve is the engine's to the byte and the room within 4 MiB; the terms that do not
     depend on the engine are the H100's to the 0.1 MiB; the docs show the tables."""
-    pc = module("scripts/llama/predict-check.py")
-    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
-    for cmd, marker in (("report-oom", "predict-oom"), ("report-oom", "predict-oom-room"), ("report", "predict-check")):
-        b = block(report(cmd, H200_OOM), marker)
-        assert b in docs, f"docs/repro-prefill.md's H200 {marker} table: predict-check.py {cmd} {H200_OOM}"
-    cases = 0
-    for path in sorted(glob.glob(os.path.join(ROOT, H200_OOM, "*.plan.json"))):
-        plan, runs = json.load(open(path)), runs_of(path)
-        run = next(r for r in runs if ("-ctx-" if ".ctx." in path else "-fits-") in r["name"])
-        assert plan["pool_peak_reserved_bytes"] == run["stats"]["0"]["reserved_bytes.all.peak"], path
-        row = [c.strip() for c in pc.room_row(plan, run).split("|")]
-        room, real_room = (float(c.replace(",", "")) for c in row[2:4])
-        assert 0 <= room - real_room < 4, path
-        if path.endswith(".ctx.plan.json"):
-            assert pc.real_oom_token(run) == plan["oom_at_token"], path
-            assert next(r for r in runs if "-fix-" in r["name"])["rc"] == 0 and plan["fix"]["fits"]
-        else:
-            assert run["rc"] == 0 and next(r for r in runs if "-above-" in r["name"])["rc"] != 0, path
-        cases += 1
-    assert cases == 6
+    held_out_oom_holds(H200_OOM, room_within=4)
     b = block(report("report", H200_CTX), "predict-check")
     assert b in open(os.path.join(ROOT, "docs", "llama-cpp.md")).read()
     outcomes = {r.split("|")[1].strip(): r.split("|")[4:6] for r in b.splitlines() if r.startswith("| ") and "GiB" in r}
