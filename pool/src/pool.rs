@@ -4,6 +4,7 @@ use crate::block::{Block, PoolId};
 use crate::driver::Driver;
 use crate::error::{FreeError, PoolError};
 use crate::kind::PoolKind;
+use crate::snapshot::{unsupported, PoolSnapshot};
 use crate::stats::PoolStats;
 use crate::sync::SyncToken;
 use std::fmt;
@@ -111,6 +112,21 @@ pub trait Pool: Send + Sync + fmt::Debug {
     /// offloaded contents copied back. Waking an awake pool does nothing.
     fn wake(&self) -> Result<Moved, PoolError> {
         Err(PoolError::CannotSleep { kind: self.kind() })
+    }
+
+    /// The pool's state, for [`Pool::restore`], while it holds no live block
+    /// ([`crate::PoolSnapshot`] says which pools keep one). Taking it changes nothing.
+    fn snapshot(&self) -> Result<PoolSnapshot, PoolError> {
+        Err(unsupported(self.kind(), "a snapshot of its state"))
+    }
+
+    /// Puts the pool back in the state `snapshot` took of it, while it holds no live block:
+    /// what it cached since is forgotten, not released: the caller puts the device back too
+    /// (a simulated device's ledger: `SimDevice::restore`). A snapshot of another pool is
+    /// refused.
+    fn restore(&self, snapshot: &PoolSnapshot) -> Result<(), PoolError> {
+        let _ = snapshot;
+        Err(unsupported(self.kind(), "a snapshot of its state"))
     }
 }
 

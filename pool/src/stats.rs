@@ -186,7 +186,7 @@ pub struct PhaseStats {
 }
 
 /// The bookkeeping of the pool core, under its lock: the only code that changes the counters.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Tracker {
     pub(crate) s: PoolStats,
     /// Capacity of live blocks: what users hold including rounding.

@@ -59,6 +59,15 @@ impl Pool for PurgeRetry {
     fn free(&self, block: Block) -> Result<(), FreeError> {
         self.inner.free(block)
     }
+
+    // Nothing of its own to keep: the pool it wraps is the state.
+    fn snapshot(&self) -> Result<crate::PoolSnapshot, PoolError> {
+        self.inner.snapshot()
+    }
+
+    fn restore(&self, snapshot: &crate::PoolSnapshot) -> Result<(), PoolError> {
+        self.inner.restore(snapshot)
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ mod oom;
 mod retire;
 mod sleep;
 mod slow;
+mod snapshot;
 
 use crate::block::Block;
 use crate::driver::Driver;
@@ -277,5 +278,17 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     fn wake(&self) -> Result<Moved, PoolError> {
         let mut g = self.state.lock();
         self.ctx.wake(&mut g)
+    }
+
+    fn snapshot(&self) -> Result<crate::PoolSnapshot, PoolError> {
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
+        self.ctx.snapshot(&g)
+    }
+
+    fn restore(&self, snapshot: &crate::PoolSnapshot) -> Result<(), PoolError> {
+        let mut g = self.state.lock();
+        self.take_dropped(&mut g);
+        self.ctx.restore(&mut g, snapshot)
     }
 }

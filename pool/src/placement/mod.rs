@@ -63,6 +63,15 @@ pub trait Placement: Send + fmt::Debug + 'static {
     /// The alignment of every block address.
     fn alignment(&self) -> usize;
 
+    /// A copy of the placement's state, for a pool's snapshot ([`crate::PoolSnapshot`]);
+    /// `None` where it keeps none.
+    fn copy_state(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+
     /// Places `size` bytes (1 to [`crate::MAX_REQUEST`]) in memory already held, if it fits.
     fn take(&mut self, size: usize) -> Option<Fit>;
 

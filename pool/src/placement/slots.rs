@@ -67,7 +67,7 @@ impl SlotsConfig {
 /// excess is the smallest size that fits, and among equal sizes the scan keeps the lowest slot.
 /// A pool whose requests outgrow its buffers fills every slot (the stranding ggml is known
 /// for), and the scan then walked all 256 at each request.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Slots {
     config: SlotsConfig,
     ptr: Vec<u64>,
@@ -175,6 +175,11 @@ impl Placement for Slots {
 
     fn alignment(&self) -> usize {
         256
+    }
+
+    // The table is every buffer the pool holds idle: with none live, all it holds.
+    fn copy_state(&self) -> Option<Self> {
+        Some(self.clone())
     }
 
     #[inline]

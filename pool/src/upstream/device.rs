@@ -7,7 +7,7 @@ use crate::stats::DriverCalls;
 use std::sync::Arc;
 
 /// See the module docs.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct DeviceMalloc {
     driver: Arc<dyn Driver>,
 }
@@ -25,6 +25,11 @@ impl Upstream for DeviceMalloc {
 
     fn driver(&self) -> &Arc<dyn Driver> {
         &self.driver
+    }
+
+    // Each segment is the driver's: the upstream keeps nothing but the driver.
+    fn copy_state(&self) -> Option<Self> {
+        Some(self.clone())
     }
 
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError> {

@@ -45,6 +45,15 @@ pub trait Upstream: Send + fmt::Debug + 'static {
     /// The driver it calls.
     fn driver(&self) -> &Arc<dyn Driver>;
 
+    /// A copy of the upstream's state, for a pool's snapshot ([`crate::PoolSnapshot`]);
+    /// `None` where it keeps none.
+    fn copy_state(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+
     /// A new segment for `want`: of at least `want.extend` bytes if it starts where the last
     /// segment ends, else of at least `want.alone` bytes.
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError>;

@@ -142,6 +142,20 @@ pub(super) enum Backing {
 }
 
 impl Backing {
+    /// Whether the addresses are fake (nothing behind them).
+    pub fn is_fake(&self) -> bool {
+        matches!(self, Backing::Fake(_))
+    }
+
+    /// A copy of fake addresses' bookkeeping; `None` for host memory, whose copy would alias
+    /// the memory behind it.
+    pub fn copy_fake(&self) -> Option<Self> {
+        match self {
+            Backing::Host(_) => None,
+            Backing::Fake(f) => Some(Backing::Fake(f.clone())),
+        }
+    }
+
     pub fn host() -> Self {
         Backing::Host(None)
     }

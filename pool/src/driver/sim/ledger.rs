@@ -39,7 +39,7 @@ impl Ledger {
 }
 
 /// Call counts and the call log.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Calls {
     counts: [u64; CallKind::ALL.len()],
     log: Vec<CallRecord>,

@@ -27,7 +27,7 @@ struct Mapping {
     handle: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Memory {
     pub device_used: usize,
     pub managed_used: usize,

@@ -13,11 +13,13 @@ mod config;
 mod ledger;
 mod memory;
 mod moves;
+mod snapshot;
 mod space;
 
 pub use config::{SimConfig, MAX_CAPACITY};
 pub use ledger::CallRecord;
 pub(crate) use ledger::Ledger;
+pub use snapshot::SimSnapshot;
 
 use super::{
     CallKind, DevicePtr, DeviceShared, Driver, DriverError, ErrorCode, MemInfo, PhysHandle,

@@ -23,7 +23,7 @@ pub(super) struct Range {
 }
 
 /// See the module docs.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Space {
     start: u64,
     end: u64,

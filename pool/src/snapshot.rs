@@ -1,0 +1,44 @@
+//! A pool's state at a point where it holds no live block, to go back to: a simulation tries
+//! several continuations from one point without running what led there again (the planner's
+//! prompts of one context share every ubatch but their last: `runtime/src/planner/tails.rs`).
+//!
+//! Only what a pool decides from is kept: its placement's cached buffers, its counters, the
+//! simulated device's ledger. A pool with live blocks has none to take (their owners would
+//! outlive the state they were placed in), and only pools whose parts can copy their state
+//! offer one: the legacy pool core and the adaptors that keep nothing of their own. The others
+//! answer [`PoolError::Unsupported`].
+
+use crate::error::PoolError;
+use crate::kind::PoolKind;
+use std::any::Any;
+
+/// A pool's state, taken by [`crate::Pool::snapshot`], for [`crate::Pool::restore`] of the same
+/// pool.
+pub struct PoolSnapshot(pub(crate) Box<dyn Any + Send>);
+
+impl std::fmt::Debug for PoolSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PoolSnapshot")
+    }
+}
+
+impl PoolSnapshot {
+    /// Wraps the state of a pool outside this crate (an adaptor of its own).
+    pub fn new<T: Any + Send>(state: T) -> Self {
+        Self(Box::new(state))
+    }
+
+    /// The state as `T`, if it is one.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+/// The answer of a pool that keeps no snapshot: `why` says what it lacks.
+pub fn unsupported(kind: PoolKind, why: &'static str) -> PoolError {
+    PoolError::Unsupported {
+        kind,
+        lacks: why,
+        use_instead: "a snapshot is for dry runs: the legacy pool on a simulated device, holding no live block",
+    }
+}
