@@ -16,7 +16,7 @@ use cupool_pool::{DriverCalls, Pool};
 use std::sync::Arc;
 
 /// Whether a run fast-forwards, and what the ubatches it skipped would have cost.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct FastForward {
     /// The dry run's driver, counting its calls; `None`: the run does not fast-forward.
     driver: Option<Arc<CountingDriver>>,

@@ -5,6 +5,7 @@
 //! The engine owns no startup memory: [`crate::Runtime`] allocates that and hands the engine
 //! its addresses; the planner runs an engine with the dry-run executor on a simulated card.
 
+mod branch;
 mod peaks;
 mod ubatch;
 
@@ -169,38 +170,58 @@ impl Engine {
     /// Evaluates `tokens` after those already in the cache: batches of `n_batch`, ubatches of
     /// `n_ubatch`. An OOM ends the run with a report (`completed: false`), not an error.
     pub fn decode(&mut self, tokens: &[i32]) -> Result<RunReport, RuntimeError> {
+        self.start_decode(tokens.len())?;
+        let ubatches = self.split(self.pos, tokens);
+        let started = Instant::now();
+        let mut rows = Vec::with_capacity(ubatches.len());
+        self.ff.start(self.pool.as_ref());
+        let oom = self.run_ubatches(&ubatches, 0, ubatches.len(), &mut rows)?;
+        Ok(self.report(oom, rows, started))
+    }
+
+    /// Checks that `n` tokens may follow those in the cache, and starts their decode.
+    fn start_decode(&mut self, n: usize) -> Result<(), RuntimeError> {
         if self.failed {
             return Err(RuntimeError::Invalid("an earlier run ran out of memory mid-ubatch; the KV cache is incomplete: build a new runtime".into()));
         }
-        if self.pos + tokens.len() > self.cfg.n_ctx {
+        if self.pos + n > self.cfg.n_ctx {
             return Err(RuntimeError::Invalid(format!(
                 "{} tokens after position {} exceed the context of {} tokens: raise the context or shorten the prompt",
-                tokens.len(),
+                n,
                 self.pos,
                 self.cfg.n_ctx
             )));
         }
-        self.prefill_tokens = self.pos + tokens.len();
+        self.prefill_tokens = self.pos + n;
         self.decode_start = self.pos;
+        Ok(())
+    }
+
+    /// `tokens` from position `pos` in ubatches: (position, tokens) each, batches of `n_batch`
+    /// split into ubatches of `n_ubatch`.
+    fn split<'t>(&self, pos: usize, tokens: &'t [i32]) -> Vec<(usize, &'t [i32])> {
         let mut ubatches = Vec::new();
         let mut at = 0;
         for batch in tokens.chunks(self.cfg.n_batch) {
             for ub in batch.chunks(self.cfg.n_ubatch) {
-                ubatches.push((self.pos + at, ub));
+                ubatches.push((pos + at, ub));
                 at += ub.len();
             }
         }
-        let started = Instant::now();
-        let mut rows = Vec::with_capacity(ubatches.len());
-        let mut oom = None;
-        let n_ctx = self.cfg.n_ctx;
-        let shape = |k: usize| {
-            let (p, t): (usize, &[i32]) = ubatches[k];
-            (t.len(), fa::n_kv(p + t.len(), n_ctx))
-        };
-        self.ff.start(self.pool.as_ref());
-        let mut i = 0;
-        while i < ubatches.len() {
+        ubatches
+    }
+
+    /// Runs `ubatches[from..n]` (each with its boundary, the next one read from `ubatches`):
+    /// where one ran out of memory, its position and report.
+    fn run_ubatches(
+        &mut self,
+        ubatches: &[(usize, &[i32])],
+        from: usize,
+        n: usize,
+        rows: &mut Vec<UbatchRow>,
+    ) -> Result<Option<(usize, Box<cupool_pool::OomReport>)>, RuntimeError> {
+        let mut i = from;
+        while i < n {
             let (pos0, toks) = ubatches[i];
             let next = ubatches
                 .get(i + 1)
@@ -214,32 +235,52 @@ impl Engine {
                     rows.push(row)
                 }
                 Ok(None) => {}
-                Err(report) => {
-                    oom = Some((pos0, report));
-                    break;
-                }
+                Err(report) => return Ok(Some((pos0, report))),
             }
             if self.watched {
                 break;
             }
-            // The first ubatch of an engine profile's run may hold its warm-up.
-            let alone = pos0 == 0
-                && self.ubatch_index == 1
-                && self.cfg.warm_up
-                && matches!(self.cfg.engine, EngineKind::Profile { .. });
-            let skip = self.ff.ubatches_to_skip(
-                self.pool.as_ref(),
-                (mark, alone),
-                i,
-                ubatches.len(),
-                shape,
-            );
-            self.ubatch_index += skip;
-            i += 1 + skip;
+            i += 1 + self.skip_after(ubatches, i, n, mark);
         }
+        Ok(None)
+    }
+
+    /// After ubatch `i` of `ubatches` (marked with `mark` before it), how many of those after
+    /// it, up to `n`, the fast-forward skips (counted as run).
+    fn skip_after(
+        &mut self,
+        ubatches: &[(usize, &[i32])],
+        i: usize,
+        n: usize,
+        mark: crate::fast_forward::Mark,
+    ) -> usize {
+        let n_ctx = self.cfg.n_ctx;
+        let shape = |k: usize| {
+            let (p, t): (usize, &[i32]) = ubatches[k];
+            (t.len(), fa::n_kv(p + t.len(), n_ctx))
+        };
+        // The first ubatch of an engine profile's run may hold its warm-up.
+        let alone = ubatches[i].0 == 0
+            && self.ubatch_index == 1
+            && self.cfg.warm_up
+            && matches!(self.cfg.engine, EngineKind::Profile { .. });
+        let skip = self
+            .ff
+            .ubatches_to_skip(self.pool.as_ref(), (mark, alone), i, n, shape);
+        self.ubatch_index += skip;
+        skip
+    }
+
+    /// The decode's report: `oom` where it ran out of memory, its rows, its start.
+    fn report(
+        &self,
+        oom: Option<(usize, Box<cupool_pool::OomReport>)>,
+        rows: Vec<UbatchRow>,
+        started: Instant,
+    ) -> RunReport {
         let skipped = self.ff.skipped();
         let s = self.pool.stats();
-        Ok(RunReport {
+        RunReport {
             pool: self.pool.kind(),
             purge: self.cfg.purge,
             budget_mode: self.cfg.budget,
@@ -261,7 +302,7 @@ impl Engine {
             fallback_peak_bytes: s.fallback_live_peak_bytes,
             ubatches: rows,
             seconds: started.elapsed().as_secs_f64(),
-        })
+        }
     }
 }
 

@@ -11,8 +11,8 @@
 
 use cupool_pool::driver::Driver;
 use cupool_pool::{
-    Block, FreeError, Moved, Pool, PoolError, PoolId, PoolKind, PoolStats, Purge, Released,
-    SyncToken,
+    Block, FreeError, Moved, Pool, PoolError, PoolId, PoolKind, PoolSnapshot, PoolStats, Purge,
+    Released, SyncToken,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -112,6 +112,27 @@ impl Pool for Peaks {
 
     fn wake(&self) -> Result<Moved, PoolError> {
         self.inner.wake()
+    }
+
+    fn snapshot(&self) -> Result<PoolSnapshot, PoolError> {
+        let live = (
+            self.live.load(Ordering::Relaxed),
+            self.live_peak.load(Ordering::Relaxed),
+        );
+        Ok(PoolSnapshot::new((self.inner.snapshot()?, live)))
+    }
+
+    fn restore(&self, snapshot: &PoolSnapshot) -> Result<(), PoolError> {
+        let Some((inner, (live, peak))) = snapshot.get::<(PoolSnapshot, (usize, usize))>() else {
+            return Err(cupool_pool::snapshot_unsupported(
+                self.kind(),
+                "a restore from another pool's snapshot",
+            ));
+        };
+        self.inner.restore(inner)?;
+        self.live.store(*live, Ordering::Relaxed);
+        self.live_peak.store(*peak, Ordering::Relaxed);
+        Ok(())
     }
 }
 

@@ -16,9 +16,33 @@ use std::time::Instant;
 
 /// A ubatch's live peak, and its reserve peak and driver allocations where its phase counted
 /// them (not in a dry run, which keeps no row).
+#[derive(Clone, Copy)]
 struct UbatchPeaks {
     live: usize,
     row: Option<(usize, u64)>,
+}
+
+/// A ubatch whose layers have run, before its boundary ([`Engine::end_ubatch`]).
+pub(super) struct Ran {
+    index: usize,
+    pos0: usize,
+    n_tokens: usize,
+    n_kv: usize,
+    t0: Instant,
+    phase: UbatchPeaks,
+    /// The layers' result: an error ends the run there.
+    pub result: Result<(), RuntimeError>,
+}
+
+impl Ran {
+    /// The same ubatch, for another boundary after it: `None` where its layers failed (the
+    /// run ends there whatever follows).
+    pub fn again(&self) -> Option<Ran> {
+        self.result.is_ok().then_some(Ran {
+            result: Ok(()),
+            ..*self
+        })
+    }
 }
 
 impl Engine {
@@ -30,6 +54,12 @@ impl Engine {
         tokens: &[i32],
         next: (usize, usize),
     ) -> Result<Result<Option<UbatchRow>, Box<OomReport>>, RuntimeError> {
+        let ran = self.run_layers(pos0, tokens)?;
+        self.end_ubatch(ran, next)
+    }
+
+    /// A ubatch's layers, in its pool phase (and the dry run's watch after them).
+    pub(super) fn run_layers(&mut self, pos0: usize, tokens: &[i32]) -> Result<Ran, RuntimeError> {
         let n_tokens = tokens.len();
         let n_kv = fa::n_kv(pos0 + n_tokens, self.cfg.n_ctx);
         let index = self.ubatch_index;
@@ -41,7 +71,6 @@ impl Engine {
             n_kv,
             tokens,
         };
-        let prefill = n_tokens > 1;
         let t0 = Instant::now();
         self.begin_phase(index);
         let result = self.layers(&ub);
@@ -49,6 +78,35 @@ impl Engine {
         if let (Ok(()), Some(w)) = (&result, self.watch.as_mut()) {
             self.watched = !w(pos0 + n_tokens, self.driver.mem_info()?.used());
         }
+        Ok(Ran {
+            index,
+            pos0,
+            n_tokens,
+            n_kv,
+            t0,
+            phase,
+            result,
+        })
+    }
+
+    /// A ubatch's boundary, `next` the ubatch after it (its position and tokens): the purge
+    /// the policy asks for, then its row (none in a dry run). The outer error is fatal; the
+    /// inner one is an OOM that ends the run.
+    pub(super) fn end_ubatch(
+        &mut self,
+        ran: Ran,
+        next: (usize, usize),
+    ) -> Result<Result<Option<UbatchRow>, Box<OomReport>>, RuntimeError> {
+        let Ran {
+            index,
+            pos0,
+            n_tokens,
+            n_kv,
+            t0,
+            phase,
+            result,
+        } = ran;
+        let prefill = n_tokens > 1;
         // Decided before the phase closes in a recording: its keep list belongs to the phase.
         let purge = match (&result, prefill) {
             (Ok(()), true) => self.boundary_purge(next, phase.live)?,

@@ -44,25 +44,10 @@ pub(super) fn watched(
     fast: bool,
     watch: Option<Watch>,
 ) -> Result<(RunReport, bool), RuntimeError> {
-    let mut c = cfg.clone();
-    c.budget = BudgetMode::Ggml;
-    // The dry run measures; it has no budget to warn about (and so projects nothing itself).
-    c.margin_bytes = usize::MAX / 4;
-    c.record_trace = false;
-    c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
-    reproducible(&mut c);
+    let c = dry_config(cfg, target)?;
     let counted = dry_device(target, pool_bytes)?;
     let driver: Arc<dyn Driver> = counted.clone();
-    let m = &c.model;
-    // The dry run touches no memory: the startup buffers need no addresses.
-    let bufs = DeviceBuffers {
-        weights: 0,
-        kv: 0,
-        compute: 0,
-        wl: WeightLayout::new(m, c.weight_type),
-        kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
-        cl: ComputeLayout::new(m, c.n_ubatch),
-    };
+    let bufs = dry_buffers(&c);
     let tokens = dry_prompt(n_prompt);
     // A simulation's out-of-memory is its result, not news: its pool and engine log nothing.
     tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
@@ -74,6 +59,58 @@ pub(super) fn watched(
     })
 }
 
+/// Dry runs of prompts of each of `lens` tokens with `cfg`'s pool and purge policy, as
+/// [`dry_run`] (fast) each, on one engine: the ubatches they share run once
+/// (`Engine::decode_prompts`). The pool must keep snapshots ([`keeps_snapshots`]).
+pub(super) fn dry_runs(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    lens: &[usize],
+    pool_bytes: usize,
+) -> Result<Vec<RunReport>, RuntimeError> {
+    let c = dry_config(cfg, target)?;
+    let (sim, counted) = dry_sim(target, pool_bytes)?;
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let tokens = dry_prompt(longest);
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        let driver: Arc<dyn Driver> = counted.clone();
+        let ff = FastForward::new(Some(counted));
+        let bufs = dry_buffers(&c);
+        let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX, ff)?;
+        engine.decode_prompts(&tokens, lens, &sim)
+    })
+}
+
+/// Whether `cfg`'s pool keeps the snapshots [`dry_runs`] needs: the legacy pool.
+pub(super) fn keeps_snapshots(cfg: &RunConfig, target: &PlanTarget) -> bool {
+    cfg.pool.resolve(target.vmm) == Ok(cupool_pool::PoolKind::Legacy)
+}
+
+/// `cfg` as a dry run runs it: measuring, with no budget to warn about (and so projecting
+/// nothing itself), no trace, its pool's kind resolved, [`reproducible`].
+fn dry_config(cfg: &RunConfig, target: &PlanTarget) -> Result<RunConfig, RuntimeError> {
+    let mut c = cfg.clone();
+    c.budget = BudgetMode::Ggml;
+    c.margin_bytes = usize::MAX / 4;
+    c.record_trace = false;
+    c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
+    reproducible(&mut c);
+    Ok(c)
+}
+
+/// A dry run's start-up buffers: it touches no memory, so they need no addresses.
+fn dry_buffers(c: &RunConfig) -> DeviceBuffers {
+    let m = &c.model;
+    DeviceBuffers {
+        weights: 0,
+        kv: 0,
+        compute: 0,
+        wl: WeightLayout::new(m, c.weight_type),
+        kvl: KvLayout::new(m, c.kv_type, c.n_ctx),
+        cl: ComputeLayout::new(m, c.n_ubatch),
+    }
+}
+
 /// The simulated card of a dry run: `target`'s kind, `pool_bytes` of it for the pool. Its
 /// allocations take whole pages, as on the target; counted, since the fast-forward reads from
 /// it whether a step called the driver.
@@ -81,6 +118,14 @@ pub(crate) fn dry_device(
     target: &PlanTarget,
     pool_bytes: usize,
 ) -> Result<Arc<CountingDriver>, RuntimeError> {
+    Ok(dry_sim(target, pool_bytes)?.1)
+}
+
+/// [`dry_device`], with the simulated device under it (for its snapshots).
+fn dry_sim(
+    target: &PlanTarget,
+    pool_bytes: usize,
+) -> Result<(Arc<SimDevice>, Arc<CountingDriver>), RuntimeError> {
     let mut sim = SimConfig::gib(0.0)
         .vmm(target.vmm)
         .granularity(target.granularity)
@@ -88,10 +133,9 @@ pub(crate) fn dry_device(
         .backed(false)
         .record_calls(false);
     sim.capacity = pool_bytes.min(MAX_CAPACITY);
-    Ok(Arc::new(CountingDriver::new(
-        Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?),
-        Counter::default(),
-    )))
+    let sim = Arc::new(SimDevice::new(sim).map_err(cupool_pool::PoolError::from)?);
+    let counted = Arc::new(CountingDriver::new(sim.clone(), Counter::default()));
+    Ok((sim, counted))
 }
 
 /// A dry run's prompt of `n` tokens. The dry-run executor reads no token: only the prompt's

@@ -13,6 +13,8 @@
 mod advice;
 mod dry;
 #[cfg(test)]
+mod dry_runs_tests;
+#[cfg(test)]
 mod fast_forward_tests;
 mod narrow;
 pub mod outside;

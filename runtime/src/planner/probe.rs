@@ -1,13 +1,17 @@
 //! A probe of the search for the largest context: whether every prompt up to a context
 //! completes from the free memory, beside a given compute buffer. It takes two dry runs, of the
 //! prompt that fills the context and of the one ending in the worst short ubatch (short
-//! ubatches split the KV range and take `dst_tmp`); they run at once, on two threads.
+//! ubatches split the KV range and take `dst_tmp`); they run at once, on two threads. Under a
+//! legacy pool never purged or purged `auto` every prompt ending in a short ubatch is checked,
+//! in one dry run that runs what they share once (`tail.rs`).
 
-use super::tail::tail_prompt;
+use super::dry::dry_runs;
+use super::tail::{every_tail_prompt, tail_prompt};
 use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
 use crate::profiled::LayerBytes;
+use cupool_pool::driver::sim::MAX_CAPACITY;
 
 /// Contexts are searched in multiples of this many tokens.
 pub(crate) const STEP: usize = 256;
@@ -15,6 +19,20 @@ pub(crate) const STEP: usize = 256;
 /// The worst pool peak any prompt up to the full context can reach, on a card the pool never
 /// fills.
 pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, RuntimeError> {
+    if let Some(mut prompts) = every_tail_prompt(cfg, target, &mut LayerBytes::new(cfg)) {
+        prompts.push(cfg.n_ctx);
+        let runs = dry_runs(cfg, target, &prompts, MAX_CAPACITY)?;
+        if runs.iter().any(|r| !r.completed) {
+            return Err(RuntimeError::Invalid(
+                "the dry run ran out of a 256 TiB simulated card".into(),
+            ));
+        }
+        return Ok(runs
+            .iter()
+            .map(|r| r.peak_reserved_bytes)
+            .max()
+            .unwrap_or(0));
+    }
     let full = pool_peaks(cfg, target, cfg.n_ctx)?.0;
     let short = match tail_prompt(cfg, target, &mut LayerBytes::new(cfg)) {
         Some(p) => pool_peaks(cfg, target, p)?.0,
@@ -47,6 +65,18 @@ pub(crate) fn fits_beside(
             .is_none()
             .then(|| room.saturating_sub(s.peak_reserved)))
     };
+    if let Some(mut prompts) = every_tail_prompt(&c, target, bytes) {
+        // Every tail, from a snapshot of the ubatches they share (`tail.rs`).
+        let Ok(room) = room_beside(target, buffers) else {
+            return Ok(None);
+        };
+        prompts.push(n_ctx);
+        let runs = dry_runs(&c, target, &prompts, room)?;
+        return Ok(runs.iter().all(|r| r.completed).then(|| {
+            let peak = runs.iter().map(|r| r.peak_reserved_bytes).max();
+            room.saturating_sub(peak.unwrap_or(0))
+        }));
+    }
     let Some(p) = tail_prompt(&c, target, bytes) else {
         return completes(n_ctx);
     };

@@ -23,8 +23,12 @@
 //! every ubatch empty, so there every tail of a ubatch up to 512 tokens is ranked by its peak
 //! alone on a fresh pool, which is the prompt's last ubatch's exactly (`tail_tests.rs` checks
 //! it by brute force); larger ubatches keep the candidates, each tail being a dry run. A legacy pool
-//! never purged or purged `auto` carries the earlier ubatches' buffers into the last: its
-//! choice stays the stand-in above.
+//! never purged or purged `auto` carries the earlier ubatches' buffers into the last, so no
+//! tail alone says how its prompt peaks: for ubatches up to 512 tokens the search checks every
+//! one ([`every_tail_prompt`]), their prompts run together, the ubatches they share once and
+//! each one's own from a snapshot of the pool (`dry::dry_runs`); larger ubatches keep the
+//! candidates. The candidates missed mainline's 4,336-token prompt at `-ub 512 -c 4352`, 68.3
+//! MiB against 59.3 for those checked (`tail_tests.rs`).
 
 use super::PlanTarget;
 use crate::config::RunConfig;
@@ -40,7 +44,8 @@ use std::sync::Arc;
 /// At most this many candidates run alone: those holding the most at once.
 const MOST_CANDIDATES: usize = 8;
 
-/// Ubatches up to this many tokens have every tail of a legacy pool purged `always` ranked.
+/// Ubatches up to this many tokens have every tail of a legacy pool checked: ranked alone
+/// where it is purged `always`, run from a snapshot of the shared ubatches otherwise.
 const EVERY_TAIL_UP_TO: usize = 512;
 
 /// The prompt of `cfg`'s context that ends in its worst short ubatch, if one is shorter than
@@ -54,6 +59,41 @@ pub(crate) fn tail_prompt(
         Some(t) if cfg.n_ctx > t => Some((cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t),
         _ => None,
     }
+}
+
+/// Every prompt of `cfg`'s context that ends in a short ubatch the profile accepts, where the
+/// search checks them all (ubatches up to `EVERY_TAIL_UP_TO` tokens): a legacy pool never
+/// purged or purged `auto` carries the earlier ubatches' buffers into the last, so which tail
+/// peaks highest depends on them, and only a run of each says. Those runs share every ubatch
+/// but their last one or two, which run from a snapshot of the pool (`dry::dry_runs`): a
+/// ubatch each. `None` for the other pools (the tail they check is [`tail_prompt`]'s).
+pub(crate) fn every_tail_prompt(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    bytes: &mut LayerBytes,
+) -> Option<Vec<usize>> {
+    // Each tail costs a ubatch of its own at every probe: beyond `EVERY_TAIL_UP_TO` tokens a
+    // ubatch keeps the candidates (every tail of a 4,096-token ubatch took a MoE plan from 1.0
+    // to 3.2 s).
+    if cfg.purge == PurgePolicy::Always
+        || cfg.n_ubatch > EVERY_TAIL_UP_TO
+        || !super::dry::keeps_snapshots(cfg, target)
+    {
+        return None;
+    }
+    let ub = cfg.n_ubatch;
+    Some(
+        (1..ub.min(cfg.n_ctx))
+            .map(|t| ((cfg.n_ctx - t) / ub * ub + t, t))
+            .filter(|&(p, t)| {
+                p < cfg.n_ctx
+                    && bytes
+                        .of(t, cupool_kernels::fa::n_kv(p, cfg.n_ctx))
+                        .is_some()
+            })
+            .map(|(p, _)| p)
+            .collect(),
+    )
 }
 
 /// The length of the short last ubatch whose prompt peaks highest at the full context, or

@@ -20,6 +20,8 @@ fn the_tail_checked_is_the_prompt_that_peaks_highest() {
         (PoolKind::Vmm, PurgePolicy::Always),
         (PoolKind::Vmm, PurgePolicy::Auto),
         (PoolKind::Legacy, PurgePolicy::Always),
+        (PoolKind::Legacy, PurgePolicy::Never),
+        (PoolKind::Legacy, PurgePolicy::Auto),
     ];
     let mut worse = Vec::new();
     for profile in [Profile::IkLlama, Profile::LlamaB8833, Profile::Llama] {
@@ -30,9 +32,12 @@ fn the_tail_checked_is_the_prompt_that_peaks_highest() {
                     cfg.n_ctx = n_ctx;
                     let t = h100(&cfg, usize::MAX / 4);
                     let peak = |p: usize| super::super::pool_peaks(&cfg, &t, p).unwrap().0;
-                    let checked = tail_prompt(&cfg, &t, &mut LayerBytes::new(&cfg))
-                        .map_or(0, peak)
-                        .max(peak(n_ctx));
+                    let bytes = &mut LayerBytes::new(&cfg);
+                    let checked = match every_tail_prompt(&cfg, &t, bytes) {
+                        Some(every) => every.into_iter().map(peak).max().unwrap_or(0),
+                        None => tail_prompt(&cfg, &t, bytes).map_or(0, peak),
+                    }
+                    .max(peak(n_ctx));
                     let base = (n_ctx - 1) / ubatch * ubatch;
                     let (most, at) = (1..n_ctx - base)
                         .map(|k| (peak(base + k), base + k))

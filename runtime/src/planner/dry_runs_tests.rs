@@ -1,0 +1,42 @@
+//! Prompts decoded together from a snapshot report what each reports alone.
+
+use super::dry::{dry_run, dry_runs};
+use super::test_setup::{h100, two_layers};
+use crate::policy::PurgePolicy;
+use cupool_pool::PoolKind;
+use cupool_profiles::Profile;
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Over the engine profiles, every purge policy, rooms small enough that prompts fail
+    /// anywhere, and prompts ending in the last two ubatches of a context (and shorter ones),
+    /// each prompt's report from `dry_runs` is its lone dry run's: where it stops, its pool's
+    /// peaks, its driver calls.
+    #[test]
+    fn prompts_run_together_report_as_alone(
+        profile in prop::sample::select(vec![Profile::IkLlama, Profile::LlamaB8833, Profile::Llama]),
+        purge in prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+        ubatch in prop::sample::select(vec![256usize, 512]),
+        n_ctx in 300usize..6000,
+        room_mib in 1usize..400,
+        ends in prop::collection::vec(0usize..1024, 1..12),
+    ) {
+        let mut cfg = two_layers(Some(profile), PoolKind::Legacy, purge, ubatch);
+        cfg.n_ctx = n_ctx;
+        let t = h100(&cfg, usize::MAX / 4);
+        let room = room_mib << 20;
+        let mut lens: Vec<usize> = ends.iter().map(|&e| n_ctx.saturating_sub(e).max(1)).collect();
+        lens.push(n_ctx);
+        let together = dry_runs(&cfg, &t, &lens, room).unwrap();
+        prop_assert_eq!(together.len(), lens.len());
+        for (r, &len) in together.iter().zip(&lens) {
+            let alone = dry_run(&cfg, &t, len, room, true).unwrap();
+            let figures = |r: &crate::report::RunReport| {
+                (r.completed, r.oom_at_token, r.peak_reserved_bytes, r.peak_live_bytes, r.driver_mallocs, r.driver_frees)
+            };
+            prop_assert_eq!(figures(r), figures(&alone), "prompt of {} tokens", len);
+        }
+    }
+}
