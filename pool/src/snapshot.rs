@@ -2,11 +2,13 @@
 //! several continuations from one point without running what led there again (the planner's
 //! prompts of one context share every ubatch but their last: `runtime/src/planner/tails.rs`).
 //!
-//! Only what a pool decides from is kept: its placement's cached buffers, its counters, the
-//! simulated device's ledger. A pool with live blocks has none to take (their owners would
+//! Only what a pool decides from is kept: its placement's cached memory, its upstream's address
+//! space and pages, its counters; the simulated device keeps its own ledger
+//! (`SimDevice::snapshot`). A pool with live blocks has none to take (their owners would
 //! outlive the state they were placed in), and only pools whose parts can copy their state
-//! offer one: the legacy pool core and the adaptors that keep nothing of their own. The others
-//! answer [`PoolError::Unsupported`].
+//! offer one: the legacy and vmm pool cores (the vmm one with no page in flight on its worker
+//! and nothing offloaded by a sleep), size classes over them, and the adaptors that keep
+//! nothing of their own. The others answer [`PoolError::Unsupported`].
 
 use crate::error::PoolError;
 use crate::kind::PoolKind;
@@ -39,6 +41,6 @@ pub fn unsupported(kind: PoolKind, why: &'static str) -> PoolError {
     PoolError::Unsupported {
         kind,
         lacks: why,
-        use_instead: "a snapshot is for dry runs: the legacy pool on a simulated device, holding no live block",
+        use_instead: "a snapshot is for dry runs: the legacy or vmm pool on a simulated device, holding no live block",
     }
 }

@@ -59,15 +59,42 @@ fn run(pool: &dyn Pool, dev: &cupool_pool::driver::sim::SimDevice, ops: &[Op]) -
     (answers, pool.stats(), format!("{:?}", dev.ledger()))
 }
 
+/// The pools a dry run builds: the legacy pool (with its flush-and-retry or not), the vmm pool
+/// (libcupool's layering: size classes, large requests rounded to 2 MiB), and the vmm pool
+/// recycling pages into lanes, its growth made ahead inline or not.
+fn pool_config(which: u8, flush: bool) -> PoolConfig {
+    match which {
+        0 => {
+            let mut c = PoolConfig::default().kind(PoolKind::Legacy);
+            c.legacy.flush_and_retry = flush;
+            c
+        }
+        1 => {
+            let mut c = PoolConfig::default().kind(PoolKind::Vmm);
+            cupool_pool::layering::Layering::default().apply(&mut c);
+            c
+        }
+        _ => {
+            let mut c = PoolConfig::default().kind(PoolKind::Vmm);
+            c.vmm = common::recycling_config(2 * MIB, true);
+            if which == 3 {
+                c.vmm.ahead = cupool_pool::upstream::vmm::Ahead::Inline;
+            }
+            c
+        }
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// From a snapshot taken between two runs of requests, the second run gets the same
-    /// addresses, failures, counters and device ledger each time it is replayed, on the
-    /// legacy pool with and without its flush-and-retry and under a purge-and-retry wrapper,
-    /// on cards small enough that requests fail.
+    /// addresses, failures, counters and device ledger each time it is replayed, on every pool
+    /// a dry run builds (`pool_config`), bare or under a purge-and-retry wrapper, on cards small
+    /// enough that requests fail.
     #[test]
     fn a_restored_pool_answers_as_it_did_at_its_snapshot(
+        which in 0u8..4,
         card_mib in 48usize..256,
         flush in any::<bool>(),
         wrapped in any::<bool>(),
@@ -75,9 +102,7 @@ proptest! {
         after in prop::collection::vec(op(), 1..60),
     ) {
         let dev = sim_with(SimConfig::gib(card_mib as f64 / 1024.0).backed(false));
-        let mut cfg = PoolConfig::default().kind(PoolKind::Legacy);
-        cfg.legacy.flush_and_retry = flush;
-        let mut pool = cfg.build(as_driver(&dev)).unwrap();
+        let mut pool = pool_config(which, flush).build(as_driver(&dev)).unwrap();
         if wrapped {
             pool = Arc::new(PurgeRetry::new(pool));
         }
@@ -92,8 +117,9 @@ proptest! {
     }
 }
 
-/// A pool with a live block has no snapshot and takes none back; nor does a pool of another
-/// kind, or a device backed by host memory. Each refusal says what it lacks.
+/// A pool with a live block has no snapshot and takes none back; nor does a pool of a kind
+/// that keeps none, another pool, or a device backed by host memory. Each refusal says what it
+/// lacks.
 #[test]
 fn snapshots_are_refused_where_they_cannot_hold() {
     let dev = sim_with(SimConfig::gib(1.0).backed(false));
@@ -112,12 +138,22 @@ fn snapshots_are_refused_where_they_cannot_hold() {
     pool.free(b).unwrap();
     pool.restore(&s).unwrap();
 
-    let vmm = PoolConfig::default()
-        .kind(PoolKind::Vmm)
+    let torch = PoolConfig::default()
+        .kind(PoolKind::Torch)
         .build(as_driver(&dev))
         .unwrap();
+    assert!(torch.snapshot().is_err());
+    assert!(torch.restore(&s).is_err());
+    let vmm = pool_config(1, false).build(as_driver(&dev)).unwrap();
+    let b = vmm.alloc(3 * MIB).unwrap();
     assert!(vmm.snapshot().is_err());
+    vmm.free(b).unwrap();
+    let v = vmm.snapshot().unwrap();
     assert!(vmm.restore(&s).is_err());
+    let b = vmm.alloc(3 * MIB).unwrap();
+    assert!(vmm.restore(&v).is_err(), "a live block refuses the restore");
+    vmm.free(b).unwrap();
+    vmm.restore(&v).unwrap();
     let other = PoolConfig::default()
         .kind(PoolKind::Legacy)
         .build(as_driver(&dev))

@@ -187,6 +187,46 @@ impl Pool for SizeClasses {
         self.pools.iter().map(|p| p.reserved_bytes()).sum()
     }
 
+    fn snapshot(&self) -> Result<crate::PoolSnapshot, PoolError> {
+        let classes = self
+            .pools
+            .iter()
+            .map(|p| p.snapshot())
+            .collect::<Result<Vec<_>, _>>()?;
+        let counters =
+            [&self.live, &self.live_peak, &self.reserved_peak].map(|c| c.load(Ordering::Relaxed));
+        Ok(crate::PoolSnapshot::new((classes, counters)))
+    }
+
+    fn restore(&self, snapshot: &crate::PoolSnapshot) -> Result<(), PoolError> {
+        let Some((classes, counters)) = snapshot
+            .get::<(Vec<crate::PoolSnapshot>, [usize; 3])>()
+            .filter(|(c, _)| c.len() == self.pools.len())
+        else {
+            return Err(crate::snapshot_unsupported(
+                self.kind(),
+                "a restore from another pool's snapshot",
+            ));
+        };
+        // Refused before any class changes: a class with live blocks would refuse midway.
+        if self.live.load(Ordering::Relaxed) != 0 {
+            return Err(crate::snapshot_unsupported(
+                self.kind(),
+                "a snapshot while blocks are live (free them first)",
+            ));
+        }
+        for (p, s) in self.pools.iter().zip(classes) {
+            p.restore(s)?;
+        }
+        for (c, v) in [&self.live, &self.live_peak, &self.reserved_peak]
+            .iter()
+            .zip(counters)
+        {
+            c.store(*v, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     fn reset_peaks(&self) {
         self.pools.iter().for_each(|p| p.reset_peaks());
         self.live_peak

@@ -46,6 +46,17 @@ impl SyncEpoch {
         freed_at < self.completed.load(Ordering::Acquire)
     }
 
+    /// (current, completed): what a simulated device's snapshot keeps.
+    pub(crate) fn values(&self) -> (u64, u64) {
+        (self.current(), self.completed.load(Ordering::Acquire))
+    }
+
+    /// Puts the counter back to `values` (a simulated device's restore).
+    pub(crate) fn set(&self, (current, completed): (u64, u64)) {
+        self.counter.store(current, Ordering::Release);
+        self.completed.store(completed, Ordering::Release);
+    }
+
     /// Records that the synchronize of `epoch` (from [`SyncEpoch::advance`]) finished.
     pub(crate) fn finished(&self, epoch: u64) {
         self.completed.fetch_max(epoch, Ordering::AcqRel);

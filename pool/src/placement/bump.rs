@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const VMM_ALIGN: usize = 128;
 
 /// See the module docs.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Bump {
     /// The segments in the order they came: each range's contiguous and ascending.
     segments: Vec<Segment>,
@@ -164,6 +164,10 @@ impl Placement for Bump {
 
     fn alignment(&self) -> usize {
         VMM_ALIGN
+    }
+
+    fn copy_state(&self) -> Option<Self> {
+        Some(self.clone())
     }
 
     #[inline]

@@ -87,8 +87,17 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
         .iter()
         .filter(|(c, _)| c.n_ubatch == cfg.n_ubatch)
         .collect();
-    // Each search runs two dry runs at a time: as many searches at once as that leaves cores.
-    let at_once = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
+    // A probe's prompts run in one dry run where the pool keeps snapshots (the tries' legacy
+    // and vmm pools do: `dry::dry_runs`), else two at a time: as many searches at once as that
+    // leaves cores.
+    let per_search = match searched
+        .iter()
+        .all(|(c, _)| super::dry::keeps_snapshots(c, target))
+    {
+        true => 1,
+        false => 2,
+    };
+    let at_once = std::thread::available_parallelism().map_or(1, |n| n.get() / per_search);
     let configured = p.max_ctx_that_fits.unwrap_or(0);
     let answers = larger_contexts(&searched, target, configured, at_once);
     let mut better: Option<(String, usize)> = None;

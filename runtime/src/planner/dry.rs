@@ -81,9 +81,13 @@ pub(super) fn dry_runs(
     })
 }
 
-/// Whether `cfg`'s pool keeps the snapshots [`dry_runs`] needs: the legacy pool.
+/// Whether `cfg`'s pool keeps the snapshots [`dry_runs`] needs: the legacy and vmm pools
+/// (whose growth a dry run makes inline: [`reproducible`]).
 pub(super) fn keeps_snapshots(cfg: &RunConfig, target: &PlanTarget) -> bool {
-    cfg.pool.resolve(target.vmm) == Ok(cupool_pool::PoolKind::Legacy)
+    matches!(
+        cfg.pool.resolve(target.vmm),
+        Ok(cupool_pool::PoolKind::Legacy | cupool_pool::PoolKind::Vmm)
+    )
 }
 
 /// `cfg` as a dry run runs it: measuring, with no budget to warn about (and so projecting

@@ -10,20 +10,21 @@ use proptest::prelude::*;
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
-    /// Over the engine profiles, every purge policy, rooms small enough that prompts fail
+    /// Over the engine profiles, both pools, every purge policy, rooms small enough that prompts fail
     /// anywhere, and prompts ending in the last two ubatches of a context (and shorter ones),
     /// each prompt's report from `dry_runs` is its lone dry run's: where it stops, its pool's
     /// peaks, its driver calls.
     #[test]
     fn prompts_run_together_report_as_alone(
         profile in prop::sample::select(vec![Profile::IkLlama, Profile::LlamaB8833, Profile::Llama]),
+        kind in prop::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
         purge in prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
         ubatch in prop::sample::select(vec![256usize, 512]),
         n_ctx in 300usize..6000,
         room_mib in 1usize..400,
         ends in prop::collection::vec(0usize..1024, 1..12),
     ) {
-        let mut cfg = two_layers(Some(profile), PoolKind::Legacy, purge, ubatch);
+        let mut cfg = two_layers(Some(profile), kind, purge, ubatch);
         cfg.n_ctx = n_ctx;
         let t = h100(&cfg, usize::MAX / 4);
         let room = room_mib << 20;

@@ -5,7 +5,7 @@
 //! legacy pool never purged or purged `auto` every prompt ending in a short ubatch is checked,
 //! in one dry run that runs what they share once (`tail.rs`).
 
-use super::dry::dry_runs;
+use super::dry::{dry_runs, keeps_snapshots};
 use super::tail::{every_tail_prompt, tail_prompt};
 use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
 use crate::config::RunConfig;
@@ -19,7 +19,12 @@ pub(crate) const STEP: usize = 256;
 /// The worst pool peak any prompt up to the full context can reach, on a card the pool never
 /// fills.
 pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usize, RuntimeError> {
-    if let Some(mut prompts) = every_tail_prompt(cfg, target, &mut LayerBytes::new(cfg)) {
+    if keeps_snapshots(cfg, target) {
+        let bytes = &mut LayerBytes::new(cfg);
+        let mut prompts = match every_tail_prompt(cfg, target, bytes) {
+            Some(every) => every,
+            None => tail_prompt(cfg, target, bytes).into_iter().collect(),
+        };
         prompts.push(cfg.n_ctx);
         let runs = dry_runs(cfg, target, &prompts, MAX_CAPACITY)?;
         if runs.iter().any(|r| !r.completed) {
@@ -65,8 +70,13 @@ pub(crate) fn fits_beside(
             .is_none()
             .then(|| room.saturating_sub(s.peak_reserved)))
     };
-    if let Some(mut prompts) = every_tail_prompt(&c, target, bytes) {
-        // Every tail, from a snapshot of the ubatches they share (`tail.rs`).
+    if keeps_snapshots(&c, target) {
+        // The prompts in one dry run, what they share run once (`dry::dry_runs`): every tail
+        // where the pool carries the earlier ubatches' buffers into the last (`tail.rs`).
+        let mut prompts = match every_tail_prompt(&c, target, bytes) {
+            Some(every) => every,
+            None => tail_prompt(&c, target, bytes).into_iter().collect(),
+        };
         let Ok(room) = room_beside(target, buffers) else {
             return Ok(None);
         };

@@ -77,7 +77,7 @@ pub(crate) fn every_tail_prompt(
     // to 3.2 s).
     if cfg.purge == PurgePolicy::Always
         || cfg.n_ubatch > EVERY_TAIL_UP_TO
-        || !super::dry::keeps_snapshots(cfg, target)
+        || cfg.pool.resolve(target.vmm) != Ok(PoolKind::Legacy)
     {
         return None;
     }

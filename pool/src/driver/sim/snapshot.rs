@@ -3,20 +3,23 @@
 
 use super::{SimDevice, State};
 
-/// The device's ledger, call counts and address space at one point ([`SimDevice::snapshot`]).
+/// The device's ledger, call counts, address space and synchronize epoch at one point
+/// ([`SimDevice::snapshot`]).
 #[derive(Debug)]
-pub struct SimSnapshot(State);
+pub struct SimSnapshot(State, (u64, u64));
 
 impl SimDevice {
     /// The device's state now, for [`SimDevice::restore`]; `None` for a device backed by host
     /// memory (its addresses are real memory, which a copy would alias).
     pub fn snapshot(&self) -> Option<SimSnapshot> {
         let s = self.state.lock();
-        Some(SimSnapshot(State {
+        let state = State {
             calls: s.calls.clone(),
             memory: s.memory.clone(),
             backing: s.backing.copy_fake()?,
-        }))
+        };
+        // Pools stamp frees with the epoch and read what a synchronize made idle from it.
+        Some(SimSnapshot(state, self.shared.epoch.values()))
     }
 
     /// Puts the device back in the state `snapshot` took: what was allocated, mapped or
@@ -36,6 +39,7 @@ impl SimDevice {
             memory: snapshot.0.memory.clone(),
             backing,
         };
+        self.shared.epoch.set(snapshot.1);
         true
     }
 }

@@ -42,6 +42,7 @@
 
 mod again;
 mod ahead;
+mod copy;
 
 pub use ahead::AHEAD;
 
@@ -162,16 +163,6 @@ impl<P: Placement> Lanes<P> {
         }
     }
 
-    /// Lanes open, free or busy.
-    pub fn lanes(&self) -> usize {
-        self.lanes.len()
-    }
-
-    /// The placement the lanes sit on.
-    pub fn inner(&self) -> &P {
-        &self.inner
-    }
-
     #[inline]
     fn rounded(&self, size: usize) -> usize {
         // Sizes are at most MAX_REQUEST and the rounding at most 1 GiB: no overflow.
@@ -197,6 +188,10 @@ impl<P: Placement> Placement for Lanes<P> {
 
     fn alignment(&self) -> usize {
         self.inner.alignment()
+    }
+
+    fn copy_state(&self) -> Option<Self> {
+        self.copied()
     }
 
     #[inline]

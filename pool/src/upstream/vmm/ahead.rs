@@ -103,6 +103,11 @@ impl InFlight {
         self.ranges.is_empty()
     }
 
+    /// Whether no worker runs and nothing is in flight: a copy of the reserve loses nothing.
+    pub(super) fn is_idle(&self) -> bool {
+        self.worker.is_none() && self.ranges.is_empty()
+    }
+
     /// Sends a page to the worker (started here the first time); `false` if there is no
     /// worker to make it.
     fn send(&mut self, driver: &Arc<dyn Driver>, at: DevicePtr, len: usize) -> bool {

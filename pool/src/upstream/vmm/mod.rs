@@ -26,6 +26,7 @@
 mod ahead;
 mod apart;
 mod config;
+mod copy;
 mod grow;
 mod recycle;
 mod sleep;
@@ -165,6 +166,10 @@ impl Upstream for VmmReserve {
 
     fn driver(&self) -> &Arc<dyn Driver> {
         &self.driver
+    }
+
+    fn copy_state(&self) -> Option<Self> {
+        self.copied()
     }
 
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError> {
