@@ -26,6 +26,8 @@ HELD_OUT_CTX = "data/h100-2026-11-27-mainline-predict-heldout"
 # The same held-out cases on an H200, and the terms outside the engine measured there.
 H200_OOM = "data/h200-2026-11-28-mainline-oom-heldout"
 H200_CTX = "data/h200-2026-11-28-mainline-predict-heldout"
+# Three of IK's cases, one per model shape, on an H200 with the plan of 628eef1 (the warm-up modelled).
+IK_H200 = "data/h200-2026-11-28-ik-heldout"
 OUTSIDE = {"h100": "data/h100-2026-11-27-outside-probe", "h200": "data/h200-2026-11-28-outside-probe"}
 # The MoE cases again with libcupool's pool in the plan: its layering, then its purge-and-retry.
 LAYERING = "data/h100-2026-11-27-mainline-moe-layering"
@@ -200,6 +202,51 @@ def test_the_plan_holds_on_an_h200_as_on_the_h100():
     assert seen == {"default (lazy)": {(526.8, 0.0, 68.0, 0.0)}, "EAGER": {(526.8, 0.0, 458.0, 20.0)}}
 
 
+def test_the_ik_plan_holds_on_an_h200_as_on_the_h100():
+    """Three of the H100's ik_llama.cpp cases on an H200, none of the plan's terms measured there:
+    each engine's token is the H100's and the sweep's plan's (the prompt's plan names it or one
+    ubatch later), every fix completes, both dense largest contexts hold both ways and the MoE at
+    10 GiB completes one ubatch above too (as on the H100); the pool's peak is the plan's to the
+    byte in every run the room table shows (the largest context's plan, the sweep's at the case's
+    context), the plan's room at most 12 MiB above the engine's; docs/repro-prefill.md shows the
+    tables."""
+    pc = module("scripts/llama/predict-check.py")
+    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
+    assert "NVIDIA H200" in open(os.path.join(ROOT, IK_H200, "gpu.txt")).read()
+    for cmd, marker in (("report-oom", "predict-oom"), ("report-oom", "predict-oom-room"), ("report", "predict-check")):
+        b = block(report(cmd, IK_H200), marker)
+        assert b in docs, f"docs/repro-prefill.md's {marker} table: predict-check.py {cmd} {IK_H200}"
+        assert b.count("\n| ") == (7 if marker == "predict-oom-room" else 4), marker
+    exact, early, above_completes, rooms = 0, 0, [], []
+    for path in sorted(glob.glob(os.path.join(ROOT, IK_H200, "*.plan.json"))):
+        plan, runs = json.load(open(path)), runs_of(path)
+        ctx = path.endswith(".ctx.plan.json")
+        run = next(r for r in runs if ("-ctx-" if ctx else "-fits-") in r["name"])
+        row = [c.strip() for c in pc.room_row(plan, run).split("|")]
+        room, real_room = (float(c.replace(",", "")) for c in row[2:4])
+        rooms.append(room - real_room)
+        peak = run["stats"]["0"]["reserved_bytes.all.peak"]
+        if ctx:
+            real = pc.real_oom_token(run)
+            h100 = runs_of(os.path.join(ROOT, IK, os.path.basename(path)))
+            assert real == pc.real_oom_token(next(r for r in h100 if "-ctx-" in r["name"])), path
+            assert real == plan["sweep"]["oom_at_token"] and plan["sweep"]["steps"] == plan["check"]["ctx"] // UBATCH
+            assert real in (plan["oom_at_token"], plan["oom_at_token"] - UBATCH), path
+            exact += real == plan["oom_at_token"]
+            early += real == plan["oom_at_token"] - UBATCH
+            assert peak == plan["sweep"]["peak_reserved_bytes"], path
+            assert next(r for r in runs if "-fix-" in r["name"])["rc"] == 0 and plan["fix"]["fits"], path
+        else:
+            assert run["rc"] == 0 and plan["fits"], path
+            logged = [int(x) for x in re.findall(r"peak_reserved=(\d+)", logs_of(IK_H200, run["name"]))]
+            assert peak == max(logged) == plan["pool_peak_reserved_bytes"], path
+            if next(r for r in runs if "-above-" in r["name"])["rc"] == 0:
+                above_completes.append(case_of(path))
+    assert (exact, early) == (1, 2)
+    assert above_completes == ["qwen3-q8-10"]
+    assert len(rooms) == 6 and all(0 <= d < 12 for d in rooms), rooms
+    assert "What held on the H100 holds here, token for token" in docs
+
 def test_libcupool_s_pool_in_the_plan_holds_both_ways():
     """With libcupool's layering the MoE's 10.5 GiB answer holds both ways and 4 GiB's is one
     ubatch short (libcupool's retry ran on); with its retry too 4 GiB's holds both ways, each
@@ -288,10 +335,11 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
         (IK_WARM, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
         (IK_GRAPHS[0], "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
         (IK_GRAPHS[1], "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
+        (IK_H200, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
     }
     files = {}
     checked = 0
-    for folder in (IK, IK_WARM, MOE[1], HELD_OUT_OOM, HELD_OUT_CTX, RETRY, *IK_GRAPHS):
+    for folder in (IK, IK_WARM, MOE[1], HELD_OUT_OOM, HELD_OUT_CTX, RETRY, *IK_GRAPHS, IK_H200):
         for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.plan.json"))):
             want = json.load(open(path))
             shape, free = case_of(path).rsplit("-", 1)
@@ -381,4 +429,4 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
                 grew = got["compute_bytes"] - want["compute_bytes"]
                 assert got["peak_device_bytes"] - want["peak_device_bytes"] == grew, name
             checked += 1
-    assert checked == 12 + 11 + 2 + 6 + 3 + 1 + 2
+    assert checked == 12 + 11 + 2 + 6 + 3 + 1 + 2 + 6
