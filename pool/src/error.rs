@@ -132,6 +132,13 @@ pub enum PoolError {
         /// The pool's kind.
         kind: PoolKind,
     },
+    /// A snapshot was refused ([`crate::Pool::snapshot`], [`crate::Pool::restore`]).
+    Snapshot {
+        /// The pool's kind.
+        kind: PoolKind,
+        /// Why, and what would be accepted.
+        why: &'static str,
+    },
     /// No device with that index.
     NoSuchDevice {
         /// The index asked for.
@@ -187,6 +194,10 @@ impl fmt::Display for PoolError {
             PoolError::CannotSleep { kind } => write!(
                 f,
                 "the {kind} pool cannot sleep: only the vmm pool releases memory and keeps its addresses; use GGML_POOL=vmm (cupool's default)"
+            ),
+            PoolError::Snapshot { kind, why } => write!(
+                f,
+                "no snapshot of the {kind} pool: {why}; snapshots are for dry runs on the simulated device: the legacy or vmm pool (or size classes over them), holding no live block"
             ),
             PoolError::NoSuchDevice { device, devices } => {
                 write!(f, "no device {device}: the devices are 0..{devices}")

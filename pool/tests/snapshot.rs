@@ -129,7 +129,7 @@ fn snapshots_are_refused_where_they_cannot_hold() {
         .unwrap();
     let b = pool.alloc(MIB).unwrap();
     let live = pool.snapshot().unwrap_err();
-    assert!(matches!(live, PoolError::Unsupported { .. }));
+    assert!(matches!(live, PoolError::Snapshot { .. }));
     assert!(live.to_string().contains("blocks are live"), "{live}");
     pool.free(b).unwrap();
     let s = pool.snapshot().unwrap();
