@@ -260,26 +260,28 @@ fn the_recorded_pytorch_traces_replay_to_the_docs_table() {
         );
         if classes == "1048576" && round == "2097152" {
             // libcupool's default, with lanes and page recycling at 6% free: the mapped peak
-            // within 2.1% and 2% of the live peak (1.064 and 1.025 without lanes, 1.087 and
-            // 1.025 before recycling), below what PyTorch's expandable segments and
-            // cudaMallocAsync held on these shapes.
-            assert!(phi3.1 <= 1.021 && llama3.1 <= 1.020, "{phi3:?} {llama3:?}");
+            // within 1.3% and 1.5% of the live peak (1.020 and 1.019 while lanes of
+            // short-lived blocks still grew, 1.064 and 1.025 without lanes, 1.087 and 1.025
+            // before recycling), below what PyTorch's expandable segments and cudaMallocAsync
+            // held on these shapes.
+            assert!(phi3.1 <= 1.013 && llama3.1 <= 1.015, "{phi3:?} {llama3:?}");
         }
     }
     // What recycling costs with libcupool's default, with lanes and without
     // (`CUPOOL_VMM_LANES=off`): each page moved is a second mapping of it (23–34 µs of driver
     // calls on an H100) on the allocating thread, which does not wait for the device; the pool
     // synchronizes only where stale mappings pile up. With lanes no page moves: the KV cache's
-    // copies grow in their own address space, and the MoE trace maps 1.017 times its live
-    // peak (1.006 without lanes, its cost there: docs/pytorch.md). Without lanes, Phi-3 moves
-    // 1,749 pages for 1.064; with 2% free kept, 9,940 moves.
+    // copies grow in their own address space, and the MoE trace maps 1.008 times its live
+    // peak (1.006 without lanes; 1.017 while its attention scores' lanes still grew with them:
+    // `placement/lanes/transient.rs`). Without lanes, Phi-3 moves 1,749 pages for 1.064; with
+    // 2% free kept, 9,940 moves.
     let moe = "data/h100-2026-11-26-recycle-free-phi3-moe/trace-qwen3moe.jsonl.gz";
     let phi3 = "data/h100-2026-11-22-pytorch/trace-phi3.jsonl.gz";
     let llama3 = "data/h100-2026-11-22-pytorch/trace-llama3.jsonl.gz";
     for (lanes, trace, moves, syncs, ratio) in [
-        ("on", phi3, 0, 0, 1.021),
-        ("on", llama3, 0, 0, 1.020),
-        ("on", moe, 0, 0, 1.018),
+        ("on", phi3, 0, 0, 1.013),
+        ("on", llama3, 0, 0, 1.015),
+        ("on", moe, 0, 0, 1.009),
         ("off", phi3, 1_800, 5, 1.065),
         ("off", llama3, 10, 2, 1.026),
         ("off", moe, 0, 0, 1.007),
@@ -492,7 +494,7 @@ fn the_documented_replay_timelines_are_what_their_commands_draw() {
 /// A whole recorded PyTorch process that kept its cache (`prefill.py --warmup 512 --decode 4
 /// --speed-reps 2 --keep-cache` on an H100, Phi-3: the weights, a 512-token warm-up, a prefill
 /// with four decode steps, then two more prefills): the later prefills move no page and the
-/// reserve stays within 2.1% of the live peak. Before, the warm-up's last frees (matched as
+/// reserve stays within 1.3% of the live peak (2.1% while lanes of short-lived blocks grew). Before, the warm-up's last frees (matched as
 /// replacements against its own allocations) left the first prefill lanes to open, so it placed
 /// its blocks unlike the next ones, and the second prefill opened 400 lanes and moved 2,968
 /// pages with 8 synchronizes (1,049 and 2 with the growth made ahead), mapping 1.055 of the
@@ -518,7 +520,7 @@ fn a_recorded_process_with_a_warm_up_runs_its_later_prefills_without_moving_page
         );
         let ratio = n("peak_reserved_bytes") as f64 / n("peak_live_bytes") as f64;
         assert!(
-            ratio <= 1.021,
+            ratio <= 1.013,
             "ahead {ahead}: reserve {ratio:.4} of live: {v}"
         );
     }

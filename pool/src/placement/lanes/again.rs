@@ -81,8 +81,20 @@ impl<P: Placement> Lanes<P> {
         self.pending > 0 && n <= GROW
     }
 
+    /// A large block of `c` bytes (its capacity) left the range: where one of the last
+    /// [`super::RECENT`] large blocks allocated is larger by at most [`GROW`] (its grown copy),
+    /// a lane opens for the next small block (see the module docs of [`super`]).
+    pub(super) fn note_free(&mut self, c: usize) {
+        if c > crate::placement::bump::LARGE
+            && self.room_for_pending()
+            && self.recent.iter().any(|&r| c < r && r - c <= GROW)
+        {
+            self.pending += 1;
+        }
+    }
+
     /// Whether a replacement seen adds a lane to open or to take again.
-    pub(super) fn room_for_pending(&self) -> bool {
+    fn room_for_pending(&self) -> bool {
         (self.enabled && self.lanes.len() + self.pending < super::MAX_LANES)
             || self.pending < self.left_order.len()
     }
@@ -124,7 +136,8 @@ impl<P: Placement> Lanes<P> {
                     )
                 }
             };
-            if need > GROW || spills {
+            // A lane of short-lived blocks grows no more (`transient.rs`).
+            if need > GROW || spills || (need > 0 && lane.transient()) {
                 continue;
             }
             let behind = n - need;
@@ -139,6 +152,8 @@ impl<P: Placement> Lanes<P> {
     pub(super) fn leave_all_if_free(&mut self) {
         if self.free.len() == self.lanes.len() {
             for (&at, l) in self.lanes.iter_mut() {
+                // Weighed as new by the next request: its lanes' blocks live as it makes them.
+                l.lives.forget();
                 if !l.left {
                     l.left = true;
                     self.left_order.insert((l.opened, at));

@@ -1,5 +1,12 @@
-//! What the lanes expect their next copies to need ([`Placement::ahead`]): see the module docs
-//! of [`super`].
+//! What the lanes expect their next copies to need ([`Placement::ahead`]).
+//!
+//! Where the upstream makes memory ahead of need (`CUPOOL_VMM_AHEAD`,
+//! `upstream/vmm/ahead.rs`), a lane whose last two blocks grew alike, and whose last such guess
+//! held, is read as a growing cache's, and [`Placement::ahead`] names the growth the next copy
+//! will need behind the [`AHEAD`] such busy lanes placed longest ago (their blocks are replaced
+//! next); that growth is kept out of the free spans. Memory a copy did not need (beyond the
+//! largest block a lane has held: nothing ever used it) goes back when the copy lands
+//! ([`Placement::take_excess`]).
 
 use super::{Lane, Lanes, GROW, SPILL, SPILL_GRANULE};
 use crate::placement::Placement;
@@ -145,6 +152,7 @@ mod tests {
             reach: 0,
             left: false,
             opened: 0,
+            lives: Default::default(),
         };
         for &s in &sizes[1..] {
             l.landed(s);

@@ -25,6 +25,7 @@ impl<P: Placement> Lanes<P> {
             pending: self.pending,
             left_order: self.left_order.clone(),
             recent: self.recent,
+            clock: self.clock,
             asked: self.asked,
             enabled: self.enabled,
             growing: self.growing.clone(),

@@ -22,9 +22,8 @@
 //! takes opens it, so a cache enters lanes while its tensors are small and stays there as they
 //! grow. Modelled on the recorded traces before it was built (`scripts/torch/slot-sim.py`).
 //!
-//! Replayed (data/cpu-2026-11-27-lanes): Phi-3 1.020 of the live peak and no page moved,
-//! Llama-3 1.019, the MoE 1.017 (1.006 without lanes: its activations enter lanes too, and a
-//! free lane's memory serves only blocks near its size).
+//! A lane of short-lived blocks (an activation's) grows no more (`transient.rs`). Replayed: Phi-3
+//! 1.012 of the live peak, no page moved, Llama-3 1.014, the MoE 1.008 (1.006 without lanes).
 //!
 //! Lanes only take blocks the core places with [`Placement::take_backed`] (a recycling VMM
 //! pool's large requests); everything else goes to the inner placement unchanged. A free
@@ -32,19 +31,16 @@
 //! other blocks or shed like any hole's (but the memory a lane taken again keeps for its
 //! cache: `again.rs`). A purge of everything releases the free lanes.
 //!
-//! Where the upstream makes memory ahead of need (`CUPOOL_VMM_AHEAD`,
-//! `upstream/vmm/ahead.rs`), a lane whose last two blocks grew alike, and whose last such guess
-//! held, is read as a growing cache's (`ahead.rs`), and [`Placement::ahead`] names the growth
-//! the next copy will need behind the [`AHEAD`] such busy lanes placed longest ago (their blocks
-//! are replaced next); that growth is kept out of the free spans. Memory a copy did not need (beyond the largest block a
-//! lane has held: nothing ever used it) goes back when the copy lands
-//! ([`Placement::take_excess`]).
+//! Where the upstream makes memory ahead of need (`CUPOOL_VMM_AHEAD`), the lanes name what
+//! their next copies will need (`ahead.rs`).
 
 mod again;
 mod ahead;
 mod copy;
+mod transient;
 
 pub use ahead::AHEAD;
+pub use transient::{SHORT_LIFE, TRANSIENT_AFTER};
 
 use super::{Fit, Idle, Placement, Segment};
 use crate::pool::Purge;
@@ -106,6 +102,8 @@ struct Lane {
     /// When it opened (the lanes' count of blocks placed then): left lanes are taken again in
     /// the order they opened.
     opened: u64,
+    /// How long its blocks lived (`transient.rs`).
+    lives: transient::Lives,
 }
 
 /// See the module docs.
@@ -125,6 +123,8 @@ pub struct Lanes<P> {
     left_order: BTreeSet<(u64, u64)>,
     /// Capacities of the last large blocks allocated, newest last.
     recent: [usize; RECENT],
+    /// Large blocks allocated so far: the clock a block's life is counted in.
+    clock: u64,
     /// Whether the last [`Placement::take_backed`] left a request for a new lane.
     asked: bool,
     /// Whether lanes may open (the upstream refused address space apart: never again).
@@ -154,6 +154,7 @@ impl<P: Placement> Lanes<P> {
             pending: 0,
             left_order: BTreeSet::new(),
             recent: [0; RECENT],
+            clock: 0,
             asked: false,
             enabled: true,
             growing: BTreeSet::new(),
@@ -172,6 +173,7 @@ impl<P: Placement> Lanes<P> {
     #[inline]
     fn note(&mut self, capacity: usize) {
         if capacity > super::bump::LARGE {
+            self.clock += 1;
             self.recent.rotate_left(1);
             self.recent[RECENT - 1] = capacity;
         }
@@ -214,6 +216,7 @@ impl<P: Placement> Placement for Lanes<P> {
                     self.free.remove(&(lane.last, at));
                     lane.reach = lane.reach.max(n);
                     lane.used = n;
+                    lane.lives.landed(self.clock);
                     self.placed += 1;
                     lane.placed = self.placed;
                     // What it grew by over the lane's last block: what the block that
@@ -274,6 +277,7 @@ impl<P: Placement> Placement for Lanes<P> {
                 reach: n,
                 left: false,
                 opened: self.placed,
+                lives: transient::Lives::at(self.clock),
             },
         );
         self.note(n);
@@ -306,8 +310,10 @@ impl<P: Placement> Placement for Lanes<P> {
 
     #[inline]
     fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
+        let short = transient::short_life(self.lanes.len());
         if let Some(lane) = self.lanes.get_mut(&fit.addr) {
             if lane.used > 0 {
+                lane.lives.freed(self.clock, short);
                 lane.last = lane.used;
                 self.free.insert((lane.last, fit.addr));
                 self.growing.remove(&(lane.placed, fit.addr));
@@ -320,13 +326,7 @@ impl<P: Placement> Placement for Lanes<P> {
             self.leave_all_if_free();
             return None;
         }
-        let c = fit.capacity;
-        if c > super::bump::LARGE
-            && self.room_for_pending()
-            && self.recent.iter().any(|&r| c < r && r - c <= GROW)
-        {
-            self.pending += 1;
-        }
+        self.note_free(fit.capacity);
         self.inner.give_back(fit, freed_at)
     }
 
