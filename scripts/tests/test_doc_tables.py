@@ -212,3 +212,4 @@ def test_the_lanes_tables_are_their_runs():
 def test_the_h200_tables_are_their_runs():
     check("data/h200-2026-11-28-prefill/call1/prefill.jsonl")
     check("data/h200-2026-11-28-prefill/call2/prefill.jsonl")
+    check("data/h200-2026-11-28-transient-lanes/prefill.jsonl")
