@@ -215,8 +215,19 @@ impl Pool for SizeClasses {
                 "a snapshot while blocks are live (free them first)",
             ));
         }
-        for (p, s) in self.pools.iter().zip(classes) {
-            p.restore(s)?;
+        // A class refusing midway: those restored go back to where they were.
+        let now = self
+            .pools
+            .iter()
+            .map(|p| p.snapshot())
+            .collect::<Result<Vec<_>, _>>()?;
+        for (k, (p, s)) in self.pools.iter().zip(classes).enumerate() {
+            if let Err(e) = p.restore(s) {
+                for (q, back) in self.pools[..k].iter().zip(&now) {
+                    q.restore(back)?;
+                }
+                return Err(e);
+            }
         }
         for (c, v) in [&self.live, &self.live_peak, &self.reserved_peak]
             .iter()

@@ -21,6 +21,12 @@ struct CoreState<P, U> {
 
 /// Why a core in `g` has no snapshot to take or restore, if it has none.
 fn refusal<P: Placement, U: Upstream>(g: &State<P, U>) -> Option<&'static str> {
+    if !g.upstream.driver().simulated() {
+        return Some("a snapshot on a real device (a restore would forget memory it holds)");
+    }
+    if !g.upstream.keeps_state() {
+        return Some("a snapshot of its upstream now (pages in flight on a worker, or offloaded)");
+    }
     if g.tracker.s.live_blocks != 0 {
         return Some("a snapshot while blocks are live (free them first)");
     }

@@ -40,6 +40,11 @@ pub trait Forward: Debug + Send + Sync {
         self.inner().host_accessible()
     }
 
+    /// [`Driver::simulated`], by default the wrapped driver's.
+    fn simulated(&self) -> bool {
+        self.inner().simulated()
+    }
+
     /// [`Driver::mem_info`], by default the wrapped driver's.
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         self.inner().mem_info()
@@ -216,6 +221,10 @@ impl<T: Forward> Driver for T {
     #[inline]
     fn host_accessible(&self) -> bool {
         Forward::host_accessible(self)
+    }
+
+    fn simulated(&self) -> bool {
+        Forward::simulated(self)
     }
 
     #[inline]

@@ -83,6 +83,12 @@ pub trait Driver: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether the device is simulated: only its pools keep snapshots (`crate::PoolSnapshot`),
+    /// since a restore forgets memory the pool holds.
+    fn simulated(&self) -> bool {
+        false
+    }
+
     /// Free and total device memory.
     fn mem_info(&self) -> Result<MemInfo, DriverError>;
 

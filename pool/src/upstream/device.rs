@@ -32,6 +32,10 @@ impl Upstream for DeviceMalloc {
         Some(self.clone())
     }
 
+    fn keeps_state(&self) -> bool {
+        true
+    }
+
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError> {
         let bytes = want.alone;
         let ptr = self.driver.malloc(bytes)?;

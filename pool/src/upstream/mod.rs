@@ -54,6 +54,12 @@ pub trait Upstream: Send + fmt::Debug + 'static {
         None
     }
 
+    /// Whether [`Upstream::copy_state`] would copy the state now (nothing on its way that a
+    /// copy, or a restore over it, would lose).
+    fn keeps_state(&self) -> bool {
+        false
+    }
+
     /// A new segment for `want`: of at least `want.extend` bytes if it starts where the last
     /// segment ends, else of at least `want.alone` bytes.
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError>;

@@ -1,6 +1,6 @@
 //! Dry runs of several prompts at once: prompts of one context share every ubatch but their
-//! last one or two, and the planner checks many of them (every short last ubatch a legacy pool
-//! may peak in: `planner/tails.rs`). The ubatches they share run once; at the last one, after
+//! last one or two, and the planner checks several of them (the full prompt and its tail;
+//! every short last ubatch a legacy pool may peak in: `planner/tail.rs`). The ubatches they share run once; at the last one, after
 //! its layers and before its boundary (whose purge reads the next ubatch, which is each
 //! prompt's own), the pool and the simulated device are snapshotted, and each prompt goes on
 //! from there in turn, the state put back before the next ([`cupool_pool::PoolSnapshot`]).
@@ -26,7 +26,7 @@ impl Engine {
     /// Dry runs only, on a fresh engine over `sim` (the device under its pool): a prefill of
     /// each of `lens` tokens (each at most `tokens.len()`, the dry run's prompt), their reports
     /// in order, each what [`Engine::decode`] of that prompt alone reports. The pool must keep
-    /// snapshots (the legacy pool: [`cupool_pool::Pool::snapshot`]).
+    /// snapshots (the legacy and vmm pools: [`cupool_pool::Pool::snapshot`]).
     pub(crate) fn decode_prompts(
         &mut self,
         tokens: &[i32],
@@ -36,11 +36,16 @@ impl Engine {
         let Some(&longest) = lens.iter().max() else {
             return Ok(Vec::new());
         };
-        let fresh = self.pos == 0 && !self.failed && self.ff.on();
-        if !fresh || longest > tokens.len() || lens.contains(&0) {
+        if self.pos != 0 || self.failed || !self.ff.on() {
             return Err(RuntimeError::Invalid(
-                "prompts decoded together need a fresh dry run as long as the longest, and at least a token each".into(),
+                "prompts are decoded together only by a fresh dry run's engine (nothing decoded yet, fast-forwarding)".into(),
             ));
+        }
+        if longest > tokens.len() || lens.contains(&0) {
+            return Err(RuntimeError::Invalid(format!(
+                "prompts of 1 to {} tokens (the prompt given) are accepted, not {lens:?}",
+                tokens.len()
+            )));
         }
         // Every prompt's ubatches start as the longest one's, up to the shortest one's last:
         // the shared ones are those before it (each prompt then has one of its own at least).
@@ -155,12 +160,13 @@ impl Engine {
 
     /// Back to where [`Engine::at`] stood.
     fn back_to(&mut self, at: &At, sim: &SimDevice) -> Result<(), RuntimeError> {
+        // The pool first: every refusal is its own, and the device is left as it was then.
+        self.pool.restore(&at.pool)?;
         if !sim.restore(&at.device) {
             return Err(RuntimeError::Invalid(
-                "the device's snapshot could not be restored".into(),
+                "the device's snapshot could not be restored: it was taken of a device backed by host memory, and only a simulated device with fake addresses keeps one".into(),
             ));
         }
-        self.pool.restore(&at.pool)?;
         self.pos = at.pos;
         self.ubatch_index = at.ubatch_index;
         self.ff = at.ff.clone();

@@ -83,11 +83,13 @@ pub(super) fn dry_runs(
 
 /// Whether `cfg`'s pool keeps the snapshots [`dry_runs`] needs: the legacy and vmm pools
 /// (whose growth a dry run makes inline: [`reproducible`]).
+/// A managed-memory fallback around the pool (`GGML_CUDA_ALLOC_FALLBACK_MANAGED`) keeps none.
 pub(super) fn keeps_snapshots(cfg: &RunConfig, target: &PlanTarget) -> bool {
-    matches!(
-        cfg.pool.resolve(target.vmm),
-        Ok(cupool_pool::PoolKind::Legacy | cupool_pool::PoolKind::Vmm)
-    )
+    !cfg.pool.fallback_managed
+        && matches!(
+            cfg.pool.resolve(target.vmm),
+            Ok(cupool_pool::PoolKind::Legacy | cupool_pool::PoolKind::Vmm)
+        )
 }
 
 /// `cfg` as a dry run runs it: measuring, with no budget to warn about (and so projecting

@@ -1,9 +1,9 @@
 //! A probe of the search for the largest context: whether every prompt up to a context
-//! completes from the free memory, beside a given compute buffer. It takes two dry runs, of the
-//! prompt that fills the context and of the one ending in the worst short ubatch (short
-//! ubatches split the KV range and take `dst_tmp`); they run at once, on two threads. Under a
-//! legacy pool never purged or purged `auto` every prompt ending in a short ubatch is checked,
-//! in one dry run that runs what they share once (`tail.rs`).
+//! completes from the free memory, beside a given compute buffer: the prompt that fills the
+//! context and the one ending in the worst short ubatch (short ubatches split the KV range and
+//! take `dst_tmp`); under a legacy pool never purged or purged `auto`, every prompt ending in a
+//! short ubatch (`tail.rs`). Where the pool keeps snapshots (legacy and vmm) they run in one dry
+//! run, what they share once (`dry::dry_runs`); else in two, at once on two threads.
 
 use super::dry::{dry_runs, keeps_snapshots};
 use super::tail::{every_tail_prompt, tail_prompt};
@@ -47,7 +47,7 @@ pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usiz
 }
 
 /// Whether every prompt up to a context of `n_ctx` completes from `target`'s free memory (the
-/// one that fills it and the one ending in the worst short ubatch) beside a compute buffer of
+/// one that fills it and those ending in short ubatches the module docs name) beside a compute buffer of
 /// `compute` bytes: the context's own, or its floor. Where they do, the bytes of the pool's
 /// room their peaks left unused (the search predicts from them where the next probe goes);
 /// `None` where one stops. `bytes` answers for `cfg`'s profile.

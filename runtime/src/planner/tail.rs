@@ -56,7 +56,7 @@ pub(crate) fn tail_prompt(
     bytes: &mut LayerBytes,
 ) -> Option<usize> {
     match worst_tail(cfg, target, bytes) {
-        Some(t) if cfg.n_ctx > t => Some((cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t),
+        Some(t) if cfg.n_ctx > t => prompt_ending_in(cfg, t),
         _ => None,
     }
 }
@@ -84,7 +84,7 @@ pub(crate) fn every_tail_prompt(
     let ub = cfg.n_ubatch;
     Some(
         (1..ub.min(cfg.n_ctx))
-            .map(|t| ((cfg.n_ctx - t) / ub * ub + t, t))
+            .filter_map(|t| Some((prompt_ending_in(cfg, t)?, t)))
             .filter(|&(p, t)| {
                 p < cfg.n_ctx
                     && bytes
@@ -96,6 +96,27 @@ pub(crate) fn every_tail_prompt(
     )
 }
 
+/// The longest prompt of `cfg`'s context whose last ubatch has `t` tokens (1 to `n_ubatch`),
+/// if one has. A prompt is cut into batches of `n_batch` from its first token and each batch
+/// into ubatches of `n_ubatch`, so its last ubatch has `t` tokens where its last batch's
+/// `o` tokens are `t` more than a multiple of `n_ubatch` (where `n_batch` is a multiple of
+/// `n_ubatch`: where the prompt is).
+pub(crate) fn prompt_ending_in(cfg: &RunConfig, t: usize) -> Option<usize> {
+    let (c, batch, ub) = (cfg.n_ctx, cfg.n_batch.max(1), cfg.n_ubatch.max(1));
+    if t == 0 || t > ub || c == 0 {
+        return None;
+    }
+    // The last batch of the whole context: where it starts, and its tokens.
+    let base = (c - 1) / batch * batch;
+    let o = c - base;
+    if o >= t {
+        return Some(base + o - (o - t) % ub);
+    }
+    // Else in the batch before, where there is one (`t` is at most a batch).
+    let full = batch.min(c);
+    (base >= batch && full >= t).then(|| base - batch + full - (full - t) % ub)
+}
+
 /// The length of the short last ubatch whose prompt peaks highest at the full context, or
 /// `None` (no tail the profile accepts). Without a profile, cupool's own engine: the tail
 /// whose flash-attention scratch is largest (its only request that grows with the tokens).
@@ -103,7 +124,7 @@ fn worst_tail(cfg: &RunConfig, target: &PlanTarget, bytes: &mut LayerBytes) -> O
     let attn = cfg.model.attn();
     // The KV length of the prompt ending in a tail of `t` tokens.
     let n_kv = |t: usize| {
-        let prompt = (cfg.n_ctx - t) / cfg.n_ubatch * cfg.n_ubatch + t;
+        let prompt = prompt_ending_in(cfg, t).unwrap_or(t);
         cupool_kernels::fa::n_kv(prompt, cfg.n_ctx)
     };
     let tails = 1..cfg.n_ubatch.min(cfg.n_ctx);

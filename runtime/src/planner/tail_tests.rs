@@ -55,3 +55,27 @@ fn the_tail_checked_is_the_prompt_that_peaks_highest() {
     }
     assert!(worse.is_empty(), "{worse:#?}");
 }
+
+/// The prompt a tail names is the longest whose last ubatch has that many tokens, cut as the
+/// engine cuts it (batches from the first token, ubatches within each), for batches that are
+/// and are not multiples of the ubatch: checked against every prompt.
+#[test]
+fn the_prompt_ending_in_a_tail_is_the_longest_so_cut() {
+    for ub in 1..9usize {
+        for batch in ub..22 {
+            for n_ctx in 1..70usize {
+                let mut cfg = two_layers(None, PoolKind::Legacy, PurgePolicy::Never, ub);
+                (cfg.n_batch, cfg.n_ctx) = (batch, n_ctx);
+                let last = |p: usize| ((p - 1) % batch) % ub + 1;
+                for t in 1..=ub {
+                    let want = (1..=n_ctx).rev().find(|&p| last(p) == t);
+                    assert_eq!(
+                        prompt_ending_in(&cfg, t),
+                        want,
+                        "-ub {ub} -b {batch} -c {n_ctx}, tail {t}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The simulated device's ledger: every call counted by kind, optionally logged, and a
 //! summary of what is alive, so tests can assert call counts and that nothing leaked.
 
+use super::SimDevice;
 use crate::driver::CallKind;
 
 /// One logged driver call.
@@ -79,5 +80,22 @@ impl Calls {
 
     pub fn log(&self) -> &[CallRecord] {
         &self.log
+    }
+}
+
+impl SimDevice {
+    /// How many calls of `kind` were made.
+    pub fn calls(&self, kind: CallKind) -> u64 {
+        self.state.lock().calls.count(kind)
+    }
+
+    /// The log of every call so far (empty if `record_calls` is off).
+    pub fn call_log(&self) -> Vec<CallRecord> {
+        self.state.lock().calls.log().to_vec()
+    }
+
+    /// What is alive on the device.
+    pub fn ledger(&self) -> Ledger {
+        self.state.lock().memory.ledger()
     }
 }

@@ -18,7 +18,6 @@ mod space;
 
 pub use config::{SimConfig, MAX_CAPACITY};
 pub use ledger::CallRecord;
-pub(crate) use ledger::Ledger;
 pub use snapshot::SimSnapshot;
 
 use super::{
@@ -70,21 +69,6 @@ impl SimDevice {
     /// The configuration this device was built with.
     pub fn config(&self) -> &SimConfig {
         &self.config
-    }
-
-    /// How many calls of `kind` were made.
-    pub fn calls(&self, kind: CallKind) -> u64 {
-        self.state.lock().calls.count(kind)
-    }
-
-    /// The log of every call so far (empty if `record_calls` is off).
-    pub fn call_log(&self) -> Vec<CallRecord> {
-        self.state.lock().calls.log().to_vec()
-    }
-
-    /// What is alive on the device.
-    pub fn ledger(&self) -> Ledger {
-        self.state.lock().memory.ledger()
     }
 
     /// Counts a call and runs `body` on the state; a failure marks the logged call failed.
@@ -210,6 +194,10 @@ impl Driver for SimDevice {
 
     fn host_accessible(&self) -> bool {
         self.config.backed
+    }
+
+    fn simulated(&self) -> bool {
+        true
     }
 
     fn mem_info(&self) -> Result<MemInfo, DriverError> {

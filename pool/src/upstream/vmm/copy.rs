@@ -1,16 +1,21 @@
 //! A copy of the reserve's state for a pool's snapshot ([`crate::PoolSnapshot`]): its address
 //! space and pages as bookkeeping (the device's side is the simulated device's snapshot).
-//! Nothing may be on its way: no page in flight on the worker, no contents offloaded by a
-//! sleep (host buffers are not copied).
+//! Nothing may be on its way: no worker started to make pages ahead (its pages and thread are
+//! not copied), no contents offloaded by a sleep (host buffers are not copied).
 
 use super::ahead::InFlight;
 use super::space::AddressSpace;
 use super::VmmReserve;
 
 impl VmmReserve {
+    /// Whether nothing is on its way (see the module docs).
+    pub(super) fn copyable(&self) -> bool {
+        self.in_flight.is_idle() && self.space.copies.is_empty() && self.space.spares.is_empty()
+    }
+
     /// A copy of the reserve, if nothing is on its way (see the module docs).
     pub(super) fn copied(&self) -> Option<Self> {
-        if !self.in_flight.is_idle() {
+        if !self.copyable() {
             return None;
         }
         Some(Self {

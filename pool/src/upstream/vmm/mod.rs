@@ -172,6 +172,10 @@ impl Upstream for VmmReserve {
         self.copied()
     }
 
+    fn keeps_state(&self) -> bool {
+        self.copyable()
+    }
+
     fn acquire(&mut self, want: Grow, calls: &mut DriverCalls) -> Result<Segment, DriverError> {
         if self.granularity == 0 {
             self.init()?;
