@@ -420,14 +420,14 @@ OOM_FOLDERS = ["data/h100-2026-11-25-mainline-oom", "data/h100-2026-11-26-mainli
 def gguf_env(tmp_path):
     """The environment in which gen_model.py imports gguf: PyPI's (pip install './python[tools]'),
     else the engine tarball's gguf-py."""
-    try:
-        import gguf  # noqa: F401
+    # Asked of a fresh interpreter, as gen_model.py runs: another test may have put a path on
+    # this process's sys.path that the subprocess does not see.
+    if subprocess.run([sys.executable, "-c", "import gguf"], capture_output=True).returncode == 0:
         return dict(os.environ)
-    except ImportError:
-        with tarfile.open(tarball()) as t:
-            members = [m for m in t.getmembers() if m.name.lstrip("./").startswith("gguf-py/")]
-            t.extractall(tmp_path, members=members, filter="data")
-        return dict(os.environ, PYTHONPATH=str(tmp_path / "gguf-py"))
+    with tarfile.open(tarball()) as t:
+        members = [m for m in t.getmembers() if m.name.lstrip("./").startswith("gguf-py/")]
+        t.extractall(tmp_path, members=members, filter="data")
+    return dict(os.environ, PYTHONPATH=str(tmp_path / "gguf-py"))
 
 
 def gen_model(tmp_path, env, *args):
