@@ -91,10 +91,7 @@ impl Engine {
             self.prefill_tokens = len;
             // The last shared ubatch, then the prompt's own.
             let mut local: Vec<(usize, &[i32])> = list[before..shared].to_vec();
-            local.extend(
-                self.ubatches_between(own, len)
-                    .map(|(p, n)| (p, &tokens[p..p + n])),
-            );
+            local.extend(self.cuts(0, own, len).map(|(p, n)| (p, &tokens[p..p + n])));
             let mut rows = rows.clone();
             let oom = self.finish(&local, last.as_ref(), &mut rows)?;
             reports.push(self.report(oom, rows, started));
@@ -104,24 +101,7 @@ impl Engine {
 
     /// How many ubatches a prompt of `n` tokens from position 0 takes.
     fn ubatch_count(&self, n: usize) -> usize {
-        self.ubatches_between(0, n).count()
-    }
-
-    /// The ubatches from position `from` (where one starts) to `to`: (position, tokens) each,
-    /// as [`Engine::split`] cuts a prompt of `to` tokens (batches of `n_batch` from position 0,
-    /// ubatches of `n_ubatch` within each).
-    fn ubatches_between(&self, from: usize, to: usize) -> impl Iterator<Item = (usize, usize)> {
-        let (batch, ubatch) = (self.cfg.n_batch.max(1), self.cfg.n_ubatch.max(1));
-        let mut p = from;
-        std::iter::from_fn(move || {
-            if p >= to {
-                return None;
-            }
-            let end = (p + ubatch).min((p / batch + 1) * batch).min(to);
-            let at = p;
-            p = end;
-            Some((at, end - at))
-        })
+        self.cuts(0, 0, n).count()
     }
 
     /// One prompt's ubatches in `list`: where `last` holds the last shared ubatch's mark and

@@ -200,15 +200,27 @@ impl Engine {
     /// `tokens` from position `pos` in ubatches: (position, tokens) each, batches of `n_batch`
     /// split into ubatches of `n_ubatch`.
     fn split<'t>(&self, pos: usize, tokens: &'t [i32]) -> Vec<(usize, &'t [i32])> {
-        let mut ubatches = Vec::new();
-        let mut at = 0;
-        for batch in tokens.chunks(self.cfg.n_batch) {
-            for ub in batch.chunks(self.cfg.n_ubatch) {
-                ubatches.push((pos + at, ub));
-                at += ub.len();
+        self.cuts(pos, pos, pos + tokens.len())
+            .map(|(p, n)| (p, &tokens[p - pos..p - pos + n]))
+            .collect()
+    }
+
+    /// The ubatches of a decode that starts at position `origin`, from position `from` (where
+    /// one starts) to `to`: (position, tokens) each. Batches of `n_batch` from `origin`,
+    /// ubatches of `n_ubatch` within each, the last of each cut where the batch or `to` ends.
+    fn cuts(&self, origin: usize, from: usize, to: usize) -> impl Iterator<Item = (usize, usize)> {
+        let (batch, ubatch) = (self.cfg.n_batch.max(1), self.cfg.n_ubatch.max(1));
+        let mut p = from;
+        std::iter::from_fn(move || {
+            if p >= to {
+                return None;
             }
-        }
-        ubatches
+            let batch_end = origin + ((p - origin) / batch + 1) * batch;
+            let end = (p + ubatch).min(batch_end).min(to);
+            let at = p;
+            p = end;
+            Some((at, end - at))
+        })
     }
 
     /// Runs `ubatches[from..n]` (each with its boundary, the next one read from `ubatches`):
