@@ -74,10 +74,17 @@ impl AutoHeadroom {
     /// Whether a device with `free` bytes, whose pools held `peak_live` bytes at once in the
     /// ubatch just ended, is short.
     pub fn short(self, free: usize, peak_live: usize) -> bool {
+        self.least_free(peak_live).is_none_or(|least| free < least)
+    }
+
+    /// The least free memory that is not short after a ubatch whose pools held `peak_live`
+    /// bytes at once; `None` where every amount is ([`AutoHeadroom::Infinite`]). A dry run
+    /// reads from it the least room its boundaries decided in as they did.
+    pub fn least_free(self, peak_live: usize) -> Option<usize> {
         match self {
-            Self::Ubatch => free < peak_live.saturating_mul(2),
-            Self::Bytes(b) => free < b,
-            Self::Infinite => true,
+            Self::Ubatch => Some(peak_live.saturating_mul(2)),
+            Self::Bytes(b) => Some(b),
+            Self::Infinite => None,
         }
     }
 }

@@ -14,12 +14,13 @@ use cupool_pool::{OomReport, PoolSnapshot};
 use std::time::Instant;
 
 /// The engine's side of a snapshot: where the decode stands.
-struct At {
+pub(super) struct At {
     pool: PoolSnapshot,
     device: SimSnapshot,
     pos: usize,
     ubatch_index: usize,
     ff: FastForward,
+    room_read: usize,
 }
 
 impl Engine {
@@ -36,30 +37,63 @@ impl Engine {
         let Some(&longest) = lens.iter().max() else {
             return Ok(Vec::new());
         };
-        if self.pos != 0 || self.failed || !self.ff.on() {
-            return Err(RuntimeError::Invalid(
-                "prompts are decoded together only by a fresh dry run's engine (nothing decoded yet, fast-forwarding)".into(),
-            ));
-        }
+        self.fresh_dry_run("prompts are decoded together")?;
         if longest > tokens.len() || lens.contains(&0) {
             return Err(RuntimeError::Invalid(format!(
                 "prompts of 1 to {} tokens (the prompt given) are accepted, not {lens:?}",
                 tokens.len()
             )));
         }
+        // The prompts' boundaries read the prompt's length only past the shared ubatches.
+        self.start_decode(longest)?;
+        self.ff.start(self.pool.as_ref());
+        self.prompts_from(tokens, lens, sim, 0)
+    }
+
+    /// Refuses all but a fresh dry run's engine (nothing decoded yet, fast-forwarding), for
+    /// `what`.
+    pub(super) fn fresh_dry_run(&self, what: &str) -> Result<(), RuntimeError> {
+        if self.pos != 0 || self.failed || !self.ff.on() {
+            return Err(RuntimeError::Invalid(format!(
+                "{what} only by a fresh dry run's engine (nothing decoded yet, fast-forwarding)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many of the ubatches of prompts of each of `lens` tokens (at least one) from
+    /// position 0 they all run alike, boundaries included: all but the shortest one's last
+    /// two (the last shared one's boundary reads each prompt's next ubatch).
+    pub(crate) fn alike(&self, lens: &[usize]) -> usize {
+        let shortest = lens.iter().copied().min().unwrap_or(0);
+        self.ubatch_count(shortest).saturating_sub(2)
+    }
+
+    /// [`Engine::decode_prompts`] from its decode's first `from` ubatches (at most
+    /// [`Engine::alike`]), run already: its prefill of the longest prompt started.
+    pub(super) fn prompts_from(
+        &mut self,
+        tokens: &[i32],
+        lens: &[usize],
+        sim: &SimDevice,
+        from: usize,
+    ) -> Result<Vec<RunReport>, RuntimeError> {
+        let longest = lens.iter().copied().max().unwrap_or(0);
         // Every prompt's ubatches start as the longest one's, up to the shortest one's last:
         // the shared ones are those before it (each prompt then has one of its own at least).
         let list = self.split(0, &tokens[..longest]);
         let shortest = lens.iter().copied().min().unwrap_or(longest);
         let shared = self.ubatch_count(shortest) - 1;
-        // The prompts' boundaries read the prompt's length only past the shared ubatches.
-        self.start_decode(longest)?;
-        self.ff.start(self.pool.as_ref());
         let started = Instant::now();
         let mut rows = Vec::new();
         // The shared ubatches but the last, boundaries and all.
         let before = shared.saturating_sub(1);
-        if let Some(oom) = self.run_ubatches(&list, 0, before, &mut rows)? {
+        if from > before {
+            return Err(RuntimeError::Invalid(format!(
+                "a decode of prompts shared {before} ubatches, not the {from} already run"
+            )));
+        }
+        if let Some(oom) = self.run_ubatches(&list, from, before, &mut rows)? {
             return Ok(vec![self.report(Some(oom), rows, started); lens.len()]);
         }
         // The last shared one's layers: its boundary is each prompt's.
@@ -100,7 +134,7 @@ impl Engine {
     }
 
     /// How many ubatches a prompt of `n` tokens from position 0 takes.
-    fn ubatch_count(&self, n: usize) -> usize {
+    pub(crate) fn ubatch_count(&self, n: usize) -> usize {
         self.cuts(0, 0, n).count()
     }
 
@@ -125,7 +159,7 @@ impl Engine {
     }
 
     /// Where the decode stands, with the pool's and the device's state.
-    fn at(&self, sim: &SimDevice) -> Result<At, RuntimeError> {
+    pub(super) fn at(&self, sim: &SimDevice) -> Result<At, RuntimeError> {
         let device = sim.snapshot().ok_or_else(|| {
             RuntimeError::Invalid("a device backed by host memory keeps no snapshot".into())
         })?;
@@ -135,11 +169,12 @@ impl Engine {
             pos: self.pos,
             ubatch_index: self.ubatch_index,
             ff: self.ff.clone(),
+            room_read: self.room_read,
         })
     }
 
     /// Back to where [`Engine::at`] stood.
-    fn back_to(&mut self, at: &At, sim: &SimDevice) -> Result<(), RuntimeError> {
+    pub(super) fn back_to(&mut self, at: &At, sim: &SimDevice) -> Result<(), RuntimeError> {
         // The pool first: every refusal is its own, and the device is left as it was then.
         self.pool.restore(&at.pool)?;
         if !sim.restore(&at.device) {
@@ -150,6 +185,7 @@ impl Engine {
         self.pos = at.pos;
         self.ubatch_index = at.ubatch_index;
         self.ff = at.ff.clone();
+        self.room_read = at.room_read;
         self.failed = false;
         Ok(())
     }

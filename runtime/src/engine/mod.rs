@@ -6,6 +6,7 @@
 //! its addresses; the planner runs an engine with the dry-run executor on a simulated card.
 
 mod branch;
+pub(crate) mod checkpoint;
 mod peaks;
 mod ubatch;
 
@@ -62,6 +63,10 @@ pub(crate) struct Engine {
     ff: FastForward,
     /// A dry run's engine-profile requests around each layer's attention, by ubatch size.
     around: crate::profiled::Around,
+    /// A dry run's least room its boundaries decided in as they did: above the device memory
+    /// each `auto` read of it found used, what the headroom asked to be free there, wherever
+    /// a short device would have released something (`checkpoint.rs`).
+    room_read: usize,
 }
 
 /// Where a ubatch's peaks come from: the pool's phases (a row's numbers), or in a dry run
@@ -153,6 +158,7 @@ impl Engine {
             observer: None,
             watch: None,
             watched: false,
+            room_read: 0,
         })
     }
 

@@ -277,10 +277,15 @@ impl Engine {
         let boundary = Boundary::new(self.cfg.purge, self.cfg.auto_headroom);
         // A dry run's requests around the attention, kept across its ubatches.
         let mut around = std::mem::take(&mut self.around);
+        let mut read = None;
         let decision = boundary.decide(
             self.pool.as_ref(),
             live_peak,
-            || Ok(self.driver.mem_info()?.free),
+            || {
+                let m = self.driver.mem_info()?;
+                read = Some(m.used());
+                Ok(m.free)
+            },
             || match self.nothing_to_release(next_pos + next_tokens) {
                 true => Ok(Vec::new()),
                 false => {
@@ -291,10 +296,36 @@ impl Engine {
         );
         self.around = around;
         let decision = decision?;
+        if let (Some(used), true) = (read, self.ff.on()) {
+            self.note_room_read(&boundary, &decision, used, live_peak);
+        }
         if let (Some(r), Some(keep)) = (&self.recorder, decision.recorded_keep()) {
             r.record_keep(keep.map(<[usize]>::to_vec));
         }
         Ok(decision.purge())
+    }
+
+    /// Raises [`Engine::room_read`] by an `auto` decision that read `used` bytes in use: from
+    /// used plus the headroom's least free memory the device is not short, and decides as here
+    /// where it was not; where a short device would release nothing (a VMM pool's keep never
+    /// does) every room decides alike. A short decision here counts for no other room.
+    fn note_room_read(
+        &mut self,
+        boundary: &Boundary,
+        decision: &cupool_pool::boundary::Decision,
+        used: usize,
+        live_peak: usize,
+    ) {
+        use cupool_pool::boundary::Decision;
+        let least = match decision {
+            Decision::KeepAll if self.pool.releasable(&Purge::KeepFor(Vec::new())) == 0 => 0,
+            Decision::KeepAll => boundary
+                .headroom
+                .least_free(live_peak)
+                .unwrap_or(usize::MAX),
+            _ => usize::MAX,
+        };
+        self.room_read = self.room_read.max(used.saturating_add(least));
     }
 
     /// Whether a dry run's boundary may skip working out the next ubatch's requests, that

@@ -68,17 +68,34 @@ pub(super) fn dry_runs(
     lens: &[usize],
     pool_bytes: usize,
 ) -> Result<Vec<RunReport>, RuntimeError> {
-    let c = dry_config(cfg, target)?;
-    let (sim, counted) = dry_sim(target, pool_bytes)?;
     let longest = lens.iter().copied().max().unwrap_or(0);
     let tokens = dry_prompt(longest);
-    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-        let driver: Arc<dyn Driver> = counted.clone();
-        let ff = FastForward::new(Some(counted));
-        let bufs = dry_buffers(&c);
-        let mut engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX, ff)?;
+    quiet(|| {
+        let (mut engine, sim) = dry_engine(cfg, target, pool_bytes)?;
         engine.decode_prompts(&tokens, lens, &sim)
     })
+}
+
+/// A fresh fast dry run's engine of `cfg` on a simulated card of `pool_bytes` for its pool,
+/// and the card (for its snapshots). To be used in [`quiet`].
+pub(super) fn dry_engine(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    pool_bytes: usize,
+) -> Result<(Engine, Arc<SimDevice>), RuntimeError> {
+    let c = dry_config(cfg, target)?;
+    let (sim, counted) = dry_sim(target, pool_bytes)?;
+    let driver: Arc<dyn Driver> = counted.clone();
+    let ff = FastForward::new(Some(counted));
+    let bufs = dry_buffers(&c);
+    let engine = Engine::new(driver, c, Box::new(DryRun), bufs, usize::MAX, ff)?;
+    Ok((engine, sim))
+}
+
+/// Runs `f` with no subscriber: a simulation's out-of-memory is its result, not news, so its
+/// pool and engine log nothing.
+pub(super) fn quiet<T>(f: impl FnOnce() -> T) -> T {
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), f)
 }
 
 /// Whether `cfg`'s pool keeps the snapshots [`dry_runs`] needs: the legacy and vmm pools
@@ -100,6 +117,13 @@ fn dry_config(cfg: &RunConfig, target: &PlanTarget) -> Result<RunConfig, Runtime
     c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;
     c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
+    // A VMM pool reserves the device's memory (`cuMemGetInfo`'s total) as address space: on
+    // the GPU the card's, in any room. The simulated card's total is the pool's room; the
+    // free memory before the engine starts stands for the card's, so that a run in one room
+    // goes on from another's checkpoint as it would (`scout.rs`).
+    if c.pool.vmm.reserve_bytes.is_none() {
+        c.pool.vmm.reserve_bytes = Some(target.free_bytes.clamp(1, MAX_CAPACITY));
+    }
     reproducible(&mut c);
     Ok(c)
 }

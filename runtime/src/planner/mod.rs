@@ -19,6 +19,9 @@ mod fast_forward_tests;
 mod narrow;
 pub mod outside;
 mod probe;
+mod scout;
+#[cfg(test)]
+mod scout_tests;
 mod search;
 mod tail;
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! run, what they share once (`dry::dry_runs`); else in two, at once on two threads.
 
 use super::dry::{dry_runs, keeps_snapshots};
+use super::scout::Scout;
 use super::tail::{every_tail_prompt, tail_prompt};
 use super::{pool_peaks, room_beside, simulate_beside, PlanTarget};
 use crate::config::RunConfig;
@@ -50,13 +51,15 @@ pub fn worst_case_pool_peak(cfg: &RunConfig, target: &PlanTarget) -> Result<usiz
 /// one that fills it and those ending in short ubatches the module docs name) beside a compute buffer of
 /// `compute` bytes: the context's own, or its floor. Where they do, the bytes of the pool's
 /// room their peaks left unused (the search predicts from them where the next probe goes);
-/// `None` where one stops. `bytes` answers for `cfg`'s profile.
+/// `None` where one stops. `bytes` answers for `cfg`'s profile; `scout`, one of `cfg`'s runs
+/// (`scout.rs`), where the search has one.
 pub(crate) fn fits_beside(
     cfg: &RunConfig,
     target: &PlanTarget,
     n_ctx: usize,
     compute: usize,
     bytes: &mut LayerBytes,
+    scout: Option<&mut Scout>,
 ) -> Result<Option<usize>, RuntimeError> {
     let mut c = cfg.clone();
     c.n_ctx = n_ctx;
@@ -81,7 +84,10 @@ pub(crate) fn fits_beside(
             return Ok(None);
         };
         prompts.push(n_ctx);
-        let runs = dry_runs(&c, target, &prompts, room)?;
+        let runs = match scout {
+            Some(s) => s.runs(&c, target, &prompts, room)?,
+            None => dry_runs(&c, target, &prompts, room)?,
+        };
         return Ok(runs.iter().all(|r| r.completed).then(|| {
             let peak = runs.iter().map(|r| r.peak_reserved_bytes).max();
             room.saturating_sub(peak.unwrap_or(0))

@@ -224,7 +224,7 @@ fn fits_one_after_the_other(
 /// Whether every prompt up to a context of `n_ctx` completes beside its own compute buffer.
 fn fits(cfg: &RunConfig, target: &PlanTarget, n_ctx: usize) -> Result<bool, RuntimeError> {
     let compute = cfg.compute_buffer_bytes(n_ctx);
-    Ok(fits_beside(cfg, target, n_ctx, compute, &mut LayerBytes::new(cfg))?.is_some())
+    Ok(fits_beside(cfg, target, n_ctx, compute, &mut LayerBytes::new(cfg), None)?.is_some())
 }
 
 /// An H100 whose free memory leaves `room_mib` MiB beside `cfg`'s weights and what lies
@@ -260,7 +260,7 @@ proptest::proptest! {
         let (w, kv) = cfg.resident_bytes(n_ctx);
         let outside = h100(&cfg, 0).outside.at_compute();
         let t = h100(&cfg, w + kv + compute + outside + (room_mib << 20));
-        let at_once = fits_beside(&cfg, &t, n_ctx, compute, &mut LayerBytes::new(&cfg))
+        let at_once = fits_beside(&cfg, &t, n_ctx, compute, &mut LayerBytes::new(&cfg), None)
             .map(|slack| slack.is_some())
             .map_err(|e| e.to_string());
         let in_turn = fits_one_after_the_other(&cfg, &t, n_ctx, compute).map_err(|e| e.to_string());

@@ -19,11 +19,12 @@ use super::dry::watched;
 use super::probe::STEP;
 use super::PlanTarget;
 use crate::config::RunConfig;
+use crate::engine::Watch;
 use crate::engine_kind::EngineKind;
 use crate::policy::PurgePolicy;
 use cupool_pool::driver::sim::MAX_CAPACITY;
 use cupool_pool::PoolKind;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Whether a run of `cfg`'s pool (of `kind`) makes the same driver calls in any room until one
 /// fails, and fails about where its held memory passes the room. A VMM pool does: `auto` over
@@ -36,7 +37,7 @@ use std::sync::Arc;
 /// under a purge policy, mainline since PR #22155) completes in much less room than it holds
 /// where nothing limits it (ik_llama.cpp's, purged `always`, held 90 MiB through its first
 /// ubatch of a 2-layer Llama-3-8B shape and completed in 84).
-fn reads_no_room(cfg: &RunConfig, kind: PoolKind) -> bool {
+pub(super) fn reads_no_room(cfg: &RunConfig, kind: PoolKind) -> bool {
     match kind {
         PoolKind::Vmm => true,
         PoolKind::Legacy => {
@@ -49,6 +50,10 @@ fn reads_no_room(cfg: &RunConfig, kind: PoolKind) -> bool {
         _ => false,
     }
 }
+
+/// What [`Trajectory::watch`] records: (tokens done after a ubatch, the most the device held
+/// through it).
+pub(crate) type Held = Arc<Mutex<Vec<(usize, usize)>>>;
 
 /// The memory the device holds through each prompt length, from one dry run.
 #[derive(Debug)]
@@ -79,7 +84,19 @@ impl Trajectory {
         let mut c = cfg.clone();
         c.n_ctx = bound;
         c.pool.kind = Some(kind);
-        let points = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (watch, points) = Self::watch(room);
+        let (report, stopped) = watched(&c, target, bound, MAX_CAPACITY, true, Some(watch)).ok()?;
+        // A run ended by the watch stops at its last point (its report says completed: the
+        // watch, not the pool, ended it); one that completed covers the whole prompt.
+        Self::recorded(&points, report.completed && !stopped, bound)
+    }
+
+    /// The watch of a run that makes a trajectory (the dry run of a prompt of up to the longest
+    /// context, on a card it never fills), and where it records it: it ends the run at the
+    /// first ubatch whose held memory is more than `room(c)` for the smallest context `c` (in
+    /// steps) that holds it.
+    pub fn watch(room: impl Fn(usize) -> Option<usize> + Send + 'static) -> (Watch, Held) {
+        let points = Arc::new(Mutex::new(Vec::new()));
         let seen = points.clone();
         let mut most = 0;
         let watch = move |done: usize, held: usize| {
@@ -90,15 +107,21 @@ impl Trajectory {
             }
             room(done.next_multiple_of(STEP)).is_some_and(|r| most <= r)
         };
-        let (report, stopped) =
-            watched(&c, target, bound, MAX_CAPACITY, true, Some(Box::new(watch))).ok()?;
-        let completed = report.completed;
+        (Box::new(watch), points)
+    }
+
+    /// The trajectory [`Trajectory::watch`] recorded in `points`: over a prompt of `bound`
+    /// tokens where the run `completed` it, else to its last point. `None` where the record
+    /// was lost.
+    pub fn recorded(
+        points: &Mutex<Vec<(usize, usize)>>,
+        completed: bool,
+        bound: usize,
+    ) -> Option<Self> {
         let points = std::mem::take(&mut *points.lock().ok()?);
-        // A run ended by the watch stops at its last point (its report says completed: the
-        // watch, not the pool, ended it); one that completed covers the whole prompt.
-        let reached = match (completed, stopped) {
-            (true, false) => bound,
-            _ => points.last().map_or(0, |&(done, _)| done),
+        let reached = match completed {
+            true => bound,
+            false => points.last().map_or(0, |&(done, _)| done),
         };
         Some(Self { points, reached })
     }

@@ -4,6 +4,7 @@
 use super::narrow::{Beside, Bracket, Slacks};
 use super::probe::{fits_beside, STEP};
 use super::room_beside;
+use super::scout::Scout;
 use super::trajectory::Trajectory;
 use super::PlanTarget;
 use crate::config::RunConfig;
@@ -41,6 +42,8 @@ pub(super) struct Walk<'a> {
     /// Whether the probes follow the trajectory (a legacy pool's, or after the slack's
     /// prediction missed); where the pool has none, the slack's.
     expecting: bool,
+    /// The run the probes go on from, once made (`scout.rs`).
+    scout: Option<Option<Scout>>,
 }
 
 impl<'a> Walk<'a> {
@@ -76,6 +79,7 @@ impl<'a> Walk<'a> {
             // that falls linearly cannot predict (the MoE with `-ub 64` and the legacy pool
             // never purged: 22 steps off, then a dozen probes of the bisection).
             expecting: cfg.pool.resolve(target.vmm) == Ok(PoolKind::Legacy),
+            scout: None,
         }
     }
 
@@ -107,14 +111,14 @@ impl<'a> Walk<'a> {
     pub fn expected(&mut self, kind: Beside, lo: usize, fail: usize) -> Option<usize> {
         let t = match self.trajectory.take() {
             Some(t) => t,
-            None => {
-                let (cfg, target) = (self.cfg.clone(), *self.target);
-                let floor_room = move |c: usize| {
-                    let (w, kv) = cfg.resident_bytes(c);
-                    room_beside(&target, (w, kv, cfg.compute_floor_bytes(c))).ok()
-                };
-                Trajectory::of(self.cfg, self.target, self.bound, floor_room)
-            }
+            // The scouted run's, where the pool keeps snapshots; else a run of its own.
+            None => match self.make_scout() {
+                Ok(()) => match self.scout.as_mut().and_then(Option::as_mut) {
+                    Some(s) => s.take_trajectory(),
+                    None => Trajectory::of(self.cfg, self.target, self.bound, self.floor_room()),
+                },
+                Err(_) => None,
+            },
         };
         let p = t.as_ref().map(|t| {
             t.expected(lo, fail, |c| {
@@ -162,7 +166,7 @@ impl<'a> Walk<'a> {
             return Ok(f);
         }
         let compute = self.compute(n_ctx);
-        let slack = fits_beside(self.cfg, self.target, n_ctx, compute, &mut self.bytes)?;
+        let slack = self.probe(n_ctx, compute)?;
         if let Some(s) = slack {
             self.slacks.note(Beside::Exact, n_ctx, s);
         }
@@ -173,11 +177,50 @@ impl<'a> Walk<'a> {
     /// Whether every prompt up to `n_ctx` completes beside the floor of its compute buffer.
     pub fn fits_floor(&mut self, n_ctx: usize) -> Result<bool, RuntimeError> {
         let floor = self.cfg.compute_floor_bytes(n_ctx);
-        let slack = fits_beside(self.cfg, self.target, n_ctx, floor, &mut self.bytes)?;
+        let slack = self.probe(n_ctx, floor)?;
         if let Some(s) = slack {
             self.slacks.note(Beside::Floor, n_ctx, s);
         }
         Ok(slack.is_some())
+    }
+
+    /// [`fits_beside`] of `n_ctx` beside a compute buffer of `compute` bytes, from the scouted
+    /// run of the longest context that may start: made at the first probe, with checkpoints
+    /// as far as a context's room beside the floor of its buffer could use them.
+    fn probe(&mut self, n_ctx: usize, compute: usize) -> Result<Option<usize>, RuntimeError> {
+        self.make_scout()?;
+        let scout = self.scout.as_mut().and_then(Option::as_mut);
+        fits_beside(
+            self.cfg,
+            self.target,
+            n_ctx,
+            compute,
+            &mut self.bytes,
+            scout,
+        )
+    }
+
+    /// Makes the scouted run, once.
+    fn make_scout(&mut self) -> Result<(), RuntimeError> {
+        if self.scout.is_none() {
+            self.scout = Some(Scout::new(
+                self.cfg,
+                self.target,
+                self.bound,
+                self.floor_room(),
+            )?);
+        }
+        Ok(())
+    }
+
+    /// The room of a context beside the floor of its compute buffer (`None`: it does not
+    /// start): no longer context has more.
+    fn floor_room(&self) -> impl Fn(usize) -> Option<usize> + Send + 'static {
+        let (cfg, target) = (self.cfg.clone(), *self.target);
+        move |c: usize| {
+            let (w, kv) = cfg.resident_bytes(c);
+            room_beside(&target, (w, kv, cfg.compute_floor_bytes(c))).ok()
+        }
     }
 
     /// The largest context at or below `bound` whose start-up buffers fit beside what lies

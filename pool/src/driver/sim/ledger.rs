@@ -1,8 +1,10 @@
 //! The simulated device's ledger: every call counted by kind, optionally logged, and a
 //! summary of what is alive, so tests can assert call counts and that nothing leaked.
 
-use super::SimDevice;
+use super::{SimDevice, MAX_CAPACITY};
 use crate::driver::CallKind;
+use crate::invalid::InvalidConfig;
+use std::sync::atomic::Ordering;
 
 /// One logged driver call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,5 +99,24 @@ impl SimDevice {
     /// What is alive on the device.
     pub fn ledger(&self) -> Ledger {
         self.state.lock().memory.ledger()
+    }
+
+    /// The device memory it has: its configuration's capacity until [`SimDevice::set_capacity`].
+    pub fn capacity(&self) -> usize {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Gives the card `bytes` of device memory from now on (up to [`MAX_CAPACITY`]): a dry run
+    /// goes on from a snapshot in another room. What is allocated stays, even above it: the
+    /// next allocation fails then.
+    pub fn set_capacity(&self, bytes: usize) -> Result<(), InvalidConfig> {
+        InvalidConfig::range("SimDevice::set_capacity", bytes, 0, MAX_CAPACITY)?;
+        self.capacity.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The most device memory it held at once (a snapshot keeps and restores it).
+    pub fn device_peak(&self) -> usize {
+        self.state.lock().memory.device_peak
     }
 }

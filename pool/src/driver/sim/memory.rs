@@ -30,6 +30,8 @@ struct Mapping {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Memory {
     pub device_used: usize,
+    /// The most `device_used` has been.
+    pub device_peak: usize,
     pub managed_used: usize,
     /// Bytes of address space live reservations cover.
     pub reserved: usize,
@@ -85,6 +87,7 @@ impl Memory {
             self.managed_used += a.taken;
         } else {
             self.device_used += a.taken;
+            self.device_peak = self.device_peak.max(self.device_used);
         }
         self.allocs.insert(a.range.base, a);
     }
@@ -180,6 +183,7 @@ impl Memory {
         let handle = self.next_handle;
         self.next_handle += 1;
         self.device_used += bytes;
+        self.device_peak = self.device_peak.max(self.device_used);
         self.mappings.insert(at, Mapping { bytes, handle });
         self.handles.insert(handle, (1, false));
         handle

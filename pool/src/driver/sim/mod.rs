@@ -28,6 +28,7 @@ use backing::Backing;
 use ledger::Calls;
 use memory::{Alloc, Memory, Reservation};
 use parking_lot::Mutex;
+use std::sync::atomic::AtomicUsize;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -42,6 +43,8 @@ struct State {
 #[derive(Debug)]
 pub struct SimDevice {
     config: SimConfig,
+    /// Device memory, the configured capacity until [`SimDevice::set_capacity`].
+    capacity: AtomicUsize,
     shared: DeviceShared,
     state: Mutex<State>,
 }
@@ -61,6 +64,7 @@ impl SimDevice {
                 memory: Memory::default(),
                 backing,
             }),
+            capacity: AtomicUsize::new(config.capacity),
             config,
             shared: DeviceShared::new(),
         })
@@ -124,7 +128,7 @@ impl SimDevice {
             let (capacity, used) = if managed {
                 (self.config.managed_capacity, s.memory.managed_used)
             } else {
-                (self.config.capacity, s.memory.device_used)
+                (self.capacity(), s.memory.device_used)
             };
             let free = capacity.saturating_sub(used);
             // What the card gives up: whole pages where the driver hands out pages.
@@ -182,10 +186,7 @@ impl Driver for SimDevice {
     }
 
     fn name(&self) -> String {
-        format!(
-            "simulated {:.1} GiB card",
-            self.config.capacity as f64 / GIB
-        )
+        format!("simulated {:.1} GiB card", self.capacity() as f64 / GIB)
     }
 
     fn shared(&self) -> &DeviceShared {
@@ -203,8 +204,8 @@ impl Driver for SimDevice {
     fn mem_info(&self) -> Result<MemInfo, DriverError> {
         self.call(CallKind::MemInfo, 0, |s| {
             Ok(MemInfo {
-                free: self.config.capacity.saturating_sub(s.memory.device_used),
-                total: self.config.capacity,
+                free: self.capacity().saturating_sub(s.memory.device_used),
+                total: self.capacity(),
             })
         })
     }
@@ -277,13 +278,13 @@ impl Driver for SimDevice {
         // cuMemCreate: the physical memory.
         self.call(CallKind::Create, bytes, |s| {
             self.vmm_check(bytes)?;
-            let free = self.config.capacity.saturating_sub(s.memory.device_used);
+            let free = self.capacity().saturating_sub(s.memory.device_used);
             if bytes > free {
                 return Err((
                     ErrorCode::OutOfMemory,
                     format!(
                         "asked for {bytes} bytes, {free} of {} free",
-                        self.config.capacity
+                        self.capacity()
                     ),
                 ));
             }

@@ -1,0 +1,104 @@
+//! One dry run of the longest context a search may probe, on a card it never fills, with
+//! checkpoints along it (`engine/checkpoint.rs`): each probe of the search then runs from the
+//! last checkpoint its room and prompts allow, not from the start. The answers are the dry
+//! runs' from the start (`scout_tests.rs`); a search near two million positions in ubatches of
+//! 64 probes a score of contexts, each a run of 30,000 ubatches without it.
+//!
+//! Where the pool keeps no snapshots (`dry::keeps_snapshots`) there is no scout, and every
+//! probe is a dry run of its own.
+
+use super::dry::{dry_engine, dry_prompt, dry_runs, keeps_snapshots, quiet};
+use super::trajectory::{reads_no_room, Trajectory};
+use super::PlanTarget;
+use crate::config::RunConfig;
+use crate::engine::checkpoint::Checkpoint;
+use crate::engine::Engine;
+use crate::error::RuntimeError;
+use crate::report::RunReport;
+use cupool_pool::driver::sim::{SimDevice, MAX_CAPACITY};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// Checkpoints a scout keeps at most, evenly over its prompt's ubatches: a probe runs at most
+/// a 128th of the longest prompt again (under a millisecond of a 100 ms run), and the snapshots of a pool
+/// holding thousands of buffers stay a few tens of MB.
+const POINTS: usize = 128;
+
+/// See the module docs.
+pub(super) struct Scout {
+    engine: Engine,
+    sim: Arc<SimDevice>,
+    points: Vec<Checkpoint>,
+    tokens: Cow<'static, [i32]>,
+    trajectory: Option<Trajectory>,
+}
+
+impl Scout {
+    /// The dry run of `cfg` (its context set to `top`) on a card it never fills, checkpoints
+    /// kept up to the first ubatch whose held memory is more than a context just above could
+    /// have (`room(c)`: the most room a context of `c` tokens can have, `None` where it does
+    /// not start; no longer context has more), the trajectory's end (`trajectory.rs`), which
+    /// it keeps for a pool that reads no room. `None` where `cfg`'s pool keeps no snapshots.
+    pub fn new(
+        cfg: &RunConfig,
+        target: &PlanTarget,
+        top: usize,
+        room: impl Fn(usize) -> Option<usize> + Send + 'static,
+    ) -> Result<Option<Self>, RuntimeError> {
+        if !keeps_snapshots(cfg, target) || top == 0 {
+            return Ok(None);
+        }
+        let mut c = cfg.clone();
+        c.n_ctx = top;
+        let tokens = dry_prompt(top);
+        let (watch, held) = Trajectory::watch(room);
+        let (engine, sim, points, completed) = quiet(|| -> Result<_, RuntimeError> {
+            let (mut engine, sim) = dry_engine(&c, target, MAX_CAPACITY)?;
+            let every = engine.ubatch_count(top).div_ceil(POINTS);
+            engine.watch = Some(watch);
+            let (points, completed) = engine.scout(&tokens, &sim, every)?;
+            engine.watch = None;
+            engine.watched = false;
+            Ok((engine, sim, points, completed))
+        })?;
+        let trajectory = match cfg.pool.resolve(target.vmm) {
+            Ok(kind) if reads_no_room(cfg, kind) => Trajectory::recorded(&held, completed, top),
+            _ => None,
+        };
+        Ok(Some(Self {
+            engine,
+            sim,
+            points,
+            tokens,
+            trajectory,
+        }))
+    }
+
+    /// The trajectory of the run, once (for a pool that reads no room: `trajectory.rs`).
+    pub fn take_trajectory(&mut self) -> Option<Trajectory> {
+        self.trajectory.take()
+    }
+
+    /// What [`dry_runs`]`(cfg, target, lens, room)` reports, `cfg` being the scouted one but
+    /// for a context of at most the scouted one: from the last checkpoint that allows it, or
+    /// from the start where none does.
+    pub fn runs(
+        &mut self,
+        cfg: &RunConfig,
+        target: &PlanTarget,
+        lens: &[usize],
+        room: usize,
+    ) -> Result<Vec<RunReport>, RuntimeError> {
+        let engine = &self.engine;
+        let from = self
+            .points
+            .iter()
+            .rev()
+            .find(|p| engine.serves(p, lens, cfg.n_ctx, room));
+        let Some(from) = from else {
+            return dry_runs(cfg, target, lens, room);
+        };
+        let (engine, sim, tokens) = (&mut self.engine, &self.sim, &self.tokens);
+        quiet(|| engine.prompts_after(from, (tokens, lens), sim, (cfg.n_ctx, room)))
+    }
+}
