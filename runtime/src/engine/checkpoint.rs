@@ -36,12 +36,14 @@ pub(crate) struct Checkpoint {
 impl Engine {
     /// Dry runs only, a fresh engine over `sim` (an endless card): the prefill of `tokens` with
     /// a checkpoint after every `every` ubatches (at least one) but the last, until its
-    /// [`Engine::watch`] ends it; whether it ran every ubatch.
+    /// [`Engine::watch`] ends it or `go_on(tokens done, least room)` says no more checkpoints
+    /// are wanted; whether it ran every ubatch.
     pub(crate) fn scout(
         &mut self,
         tokens: &[i32],
         sim: &SimDevice,
         every: usize,
+        go_on: &dyn Fn(usize, usize) -> bool,
     ) -> Result<(Vec<Checkpoint>, bool), RuntimeError> {
         self.fresh_dry_run("a run is scouted")?;
         self.start_decode(tokens.len())?;
@@ -55,27 +57,31 @@ impl Engine {
                 return Ok((points, false));
             }
             done = next;
-            if done < list.len() {
-                points.push(Checkpoint {
-                    at: self.at(sim)?,
-                    done,
-                    needs: sim.device_peak().max(self.room_read),
-                    n_ctx: self.cfg.n_ctx,
-                    pos: self.pos,
-                });
+            let needs = sim.device_peak().max(self.room_read);
+            if done == list.len() {
+                break;
             }
+            if !go_on(self.pos, needs) {
+                return Ok((points, false));
+            }
+            points.push(Checkpoint {
+                at: self.at(sim)?,
+                done,
+                needs,
+                n_ctx: self.cfg.n_ctx,
+                pos: self.pos,
+            });
         }
         Ok((points, true))
     }
 
     /// Whether `from` serves prompts of `lens` tokens (at least one each) in a context of
-    /// `n_ctx` on a card of `capacity` bytes: they run its ubatches alike
-    /// ([`Engine::alike`]), none of whose KV length the context caps (a context that is not a
-    /// multiple of the padding caps those in its last 256 positions), in enough room.
+    /// `n_ctx` on a card of `capacity` bytes, `alike` being [`Engine::alike`]`(lens)`: they
+    /// run its ubatches alike, none of whose KV length the context caps (a context that is
+    /// not a multiple of the padding caps those in its last 256 positions), in enough room.
     pub(crate) fn serves(
-        &self,
         from: &Checkpoint,
-        lens: &[usize],
+        (lens, alike): (&[usize], usize),
         n_ctx: usize,
         capacity: usize,
     ) -> bool {
@@ -83,7 +89,7 @@ impl Engine {
             && n_ctx <= from.n_ctx
             && !lens.contains(&0)
             && lens.iter().all(|&l| l <= n_ctx)
-            && from.done <= self.alike(lens)
+            && from.done <= alike
             && fa::n_kv(from.pos, n_ctx) == fa::n_kv(from.pos, usize::MAX)
     }
 
@@ -100,7 +106,8 @@ impl Engine {
         (n_ctx, capacity): (usize, usize),
     ) -> Result<Vec<RunReport>, RuntimeError> {
         let longest = lens.iter().copied().max().unwrap_or(0);
-        if !self.serves(from, lens, n_ctx, capacity) || longest > tokens.len() {
+        let alike = self.alike(lens);
+        if !Self::serves(from, (lens, alike), n_ctx, capacity) || longest > tokens.len() {
             return Err(RuntimeError::Invalid(format!(
                 "a checkpoint after {} ubatches ({} tokens) needing {} bytes answers prompts of 1 to {} tokens that share those ubatches, in a context of at most {} that caps none of their KV lengths, and {} bytes or more; not {lens:?} in {n_ctx} and {capacity}",
                 from.done, from.pos, from.needs, n_ctx.min(tokens.len()), from.n_ctx, from.needs

@@ -8,6 +8,7 @@
 //! probe is a dry run of its own.
 
 use super::dry::{dry_engine, dry_prompt, dry_runs, keeps_snapshots, quiet};
+use super::probe::STEP;
 use super::trajectory::{reads_no_room, Trajectory};
 use super::PlanTarget;
 use crate::config::RunConfig;
@@ -43,7 +44,7 @@ impl Scout {
         cfg: &RunConfig,
         target: &PlanTarget,
         top: usize,
-        room: impl Fn(usize) -> Option<usize> + Send + 'static,
+        room: impl Fn(usize) -> Option<usize> + Send + Sync + 'static,
     ) -> Result<Option<Self>, RuntimeError> {
         if !keeps_snapshots(cfg, target) || top == 0 {
             return Ok(None);
@@ -51,19 +52,31 @@ impl Scout {
         let mut c = cfg.clone();
         c.n_ctx = top;
         let tokens = dry_prompt(top);
-        let (watch, held) = Trajectory::watch(room);
+        // A pool that reads no room keeps the trajectory, to its end; another's run stops
+        // where a context just above could not go on from the checkpoint (an `auto` legacy
+        // pool's least room outgrows any room long before the memory it holds does).
+        let kind = cfg.pool.resolve(target.vmm)?;
+        let trajectory = reads_no_room(cfg, kind);
+        let room = Arc::new(room);
+        let go_on = {
+            let room = room.clone();
+            move |pos: usize, needs: usize| {
+                trajectory || room((pos / STEP + 1) * STEP).is_some_and(|r| needs <= r)
+            }
+        };
+        let (watch, held) = Trajectory::watch(move |c| room(c));
         let (engine, sim, points, completed) = quiet(|| -> Result<_, RuntimeError> {
             let (mut engine, sim) = dry_engine(&c, target, MAX_CAPACITY)?;
             let every = engine.ubatch_count(top).div_ceil(POINTS);
             engine.watch = Some(watch);
-            let (points, completed) = engine.scout(&tokens, &sim, every)?;
+            let (points, completed) = engine.scout(&tokens, &sim, every, &go_on)?;
             engine.watch = None;
             engine.watched = false;
             Ok((engine, sim, points, completed))
         })?;
-        let trajectory = match cfg.pool.resolve(target.vmm) {
-            Ok(kind) if reads_no_room(cfg, kind) => Trajectory::recorded(&held, completed, top),
-            _ => None,
+        let trajectory = match trajectory {
+            true => Trajectory::recorded(&held, completed, top),
+            false => None,
         };
         Ok(Some(Self {
             engine,
@@ -89,12 +102,12 @@ impl Scout {
         lens: &[usize],
         room: usize,
     ) -> Result<Vec<RunReport>, RuntimeError> {
-        let engine = &self.engine;
+        let alike = self.engine.alike(lens);
         let from = self
             .points
             .iter()
             .rev()
-            .find(|p| engine.serves(p, lens, cfg.n_ctx, room));
+            .find(|p| Engine::serves(p, (lens, alike), cfg.n_ctx, room));
         let Some(from) = from else {
             return dry_runs(cfg, target, lens, room);
         };

@@ -215,7 +215,7 @@ impl<'a> Walk<'a> {
 
     /// The room of a context beside the floor of its compute buffer (`None`: it does not
     /// start): no longer context has more.
-    fn floor_room(&self) -> impl Fn(usize) -> Option<usize> + Send + 'static {
+    fn floor_room(&self) -> impl Fn(usize) -> Option<usize> + Send + Sync + 'static {
         let (cfg, target) = (self.cfg.clone(), *self.target);
         move |c: usize| {
             let (w, kv) = cfg.resident_bytes(c);
