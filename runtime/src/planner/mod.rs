@@ -33,6 +33,8 @@ pub mod weights;
 pub use advice::{advise, Advice};
 pub use outside::Outside;
 pub use probe::worst_case_pool_peak;
+/// Contexts are searched in multiples of this many tokens ([`probe::STEP`]).
+use probe::STEP;
 pub use search::max_ctx_that_fits;
 
 pub(crate) use dry::dry_device;

@@ -8,9 +8,8 @@
 //! probe is a dry run of its own.
 
 use super::dry::{dry_engine, dry_prompt, dry_runs, keeps_snapshots, quiet};
-use super::probe::STEP;
 use super::trajectory::{reads_no_room, Trajectory};
-use super::PlanTarget;
+use super::{PlanTarget, STEP};
 use crate::config::RunConfig;
 use crate::engine::checkpoint::Checkpoint;
 use crate::engine::Engine;

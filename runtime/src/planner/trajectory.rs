@@ -16,8 +16,8 @@
 //! completes in far less room than it holds on an endless card: those have no trajectory.
 
 use super::dry::watched;
-use super::probe::STEP;
 use super::PlanTarget;
+use super::STEP;
 use crate::config::RunConfig;
 use crate::engine::Watch;
 use crate::engine_kind::EngineKind;
