@@ -5,23 +5,13 @@
 //! prompt's own), the pool and the simulated device are snapshotted, and each prompt goes on
 //! from there in turn, the state put back before the next ([`cupool_pool::PoolSnapshot`]).
 
+use super::checkpoint::Keep;
 use super::Engine;
 use crate::error::RuntimeError;
-use crate::fast_forward::FastForward;
 use crate::report::RunReport;
-use cupool_pool::driver::sim::{SimDevice, SimSnapshot};
-use cupool_pool::{OomReport, PoolSnapshot};
+use cupool_pool::driver::sim::SimDevice;
+use cupool_pool::OomReport;
 use std::time::Instant;
-
-/// The engine's side of a snapshot: where the decode stands.
-pub(super) struct At {
-    pool: PoolSnapshot,
-    device: SimSnapshot,
-    pos: usize,
-    ubatch_index: usize,
-    ff: FastForward,
-    room_read: usize,
-}
 
 impl Engine {
     /// Dry runs only, on a fresh engine over `sim` (the device under its pool): a prefill of
@@ -47,7 +37,7 @@ impl Engine {
         // The prompts' boundaries read the prompt's length only past the shared ubatches.
         self.start_decode(longest)?;
         self.ff.start(self.pool.as_ref());
-        self.prompts_from(tokens, lens, sim, 0)
+        self.prompts_from(tokens, lens, sim, 0, None)
     }
 
     /// Refuses all but a fresh dry run's engine (nothing decoded yet, fast-forwarding), for
@@ -70,13 +60,15 @@ impl Engine {
     }
 
     /// [`Engine::decode_prompts`] from its decode's first `from` ubatches (at most
-    /// [`Engine::alike`]), run already: its prefill of the longest prompt started.
+    /// [`Engine::alike`]), run already: its prefill of the longest prompt started. Checkpoints
+    /// of the ubatches all prompts run alike go into `keep`.
     pub(super) fn prompts_from(
         &mut self,
         tokens: &[i32],
         lens: &[usize],
         sim: &SimDevice,
         from: usize,
+        keep: Keep,
     ) -> Result<Vec<RunReport>, RuntimeError> {
         let longest = lens.iter().copied().max().unwrap_or(0);
         // Every prompt's ubatches start as the longest one's, up to the shortest one's last:
@@ -93,7 +85,7 @@ impl Engine {
                 "a decode of prompts shared {before} ubatches, not the {from} already run"
             )));
         }
-        if let Some(oom) = self.run_ubatches(&list, from, before, &mut rows)? {
+        if let Some(oom) = self.run_kept(&list, (from, before), sim, &mut rows, keep)? {
             return Ok(vec![self.report(Some(oom), rows, started); lens.len()]);
         }
         // The last shared one's layers: its boundary is each prompt's.
@@ -156,37 +148,5 @@ impl Engine {
             }
         }
         self.run_ubatches(list, from, list.len(), rows)
-    }
-
-    /// Where the decode stands, with the pool's and the device's state.
-    pub(super) fn at(&self, sim: &SimDevice) -> Result<At, RuntimeError> {
-        let device = sim.snapshot().ok_or_else(|| {
-            RuntimeError::Invalid("a device backed by host memory keeps no snapshot".into())
-        })?;
-        Ok(At {
-            pool: self.pool.snapshot()?,
-            device,
-            pos: self.pos,
-            ubatch_index: self.ubatch_index,
-            ff: self.ff.clone(),
-            room_read: self.room_read,
-        })
-    }
-
-    /// Back to where [`Engine::at`] stood.
-    pub(super) fn back_to(&mut self, at: &At, sim: &SimDevice) -> Result<(), RuntimeError> {
-        // The pool first: every refusal is its own, and the device is left as it was then.
-        self.pool.restore(&at.pool)?;
-        if !sim.restore(&at.device) {
-            return Err(RuntimeError::Invalid(
-                "the device's snapshot could not be restored: it was taken of a device backed by host memory, and only a simulated device with fake addresses keeps one".into(),
-            ));
-        }
-        self.pos = at.pos;
-        self.ubatch_index = at.ubatch_index;
-        self.ff = at.ff.clone();
-        self.room_read = at.room_read;
-        self.failed = false;
-        Ok(())
     }
 }

@@ -63,10 +63,12 @@ pub(crate) struct Engine {
     ff: FastForward,
     /// A dry run's engine-profile requests around each layer's attention, by ubatch size.
     around: crate::profiled::Around,
-    /// A dry run's least room its boundaries decided in as they did: above the device memory
-    /// each `auto` read of it found used, what the headroom asked to be free there, wherever
-    /// a short device would have released something (`checkpoint.rs`).
+    /// A dry run's rooms its boundaries decided in as they did, from `room_read` and below
+    /// `room_below`: above the device memory each `auto` read of it found used, what the
+    /// headroom asked to be free there, wherever a short device would have released something
+    /// (`checkpoint.rs`).
     room_read: usize,
+    room_below: usize,
 }
 
 /// Where a ubatch's peaks come from: the pool's phases (a row's numbers), or in a dry run
@@ -159,6 +161,7 @@ impl Engine {
             watch: None,
             watched: false,
             room_read: 0,
+            room_below: usize::MAX,
         })
     }
 

@@ -305,10 +305,10 @@ impl Engine {
         Ok(decision.purge())
     }
 
-    /// Raises [`Engine::room_read`] by an `auto` decision that read `used` bytes in use: from
-    /// used plus the headroom's least free memory the device is not short, and decides as here
-    /// where it was not; where a short device would release nothing (a VMM pool's keep never
-    /// does) every room decides alike. A short decision here counts for no other room.
+    /// Narrows [`Engine::room_read`]/`room_below` by an `auto` decision that read `used` bytes
+    /// in use: from used plus the headroom's least free memory the device is not short, below
+    /// it short. A decision that released nothing (nothing would be released short: a VMM
+    /// pool's keep never does) is every room's.
     fn note_room_read(
         &mut self,
         boundary: &Boundary,
@@ -317,15 +317,15 @@ impl Engine {
         live_peak: usize,
     ) {
         use cupool_pool::boundary::Decision;
-        let least = match decision {
-            Decision::KeepAll if self.pool.releasable(&Purge::KeepFor(Vec::new())) == 0 => 0,
-            Decision::KeepAll => boundary
-                .headroom
-                .least_free(live_peak)
-                .unwrap_or(usize::MAX),
-            _ => usize::MAX,
-        };
-        self.room_read = self.room_read.max(used.saturating_add(least));
+        let least = boundary.headroom.least_free(live_peak);
+        let at = least.map_or(usize::MAX, |l| used.saturating_add(l));
+        match decision {
+            Decision::KeepAll if self.pool.releasable(&Purge::KeepFor(Vec::new())) > 0 => {
+                self.room_read = self.room_read.max(at)
+            }
+            Decision::KeepFor { release: true, .. } => self.room_below = self.room_below.min(at),
+            _ => {}
+        }
     }
 
     /// Whether a dry run's boundary may skip working out the next ubatch's requests, that

@@ -17,6 +17,7 @@ use crate::error::RuntimeError;
 use crate::report::RunReport;
 use cupool_pool::driver::sim::{SimDevice, MAX_CAPACITY};
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Checkpoints a scout keeps at most, evenly over its prompt's ubatches: a probe runs at most
@@ -24,11 +25,22 @@ use std::sync::Arc;
 /// holding thousands of buffers stay a few tens of MB.
 const POINTS: usize = 128;
 
+/// Probe runs whose checkpoints a scout keeps, the latest: a bisection's last probes go the
+/// way of one just before them for nearly their whole length.
+const KEPT_RUNS: usize = 4;
+
 /// See the module docs.
 pub(super) struct Scout {
     engine: Engine,
     sim: Arc<SimDevice>,
-    points: Vec<Checkpoint>,
+    /// The scouted run's checkpoints, then those of the latest probes' runs where they are
+    /// kept.
+    runs: VecDeque<Vec<Checkpoint>>,
+    /// Whether probe runs keep checkpoints: where the pool reads its room or retries, the
+    /// scouted run on an endless card serves no probe long (a legacy pool purged `auto` keeps
+    /// every outgrown buffer there), while runs in nearby rooms go alike.
+    keep_probes: bool,
+    every: usize,
     tokens: Cow<'static, [i32]>,
     trajectory: Option<Trajectory>,
 }
@@ -64,25 +76,26 @@ impl Scout {
             }
         };
         let (watch, held) = Trajectory::watch(move |c| room(c));
-        let (engine, sim, points, completed) = quiet(|| -> Result<_, RuntimeError> {
+        let (engine, sim, points, completed, every) = quiet(|| -> Result<_, RuntimeError> {
             let (mut engine, sim) = dry_engine(&c, target, MAX_CAPACITY)?;
-            let every = engine.ubatch_count(top).div_ceil(POINTS);
+            let every = engine.ubatch_count(top).div_ceil(POINTS).max(1);
             engine.watch = Some(watch);
             let (points, completed) = engine.scout(&tokens, &sim, every, &go_on)?;
             engine.watch = None;
             engine.watched = false;
-            Ok((engine, sim, points, completed))
+            Ok((engine, sim, points, completed, every))
         })?;
-        let trajectory = match trajectory {
-            true => Trajectory::recorded(&held, completed, top),
-            false => None,
-        };
         Ok(Some(Self {
             engine,
             sim,
-            points,
+            runs: VecDeque::from([points]),
+            keep_probes: !trajectory,
+            every,
             tokens,
-            trajectory,
+            trajectory: match trajectory {
+                true => Trajectory::recorded(&held, completed, top),
+                false => None,
+            },
         }))
     }
 
@@ -92,8 +105,8 @@ impl Scout {
     }
 
     /// What [`dry_runs`]`(cfg, target, lens, room)` reports, `cfg` being the scouted one but
-    /// for a context of at most the scouted one: from the last checkpoint that allows it, or
-    /// from the start where none does.
+    /// for its context: from the last checkpoint of the runs kept that serves it, or from the
+    /// start where none does.
     pub fn runs(
         &mut self,
         cfg: &RunConfig,
@@ -103,14 +116,28 @@ impl Scout {
     ) -> Result<Vec<RunReport>, RuntimeError> {
         let alike = self.engine.alike(lens);
         let from = self
-            .points
+            .runs
             .iter()
-            .rev()
-            .find(|p| Engine::serves(p, (lens, alike), cfg.n_ctx, room));
+            .flat_map(|run| {
+                run.iter()
+                    .rev()
+                    .find(|p| Engine::serves(p, (lens, alike), cfg.n_ctx, room))
+            })
+            .max_by_key(|p| p.done);
         let Some(from) = from else {
             return dry_runs(cfg, target, lens, room);
         };
         let (engine, sim, tokens) = (&mut self.engine, &self.sim, &self.tokens);
-        quiet(|| engine.prompts_after(from, (tokens, lens), sim, (cfg.n_ctx, room)))
+        let mut kept = Vec::new();
+        let keep = self.keep_probes.then_some((&mut kept, self.every));
+        let reports =
+            quiet(|| engine.prompts_after(from, (tokens, lens), sim, (cfg.n_ctx, room), keep))?;
+        if !kept.is_empty() {
+            if self.runs.len() > KEPT_RUNS {
+                self.runs.remove(1);
+            }
+            self.runs.push_back(kept);
+        }
+        Ok(reports)
     }
 }

@@ -119,4 +119,11 @@ impl SimDevice {
     pub fn device_peak(&self) -> usize {
         self.state.lock().memory.device_peak
     }
+
+    /// The least capacity in which one of the device allocations it refused would have
+    /// succeeded (`None`: it refused none; a snapshot keeps and restores it): a run goes the
+    /// same way in any capacity below it.
+    pub fn failed_below(&self) -> Option<usize> {
+        self.state.lock().memory.failed_below
+    }
 }

@@ -32,6 +32,8 @@ pub(super) struct Memory {
     pub device_used: usize,
     /// The most `device_used` has been.
     pub device_peak: usize,
+    /// The least capacity in which a device allocation that failed would have succeeded.
+    pub failed_below: Option<usize>,
     pub managed_used: usize,
     /// Bytes of address space live reservations cover.
     pub reserved: usize,
@@ -80,6 +82,11 @@ impl Memory {
             }
         }
         true
+    }
+
+    /// Notes a device allocation refused that needed a capacity of `needed`.
+    pub fn failed(&mut self, needed: usize) {
+        self.failed_below = Some(self.failed_below.map_or(needed, |f| f.min(needed)));
     }
 
     pub fn add_alloc(&mut self, a: Alloc) {

@@ -138,6 +138,9 @@ impl SimDevice {
                 super::in_pages(bytes, self.config.malloc_page)
             };
             if taken > free {
+                if !managed {
+                    s.memory.failed(used.saturating_add(taken));
+                }
                 let what = if managed { "managed " } else { "" };
                 let pages = if taken > bytes {
                     format!(" ({taken} in whole pages)")
@@ -280,6 +283,7 @@ impl Driver for SimDevice {
             self.vmm_check(bytes)?;
             let free = self.capacity().saturating_sub(s.memory.device_used);
             if bytes > free {
+                s.memory.failed(s.memory.device_used.saturating_add(bytes));
                 return Err((
                     ErrorCode::OutOfMemory,
                     format!(
