@@ -166,28 +166,31 @@ fn larger_contexts(
         answers.push((first, a));
     }
     let start = start.get();
-    for group in order[answers.len()..].chunks(at_once.max(1)) {
-        std::thread::scope(|s| {
-            let search = &search;
-            let running: Vec<_> = group[1..]
-                .iter()
-                .map(|&i| std::thread::Builder::new().spawn_scoped(s, move || search(i, start)))
-                .collect();
-            answers.push((group[0], search(group[0], start)));
-            for (&i, t) in group[1..].iter().zip(running) {
-                answers.push((
-                    i,
-                    match t {
-                        Ok(t) => t
-                            .join()
-                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                        // No thread to be had: this one after the others.
-                        Err(_) => search(i, start),
-                    },
-                ));
+    // The rest from a queue, `at_once` at a time: each thread takes the next try as it ends
+    // one (a slow search holds up no other).
+    let rest = &order[answers.len()..];
+    let next = AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::with_capacity(rest.len()));
+    let work = || {
+        while let Some(&i) = rest.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let a = search(i, start);
+            // A poisoned list: a thread panicked, and its panic is resumed below.
+            if let Ok(mut d) = done.lock() {
+                d.push((i, a));
             }
-        });
-    }
+        }
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..at_once.clamp(1, rest.len().max(1)))
+            .filter_map(|_| std::thread::Builder::new().spawn_scoped(s, work).ok())
+            .collect();
+        work();
+        for h in helpers {
+            h.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        }
+    });
+    answers.extend(done.into_inner().unwrap_or_else(|e| e.into_inner()));
     answers.sort_by_key(|&(i, _)| i);
     answers.into_iter().map(|(_, a)| a).collect()
 }
