@@ -213,3 +213,5 @@ def test_the_h200_tables_are_their_runs():
     check("data/h200-2026-11-28-prefill/call1/prefill.jsonl")
     check("data/h200-2026-11-28-prefill/call2/prefill.jsonl")
     check("data/h200-2026-11-28-transient-lanes/prefill.jsonl")
+    for call in ("call1", "call2", "call3"):
+        check(f"data/h200-2026-11-28-prefill-reps/{call}/prefill.jsonl")
