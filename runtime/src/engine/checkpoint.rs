@@ -45,6 +45,8 @@ pub(crate) struct Checkpoint {
     n_ctx: usize,
     /// Tokens done.
     pos: usize,
+    /// The run's ubatch.
+    n_ubatch: usize,
 }
 
 /// Where the checkpoints of a run go, and every how many ubatches one is taken.
@@ -102,6 +104,7 @@ impl Engine {
             ),
             n_ctx: self.cfg.n_ctx,
             pos: self.pos,
+            n_ubatch: self.cfg.n_ubatch,
         })
     }
 
@@ -116,8 +119,12 @@ impl Engine {
         n_ctx: usize,
         capacity: usize,
     ) -> bool {
-        let uncapped = |c: usize| fa::n_kv(from.pos, c) == fa::n_kv(from.pos, usize::MAX);
+        // The boundary before the checkpoint read the next ubatch's KV length too: up to a
+        // ubatch past it.
+        let read_to = from.pos + from.n_ubatch;
+        let uncapped = |c: usize| fa::n_kv(read_to, c) == fa::n_kv(read_to, usize::MAX);
         (from.rooms.0..from.rooms.1).contains(&capacity)
+            && !lens.is_empty()
             && !lens.contains(&0)
             && lens.iter().all(|&l| l <= n_ctx)
             && from.done <= alike
@@ -146,7 +153,7 @@ impl Engine {
             )));
         }
         self.back_to(&from.at, sim)?;
-        sim.set_capacity(capacity)
+        sim.set_capacity(capacity.min(cupool_pool::driver::sim::MAX_CAPACITY))
             .map_err(cupool_pool::PoolError::from)?;
         // Only the context's cap of each ubatch's KV length reads it, past the shared ubatches.
         self.cfg.n_ctx = n_ctx;

@@ -118,14 +118,22 @@ fn dry_config(cfg: &RunConfig, target: &PlanTarget) -> Result<RunConfig, Runtime
     c.record_trace = false;
     c.pool.kind = Some(cfg.pool.resolve(target.vmm)?);
     // A VMM pool reserves the device's memory (`cuMemGetInfo`'s total) as address space: on
-    // the GPU the card's, in any room. The simulated card's total is the pool's room; the
-    // free memory before the engine starts stands for the card's, so that a run in one room
-    // goes on from another's checkpoint as it would (`scout.rs`).
-    if c.pool.vmm.reserve_bytes.is_none() {
+    // the GPU the card's, in any room. The simulated card's total is the pool's room; where
+    // the search scouts, the free memory before the engine starts (at most the card's) sizes
+    // it instead, so that a run in one room goes on from another's checkpoint as it would.
+    if c.pool.vmm.reserve_bytes.is_none() && scouts(&c) {
         c.pool.vmm.reserve_bytes = Some(target.free_bytes.clamp(1, MAX_CAPACITY));
     }
     reproducible(&mut c);
     Ok(c)
+}
+
+/// Whether a search of `cfg` scouts (`scout.rs`): not where the fast-forward's skips decide
+/// a run's figures (a VMM pool recycling pages, size classes chosen for the run), since the
+/// checkpoints split the run where a dry run from the start does not. Checked against dry
+/// runs from the start by `scout_tests.rs` wherever it scouts.
+pub(super) fn scouts(cfg: &RunConfig) -> bool {
+    !cfg.pool.vmm.recycle && cfg.pool.size_classes.is_empty()
 }
 
 /// A dry run's start-up buffers: it touches no memory, so they need no addresses.

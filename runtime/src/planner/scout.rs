@@ -4,10 +4,11 @@
 //! runs' from the start (`scout_tests.rs`); a search near two million positions in ubatches of
 //! 64 probes a score of contexts, each a run of 30,000 ubatches without it.
 //!
-//! Where the pool keeps no snapshots (`dry::keeps_snapshots`) there is no scout, and every
-//! probe is a dry run of its own.
+//! Where the pool keeps no snapshots (`dry::keeps_snapshots`), or the fast-forward's skips
+//! decide a run's figures (`dry::scouts`), there is no scout, and every probe is a dry run of
+//! its own.
 
-use super::dry::{dry_engine, dry_prompt, dry_runs, keeps_snapshots, quiet};
+use super::dry::{dry_engine, dry_prompt, dry_runs, keeps_snapshots, quiet, scouts};
 use super::trajectory::{reads_no_room, Trajectory};
 use super::{PlanTarget, STEP};
 use crate::config::RunConfig;
@@ -57,7 +58,7 @@ impl Scout {
         top: usize,
         room: impl Fn(usize) -> Option<usize> + Send + Sync + 'static,
     ) -> Result<Option<Self>, RuntimeError> {
-        if !keeps_snapshots(cfg, target) || top == 0 {
+        if !keeps_snapshots(cfg, target) || !scouts(cfg) || top == 0 {
             return Ok(None);
         }
         let mut c = cfg.clone();

@@ -83,3 +83,30 @@ proptest! {
         }
     }
 }
+
+/// A checkpoint of a probe run in a context that is not a multiple of the padding: the boundary
+/// before it read the next ubatch's KV length capped by that context, so it serves no probe
+/// whose own cap differs there (a review found it, 2,400 cases into 20,000: the third probe
+/// went on from the second's checkpoint and ran out of memory where a fresh run completes).
+#[test]
+fn a_checkpoint_whose_boundary_read_a_capped_ubatch_serves_no_other_context() {
+    let mut cfg = two_layers(None, PoolKind::Legacy, PurgePolicy::Auto, 64);
+    cfg.n_batch = 64;
+    cfg.warm_up = false;
+    cfg.auto_headroom = cupool_pool::AutoHeadroom::Bytes(159 << 20);
+    let t = h100(&cfg, 64 << 20);
+    let mut scout = Scout::new(&cfg, &t, 5108, |_| Some(1 << 20))
+        .unwrap()
+        .expect("a scout");
+    for (c, room) in [
+        (1, 61 << 20),
+        (4782, (61 << 20) + (1 << 20)),
+        (4839, (62 << 20)),
+    ] {
+        let mut probe = cfg.clone();
+        probe.n_ctx = c;
+        let from_scout = scout.runs(&probe, &t, &[c], room).unwrap();
+        let fresh = dry_runs(&probe, &t, &[c], room).unwrap();
+        assert_eq!(figures(&from_scout[0]), figures(&fresh[0]), "context {c}");
+    }
+}
