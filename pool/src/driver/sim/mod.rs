@@ -70,7 +70,8 @@ impl SimDevice {
         })
     }
 
-    /// The configuration this device was built with.
+    /// The configuration this device was built with (its capacity as built: [`SimDevice::capacity`]
+    /// is the one it has now).
     pub fn config(&self) -> &SimConfig {
         &self.config
     }
