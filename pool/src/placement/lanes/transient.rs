@@ -33,7 +33,7 @@ use super::Lane;
 
 /// A block freed within this many large allocations of landing lived short (module docs: an
 /// activation lives a few, a cache's copy hundreds). Replayed, 32 to 256 map alike (within
-/// 0.0002 of the live peak). Fewer where the pool has fewer lanes ([`short_life`]).
+/// 0.0002 of the live peak). Fewer where the pool has fewer lanes (`short_life`).
 pub const SHORT_LIFE: u64 = 64;
 
 /// The least life below which a block is short-lived, however few lanes there are.
