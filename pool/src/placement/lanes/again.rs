@@ -74,6 +74,44 @@ impl<P: Placement> Lanes<P> {
         None
     }
 
+    /// [`Self::fitting_lane`] weighing every lane in its size range with every lookup: what
+    /// the pruned scan must agree with.
+    #[cfg(feature = "check")]
+    fn fitting_lane_in_full(
+        &self,
+        n: usize,
+        unbacked: &dyn Fn(u64, usize) -> usize,
+    ) -> Option<u64> {
+        let mut best: Option<(usize, u64)> = None;
+        let least = n.saturating_sub(GROW + SPILL_GRANULE);
+        for &(_, at) in self.free.range((least, 0)..=(n + SPILL, u64::MAX)) {
+            let Some(lane) = self.lanes.get(&at).filter(|l| !l.left) else {
+                continue;
+            };
+            let (need, over) = match lane.fresh_end() {
+                Some(end) => {
+                    let inside = n.min(end);
+                    let need = unbacked(at, inside).saturating_add(n - inside);
+                    (need, end.saturating_sub(n))
+                }
+                None => (unbacked(at, n), lane.seg.len - n),
+            };
+            let empty = if over > 0 {
+                unbacked(at + n as u64, over)
+            } else {
+                0
+            };
+            let spills = empty == usize::MAX || over - empty.min(over) > SPILL;
+            if need > GROW || spills || (need > 0 && lane.transient()) {
+                continue;
+            }
+            if best.is_none_or(|(b, _)| n - need > b) {
+                best = Some((n - need, at));
+            }
+        }
+        best.map(|(_, at)| at)
+    }
+
     /// Whether a block of `n` bytes that no free lane fits takes a left lane: where it would
     /// open a lane, whether or not one may open (at [`super::MAX_LANES`], or once the upstream
     /// refused address space apart, the left lanes are still there to take).
@@ -101,7 +139,26 @@ impl<P: Placement> Lanes<P> {
 
     /// The free lane whose memory fits a block of `n` bytes (see the module docs); left lanes
     /// are not among them. A lane taken again counts only the memory a fresh lane would have.
+    ///
+    /// On the allocation path of every large block, so each lane is weighed with the fewest
+    /// lookups of the address space that decide it: the memory the block lacks first (a lane
+    /// that lacks too much, or a short-lived lane that lacks any, is out without the spill's
+    /// lookup), and the first lane that lacks nothing ends the scan, as no later one can have
+    /// more memory behind the block (ties went to the first lane before too). The recorded MoE
+    /// process weighs about six lanes a large block.
     fn fitting_lane(&self, n: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<u64> {
+        let found = self.fitting_lane_fast(n, unbacked);
+        // The checker's builds (property tests, fuzzing) weigh every lane in full as well.
+        #[cfg(feature = "check")]
+        assert_eq!(
+            found,
+            self.fitting_lane_in_full(n, unbacked),
+            "the pruned scan of the free lanes for {n} bytes chose another lane than the full one"
+        );
+        found
+    }
+
+    fn fitting_lane_fast(&self, n: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<u64> {
         let mut best: Option<(usize, u64)> = None;
         // Memory behind a free lane covers its last block, rounded up to a granule at most.
         let least = n.saturating_sub(GROW + SPILL_GRANULE);
@@ -112,37 +169,36 @@ impl<P: Placement> Lanes<P> {
             if lane.left {
                 continue;
             }
-            let (need, spills) = match lane.fresh_end() {
+            // What the block lacks, and the memory past it in the lane: `(need, at + n, over)`.
+            let (need, over) = match lane.fresh_end() {
                 Some(end) => {
                     let inside = n.min(end);
-                    let need = unbacked(at, inside);
-                    let over = end.saturating_sub(n);
-                    let empty = if over > 0 {
-                        unbacked(at + n as u64, over)
-                    } else {
-                        0
-                    };
                     (
-                        need.saturating_add(n - inside),
-                        empty == usize::MAX || over - empty.min(over) > SPILL,
+                        unbacked(at, inside).saturating_add(n - inside),
+                        end.saturating_sub(n),
                     )
                 }
-                None => {
-                    let beyond = lane.seg.len - n;
-                    let empty = unbacked(at + n as u64, beyond);
-                    (
-                        unbacked(at, n),
-                        empty == usize::MAX || beyond - empty > SPILL,
-                    )
-                }
+                None => (unbacked(at, n), lane.seg.len - n),
             };
             // A lane of short-lived blocks grows no more (`transient.rs`).
-            if need > GROW || spills || (need > 0 && lane.transient()) {
+            if need > GROW || (need > 0 && lane.transient()) {
                 continue;
             }
             let behind = n - need;
-            if best.is_none_or(|(b, _)| behind > b) {
-                best = Some((behind, at));
+            if best.is_some_and(|(b, _)| behind <= b) {
+                continue;
+            }
+            let empty = if over > 0 {
+                unbacked(at + n as u64, over)
+            } else {
+                0
+            };
+            if empty == usize::MAX || over - empty.min(over) > SPILL {
+                continue;
+            }
+            best = Some((behind, at));
+            if need == 0 {
+                break;
             }
         }
         best.map(|(_, at)| at)
