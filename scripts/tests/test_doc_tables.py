@@ -215,3 +215,14 @@ def test_the_h200_tables_are_their_runs():
     check("data/h200-2026-11-28-transient-lanes/prefill.jsonl")
     for call in ("call1", "call2", "call3"):
         check(f"data/h200-2026-11-28-prefill-reps/{call}/prefill.jsonl")
+
+
+def test_the_pinned_moe_tables_are_their_runs():
+    for call in ("call1", "call2"):
+        d = f"data/h200-2026-11-28-prefill-pinned/{call}"
+        check(f"{d}/prefill.jsonl")
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "profile-ratio.py"),
+                              f"{d}/profiles"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
+        for b in (b.strip("\n") for b in out.split("\n\n") if b.strip()):
+            assert b in docs, f"docs/pytorch.md lacks this block of profile-ratio.py {d}/profiles:\n{b}"

@@ -38,8 +38,9 @@ p.add_argument("--keep-cache", action="store_true",
                     "empty_cache or trim), as a server or a notebook runs one request after "
                     "another; each prefill's driver peak is reported too")
 p.add_argument("--profile", metavar="FILE",
-               help="write torch.profiler's CPU table of the last --speed-reps prefill here "
-                    "(ops by their own CPU time on the Python thread)")
+               help="after the timed prefills, run one more under torch.profiler (not timed with "
+                    "them) and write its tables here: ops by their own CPU time on the Python "
+                    "thread, and by their kernels' time")
 p.add_argument("--warmup", type=int, default=0,
                help="tokens run through the model (their cache dropped) before the timed prefill, "
                     "so the first chunk's one-off set-up (cuBLAS, kernel loading) is not timed")
@@ -141,7 +142,11 @@ timed_before = cupool.stats(dev) if a.allocator.startswith("cupool") else {}
 
 
 def prefill():
-    """Prefills the prompt in chunks into a new cache: (cache, next token, seconds)."""
+    """Prefills the prompt in chunks into a new cache: (cache, next token, seconds). The Python
+    thread's own CPU time of the last call is left in ``thread_cpu[0]``: the launches, the
+    allocator's calls and PyTorch's dispatch, without the time the thread waited or was not
+    running (this machine's wall times vary by tens of percent between identical prefills)."""
+    c0 = time.thread_time()
     t0 = time.time()
     cache = DynamicCache()
     for s in range(0, a.prompt, a.chunk):
@@ -154,7 +159,11 @@ def prefill():
         nxt = out.logits[:, -1:].argmax(-1)
         del out
     torch.cuda.synchronize()
+    thread_cpu[0] = time.thread_time() - c0
     return cache, nxt, time.time() - t0
+
+
+thread_cpu = [0.0]
 
 
 with torch.no_grad():
@@ -182,7 +191,7 @@ with torch.no_grad():
     own = cupool.stats(dev) if a.allocator.startswith("cupool") else None
     # Repeated timings: every prefill from an empty cache, the allocator's free memory back
     # with the driver, as before the first.
-    speed, speed_driver_ms, speed_peak, speed_pool = [], [], [], []
+    speed, speed_driver_ms, speed_peak, speed_pool, speed_cpu = [], [], [], [], []
     for _ in range(a.speed_reps):
         del cache, nxt
         gc.collect()
@@ -195,13 +204,8 @@ with torch.no_grad():
         time.sleep(0.3)
         before = cupool.stats(dev) if timed_after else None
         t_start = time.time()
-        if a.profile and len(speed) == a.speed_reps - 1:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                cache, nxt, took = prefill()
-            with open(a.profile, "w") as f:
-                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
-        else:
-            cache, nxt, took = prefill()
+        cache, nxt, took = prefill()
+        speed_cpu.append(thread_cpu[0])
         if before:
             speed_driver_ms.append((cupool.stats(dev)["cupool.driver_ns"] - before["cupool.driver_ns"]) / 1e6)
         time.sleep(0.3)
@@ -210,6 +214,24 @@ with torch.no_grad():
         speed_peak.append(max((r[1] for r in rows), default=base) - base)
         if a.allocator.startswith("cupool"):
             speed_pool.append(cupool.stats(dev)["reserved_bytes.all.peak"] / 2**20)
+
+    if a.profile:
+        # One more prefill under torch.profiler, not among the timed ones (the profiler slows
+        # each op): its ops by their own CPU time on the Python thread, and the kernels' time.
+        del cache, nxt
+        gc.collect()
+        torch.cuda.synchronize()
+        if not a.keep_cache:
+            torch.cuda.empty_cache()
+            if a.allocator.startswith("cupool"):
+                cupool.trim(dev)
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            cache, nxt, took = prefill()
+        with open(a.profile, "w") as f:
+            f.write(f"# profiled prefill: {took:.3f} s\n")
+            f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+            f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
 
 if rec:
     rec.stop()
@@ -222,6 +244,7 @@ result = {
     "driver_peak_mib": (max(samples) - base) if samples else None, "samples": len(samples),
     "prefill_s": prefill_s, "gpu_busy_pct": util,
     **({"speed_prefill_s": [t for t, _ in speed], "speed_gpu_busy_pct": [u for _, u in speed]} if speed else {}),
+    **({"speed_thread_cpu_s": speed_cpu} if speed_cpu else {}),
     **({"speed_driver_ms": speed_driver_ms} if speed_driver_ms else {}),
     **({"keep_cache": True, "speed_driver_peak_mib": speed_peak} if a.keep_cache and speed else {}),
     **({"speed_cupool_reserved_peak_mib": speed_pool} if a.keep_cache and speed_pool else {}),

@@ -71,9 +71,15 @@ for model in sorted({m for m, _ in runs}):
             return statistics.median(t for t, _ in speed[a])
         peers = [a for a in ("native", "expandable", "async") if a in speed]
         best = min(peers, key=med) if peers else None
+        # The Python thread's CPU time per prefill (prefill.py records it since 2026-11-28):
+        # what the launches and allocator calls cost it, without the waits.
+        cpu = {a: [x for r in runs[(model, a)] if "failed" not in r for x in r.get("speed_thread_cpu_s", [])]
+               for a in speed}
+        has_cpu = best is not None and bool(cpu.get(best))
         print(f"\n| allocator | processes | prefills | prefill (s) | prefill tok/s | against {best or 'the fastest peer'} "
-              "| GPU busy | in libcupool's driver calls (ms) |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| GPU busy | in libcupool's driver calls (ms) |"
+              + (f" Python thread CPU (s) | against {best} |" if has_cpu else ""))
+        print("|---|---|---|---|---|---|---|---|" + ("---|---|" if has_cpu else ""))
         for a in ORDER + sorted(x for x in speed if x not in ORDER):
             if a not in speed:
                 continue
@@ -84,8 +90,13 @@ for model in sorted({m for m, _ in runs}):
             busy = f"{statistics.median(us):.0f}%" if us else "–"
             dms = [x for r in runs[(model, a)] for x in r.get("speed_driver_ms", [])]
             dcell = f"{statistics.median(dms):.1f} [{min(dms):.1f}, {max(dms):.1f}]" if dms else "–"
+            ccell = ""
+            if has_cpu:
+                cs = cpu.get(a)
+                ccell = (f" {statistics.median(cs):.2f} [{min(cs):.2f}, {max(cs):.2f}] | "
+                         f"{statistics.median(cpu[best]) / statistics.median(cs):.3f} |") if cs else " – | – |"
             print(f"| {a} | {procs} | {len(ts)} | {statistics.median(ts):.2f} [{min(ts):.2f}, {max(ts):.2f}] "
-                  f"| {model_prompt[model] / statistics.median(ts):,.0f} | {rel} | {busy} | {dcell} |")
+                  f"| {model_prompt[model] / statistics.median(ts):,.0f} | {rel} | {busy} | {dcell} |{ccell}")
     kept = [(a, r) for (m, a), rs in sorted(runs.items()) if m == model for r in rs if r.get("keep_cache")]
     if kept:
         # prefill.py --keep-cache: the requests after the first on the pool it left (no

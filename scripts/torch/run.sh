@@ -18,6 +18,9 @@
 # and timed (CUPOOL_TIME_DRIVER=on: the report adds what the prefill spent in driver calls);
 # e.g. cupool-timed-defer-free2.
 # PREFILL_ARGS="--speed-reps N" times N more prefills in each process (see prefill.py).
+# PIN="taskset -c 2-7" runs every benchmark process on the same CPUs (a process's speed then
+# depends less on where the scheduler put it); PROFILE=1 writes each prefill process's
+# torch.profiler tables to $OUT/profile-MODEL-ALLOCATOR-REP.txt (one more, untimed prefill).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
@@ -52,7 +55,8 @@ if [ "$what" = prefill ]; then
           done
         fi
         err=$(mktemp)
-        env "${env[@]}" timeout 400 python3 scripts/torch/prefill.py --allocator "$run" --model "$m" ${PREFILL_ARGS:-} \
+        prof=(); [ -n "${PROFILE:-}" ] && prof=(--profile "$out/profile-$m-$a-$rep.txt")
+        env "${env[@]}" timeout 400 ${PIN:-} python3 scripts/torch/prefill.py --allocator "$run" --model "$m" ${PREFILL_ARGS:-} "${prof[@]}" \
           2>"$err" | sed "s/\"allocator\": \"$run\"/\"allocator\": \"$a\"/" >>"$out/prefill.jsonl"
         rc=${PIPESTATUS[0]}
         cat "$err" >>"$out/bench.log"
