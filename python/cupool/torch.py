@@ -9,7 +9,9 @@ Two modes:
   names and meanings of ``torch.cuda``'s) and ``cupool.trim()``. An allocation cupool cannot
   serve raises ``torch.OutOfMemoryError`` with cupool's report, through a small C++ shim built
   against the installed PyTorch at the first install (cached; PyTorch does not check what a
-  plug-in returns, so without the shim it would get a null pointer).
+  plug-in returns, so without the shim it would get a null pointer). Where PyTorch's CUDA
+  extensions build, tensors are served by cupool's own allocator class (``torch_direct.cpp``),
+  without the pointer map and lock ``CUDAPluggableAllocator`` keeps for every tensor.
 - ``mempool()``: a ``torch.cuda.MemPool`` whose segments come from cupool; use it with
   ``torch.cuda.use_mem_pool(p)``. PyTorch's caching runs on top; its statistics keep working and
   an out-of-memory is PyTorch's usual ``torch.OutOfMemoryError``.
@@ -38,6 +40,9 @@ from .tags import sleep as _sleep
 
 _allocator = None
 _raising = None
+_route = None
+#: Why install() did not use the direct allocator (None where it did, or before install()).
+direct_error = None
 
 
 def _torch():
@@ -83,6 +88,47 @@ def _shim_path(torch):
     return path
 
 
+def _install_direct(torch):
+    """Makes ``torch_direct.cpp``'s allocator PyTorch's (tensors served without the plug-in
+    interface's pointer map and lock, empty tensors without memory), over the out-of-memory
+    shim. True if it did; False with the reason in ``direct_error`` where it cannot be built
+    (no CUDA toolkit for PyTorch's extensions, say) or PyTorch refused it: install() then
+    uses CUDAPluggableAllocator, which serves the same memory a little slower."""
+    global _route, direct_error
+    try:
+        from torch.utils import cpp_extension
+        oom = ctypes.CDLL(_shim_path(torch))
+        here = os.path.dirname(os.path.abspath(__file__))
+        src = os.path.join(here, "torch_direct.cpp")
+        digest = hashlib.sha256()
+        for f in (src, os.path.join(here, "torch_oom.cpp")):
+            with open(f, "rb") as fh:
+                digest.update(fh.read())
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        build = os.path.join(cache, "cupool", f"torch-{torch.__version__}-direct-{digest.hexdigest()[:12]}")
+        os.makedirs(build, exist_ok=True)
+        cpp_extension.load(name="cupool_torch_direct", sources=[src], build_directory=build,
+                           with_cuda=True, is_python_module=False, verbose=False)
+        shim = ctypes.CDLL(os.path.join(build, "cupool_torch_direct.so"))
+        shim.cupool_torch_direct_install.argtypes = [ctypes.c_void_p] * 2
+        shim.cupool_torch_direct_error.restype = ctypes.c_char_p
+        addr = [ctypes.cast(f, ctypes.c_void_p) for f in (oom.cupool_torch_oom_alloc, oom.cupool_torch_oom_free)]
+        if shim.cupool_torch_direct_install(*addr) != 0:
+            raise RuntimeError(shim.cupool_torch_direct_error().decode(errors="replace"))
+    except Exception as e:  # noqa: BLE001 (any failure falls back, the reason kept)
+        direct_error = str(e).splitlines()[0] if str(e) else repr(e)
+        return False
+    _route, direct_error = "direct", None
+    return True
+
+
+def route():
+    """How ``install()`` made cupool PyTorch's allocator: ``"direct"`` (cupool's own allocator
+    class, ``torch_direct.cpp``), ``"pluggable"`` (``CUDAPluggableAllocator``; the reason the
+    direct one was not used is in ``direct_error``), or None before install()."""
+    return _route
+
+
 def _raising_pluggable(torch):
     """The allocator ``install`` uses: the shim's entry points, which raise
     ``torch.OutOfMemoryError``; libcupool's own (with a warning saying why) where the shim
@@ -103,12 +149,16 @@ def _raising_pluggable(torch):
     return _raising
 
 
-def install(pool=None, config=None, raise_oom=True, **options):
+def install(pool=None, config=None, raise_oom=True, direct=None, **options):
     """Makes cupool the allocator of every CUDA tensor in this process. ``pool`` is vmm (the
     default), legacy, managed, torch, direct or nccl; ``options`` are ``cupool.OPTIONS``. If
     ``cupool.init`` already opened the library, pass no settings: its own are used. Raises a
     ``RuntimeError`` if PyTorch already allocated CUDA memory. With ``raise_oom`` (the default)
-    an allocation cupool cannot serve raises ``torch.OutOfMemoryError`` (see the module text)."""
+    an allocation cupool cannot serve raises ``torch.OutOfMemoryError`` (see the module text).
+    With ``direct`` (the default with ``raise_oom``; ``CUPOOL_TORCH_DIRECT=off`` or
+    ``direct=False`` declines it) tensors are served by cupool's own allocator class where it
+    builds against this PyTorch, else through ``CUDAPluggableAllocator`` (``route()`` says
+    which)."""
     torch = _torch()
     if torch.cuda.is_initialized() and (torch.cuda.memory_reserved() > 0
                                         or torch.cuda.memory_allocated() > 0):
@@ -118,8 +168,14 @@ def install(pool=None, config=None, raise_oom=True, **options):
             "first thing (before any CUDA tensor or model.to('cuda')), or use "
             "cupool.torch.mempool() to route part of the work through cupool.")
     cupool.ensure_open(pool, "vmm", config, install_options(config, options))
+    global _route
+    if direct is None:
+        direct = os.environ.get("CUPOOL_TORCH_DIRECT", "on") != "off"
+    if raise_oom and direct and _install_direct(torch):
+        return
     try:
         torch.cuda.memory.change_current_allocator(_raising_pluggable(torch) if raise_oom else _pluggable())
+        _route = "pluggable"
     except RuntimeError as e:
         raise RuntimeError(f"cupool.torch.install() came too late: PyTorch refused to swap its "
                            f"allocator ({e}). Call it before any CUDA work.") from e

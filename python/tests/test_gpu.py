@@ -42,6 +42,13 @@ def test_torch_installed(tmp_path, pool):
     assert (tmp_path / "trace.jsonl").stat().st_size > 0
 
 
+def test_torch_installed_through_the_pluggable_interface(tmp_path, monkeypatch):
+    # The route install() falls back to where cupool's own allocator class does not build.
+    monkeypatch.setenv("CUPOOL_TORCH_DIRECT", "off")
+    p = run("torch_installed.py", str(tmp_path / "trace.jsonl"))
+    assert "ok" in p.stdout
+
+
 @pytest.mark.parametrize("pool", ["vmm", "legacy"])
 def test_torch_installed_oom_raises_torchs_error(pool):
     p = run("torch_installed_oom.py", pool=pool)

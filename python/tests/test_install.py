@@ -109,6 +109,21 @@ def test_torch_install_without_a_buildable_shim_warns_and_hands_libcupool_s_entr
         cupool.shutdown()
 
 
+def test_torch_install_falls_back_to_the_pluggable_allocator_and_says_why(monkeypatch):
+    # The stand-in torch has no cpp_extension: the direct allocator cannot be built.
+    handed = {}
+    fake_torch(monkeypatch, handed)
+    monkeypatch.setattr(cupool.torch, "_route", None)
+    with pytest.warns(RuntimeWarning):
+        cupool.torch.install(device="sim", sim_gib=1)
+    try:
+        assert cupool.torch.route() == "pluggable"
+        assert cupool.torch.direct_error, "the reason the direct allocator was not used"
+        assert "current" in handed
+    finally:
+        cupool.shutdown()
+
+
 def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch):
     handed = {}
     Pluggable = fake_torch(monkeypatch, handed)
@@ -125,7 +140,8 @@ def test_torch_install_hands_pytorch_the_library_the_package_loaded(monkeypatch)
 
 def test_the_out_of_memory_shim_s_source_ships_with_the_package():
     # install() builds it against the user's PyTorch: a wheel without it could not raise.
-    assert os.path.exists(os.path.join(os.path.dirname(cupool.__file__), "torch_oom.cpp"))
+    for src in ("torch_oom.cpp", "torch_direct.cpp"):
+        assert os.path.exists(os.path.join(os.path.dirname(cupool.__file__), src))
 
 
 def test_install_makes_memory_ahead_on_a_worker_unless_told(monkeypatch):

@@ -226,3 +226,7 @@ def test_the_pinned_moe_tables_are_their_runs():
         docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
         for b in (b.strip("\n") for b in out.split("\n\n") if b.strip()):
             assert b in docs, f"docs/pytorch.md lacks this block of profile-ratio.py {d}/profiles:\n{b}"
+
+
+def test_the_direct_allocator_tables_are_their_run():
+    check("data/h200-2026-11-28-direct/prefill.jsonl")

@@ -257,6 +257,8 @@ if timed_after:
     result.update({"cupool_driver_ms": (timed_after["cupool.driver_ns"] - timed_before["cupool.driver_ns"]) / 1e6,
                    "cupool_driver_calls": delta("cupool.driver_calls."),
                    "cupool_driver_call_ms": {k: v / 1e6 for k, v in delta("cupool.driver_ns.").items()}})
+if a.allocator == "cupool":
+    result["cupool_route"] = cupool.torch.route()
 if own is not None:
     result.update({"cupool_peak_reserved_mib": own["reserved_bytes.all.peak"] / 2**20,
                    "cupool_peak_allocated_mib": own["allocated_bytes.all.peak"] / 2**20,

@@ -15,7 +15,8 @@
 # (CUPOOL_VMM_RECYCLE_PAGE=N MiB), defer (CUPOOL_VMM_DEFER=on: page moves on a worker thread),
 # ahead and noahead (CUPOOL_VMM_AHEAD=worker, or off, the default: lanes' growth mapped ahead on
 # a worker thread, or when a copy lands)
-# and timed (CUPOOL_TIME_DRIVER=on: the report adds what the prefill spent in driver calls);
+# and timed (CUPOOL_TIME_DRIVER=on: the report adds what the prefill spent in driver calls),
+# pluggable (CUPOOL_TORCH_DIRECT=off: through CUDAPluggableAllocator, not cupool's own class);
 # e.g. cupool-timed-defer-free2.
 # PREFILL_ARGS="--speed-reps N" times N more prefills in each process (see prefill.py).
 # PIN="taskset -c 2-7" runs every benchmark process on the same CPUs (a process's speed then
@@ -44,6 +45,7 @@ if [ "$what" = prefill ]; then
               norecycle) env+=(CUPOOL_VMM_RECYCLE=off) ;;
               nolanes) env+=(CUPOOL_VMM_LANES=off) ;;
               timed) env+=(CUPOOL_TIME_DRIVER=on) ;;
+              pluggable) env+=(CUPOOL_TORCH_DIRECT=off) ;;
               defer) env+=(CUPOOL_VMM_DEFER=on) ;;
               noahead) env+=(CUPOOL_VMM_AHEAD=off) ;;
               ahead) env+=(CUPOOL_VMM_AHEAD=worker) ;;

@@ -13,6 +13,19 @@ import torch  # noqa: E402
 cupool.torch.install(pool=os.environ.get("POOL", "vmm"))
 rec = cupool.record(sys.argv[1])
 
+# cupool's own allocator class (torch_direct.cpp) wherever PyTorch's CUDA extensions build,
+# unless declined; an empty tensor then gets no memory, as from PyTorch's own allocator, and
+# grows by resize_ like any other.
+if os.environ.get("CUPOOL_TORCH_DIRECT", "on") != "off":
+    assert cupool.torch.route() == "direct", (cupool.torch.route(), cupool.torch.direct_error)
+    e = torch.empty(0, device="cuda")
+    assert e.data_ptr() == 0, e.data_ptr()
+    e.resize_(1000).fill_(3.0)
+    assert e.data_ptr() != 0 and float(e.sum()) == 3000.0
+    del e
+else:
+    assert cupool.torch.route() == "pluggable", cupool.torch.route()
+
 x = torch.randn(4096, 4096, device="cuda")
 y = x @ x
 ref = (x.double() @ x.double()).float()
