@@ -90,6 +90,9 @@ struct State {
     done: HashMap<Key, Option<usize>>,
     /// The helper ended.
     ended: bool,
+    /// Whether the latest probe the search took was the helper's: its runs' checkpoints are
+    /// then the nearest the next probe's room.
+    latest_there: bool,
 }
 
 /// A helper thread making one search's probes ahead (see the module docs).
@@ -125,9 +128,8 @@ impl Spare {
         })
     }
 
-    /// Asks for a probe of `n_ctx` beside `compute` bytes, unless made or being made.
-    pub fn ask(&self, n_ctx: usize, compute: usize) {
-        let key = (n_ctx, compute);
+    /// Asks for a probe (`(context, compute buffer)`), unless made or being made.
+    pub fn ask(&self, key: Key) {
         if let Ok(mut st) = self.shared.state.lock() {
             if st.running != Some(key) && !st.done.contains_key(&key) {
                 st.asked = Some(key);
@@ -136,18 +138,35 @@ impl Spare {
         self.shared.changed.notify_all();
     }
 
-    /// The result of a probe of `n_ctx` beside `compute` bytes where the helper made it (once
-    /// it ends, where it is making it); `None` where it did not: the caller makes it.
-    pub fn take(&self, n_ctx: usize, compute: usize) -> Option<Option<usize>> {
-        let key = (n_ctx, compute);
+    /// Whether the helper makes or made a probe.
+    pub fn has(&self, key: Key) -> bool {
+        self.shared
+            .state
+            .lock()
+            .is_ok_and(|st| st.running == Some(key) || st.done.contains_key(&key))
+    }
+
+    /// A probe's result where the helper made it (once it ends, where it is making it), or
+    /// makes it now, idle, where it made the search's latest (its checkpoints are the
+    /// nearest); `None` where neither: the caller makes it.
+    pub fn take(&self, key: Key) -> Option<Option<usize>> {
         let mut st = self.shared.state.lock().ok()?;
-        while st.running == Some(key) && !st.ended {
+        let give = st.latest_there
+            && st.running.is_none()
+            && !st.done.contains_key(&key)
+            && st.asked.is_none_or(|k| k == key);
+        if give {
+            st.asked = Some(key);
+            self.shared.changed.notify_all();
+        }
+        while (st.running == Some(key) || give && st.asked == Some(key)) && !st.ended {
             st = self.shared.changed.wait(st).ok()?;
         }
         if st.asked == Some(key) {
             st.asked = None;
         }
         let made = st.done.remove(&key);
+        st.latest_there = made.is_some();
         #[cfg(test)]
         TAKEN.set(TAKEN.get() + usize::from(made.is_some()));
         made

@@ -218,7 +218,7 @@ impl<'a> Walk<'a> {
         if let Some(&slack) = self.made.probed.get(&(n_ctx, compute)) {
             return Ok(slack);
         }
-        if let Some(slack) = self.spare.as_ref().and_then(|s| s.take(n_ctx, compute)) {
+        if let Some(slack) = self.spare.as_ref().and_then(|s| s.take((n_ctx, compute))) {
             self.made.probed.insert((n_ctx, compute), slack);
             return Ok(slack);
         }
@@ -308,23 +308,28 @@ impl<'a> Walk<'a> {
     }
 
     /// While the bisection probes `c` in a bracket ending at `fail` (no prediction: the
-    /// midpoint next), the spare core probes the midpoint the bisection goes on to where `c`
-    /// fits (`spare.rs`), where a core is free.
+    /// midpoint next), the midpoint it goes on to where `c` fits is made on the spare core
+    /// where a core is free (`spare.rs`), or here where the spare core makes `c` (an error
+    /// here is left for the bisection to meet, if it probes there).
     fn ask_ahead(&mut self, kind: Beside, c: usize, fail: usize) {
         let next = (c + fail) / 2 / STEP * STEP;
-        if fail - c <= STEP {
+        let mut key = |x: usize| match kind {
+            Beside::Floor => (x, self.cfg.compute_floor_bytes(x)),
+            Beside::Exact => (x, self.compute(x)),
+        };
+        let (now, next) = (key(c), key(next));
+        if fail - c <= STEP || self.made.probed.contains_key(&next) {
             return;
         }
-        let compute = match kind {
-            Beside::Floor => self.cfg.compute_floor_bytes(next),
-            Beside::Exact => self.compute(next),
-        };
         if self.spare.is_none() {
             self.spare = Spare::new(self.cfg, self.target, self.bound);
         }
         match &self.spare {
-            Some(s) if !self.made.probed.contains_key(&(next, compute)) => s.ask(next, compute),
-            _ => {}
+            Some(s) if s.has(now) => {
+                let _ = self.probe(next.0, next.1);
+            }
+            Some(s) => s.ask(next),
+            None => {}
         }
     }
 
