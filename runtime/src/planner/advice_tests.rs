@@ -7,6 +7,19 @@ use crate::planner::{Outside, GPU_MALLOC_PAGE};
 use cupool_profiles::Profile;
 use proptest::prelude::*;
 
+/// A card with `room_mib` MiB beside `cfg`'s weights and what lies outside the buffers.
+fn card(cfg: &RunConfig, room_mib: usize) -> PlanTarget {
+    let (w, _) = cfg.resident_bytes(256);
+    let outside = Outside::of(cfg.engine, None, cfg.weight_type, 900);
+    PlanTarget {
+        free_bytes: w + outside.at_compute() + (room_mib << 20),
+        vmm: true,
+        granularity: 2 << 20,
+        malloc_page: GPU_MALLOC_PAGE,
+        outside,
+    }
+}
+
 /// A configured answer at the end of `usize` (a `Plan` a caller filled in) starts the
 /// searches at the largest context, and they answer at once.
 #[test]
@@ -62,15 +75,7 @@ proptest! {
                 (c, format!("{kind:?} {purge:?}"))
             })
             .collect();
-        let (w, _) = base.resident_bytes(256);
-        let outside = Outside::of(base.engine, None, base.weight_type, 900);
-        let target = PlanTarget {
-            free_bytes: w + outside.at_compute() + (room_mib << 20),
-            vmm: true,
-            granularity: 2 << 20,
-            malloc_page: GPU_MALLOC_PAGE,
-            outside,
-        };
+        let target = card(&base, room_mib);
         let configured = configured_steps * 256;
         let pick = |answers: Vec<Result<Option<usize>, String>>| {
             let mut better: Option<(String, usize)> = None;
@@ -130,15 +135,7 @@ proptest! {
     ) {
         let mut cfg = crate::planner::test_setup::two_layers(profile, kind, purge, ubatch);
         cfg.n_ctx = n_ctx;
-        let (w, _) = cfg.resident_bytes(256);
-        let outside = Outside::of(cfg.engine, None, cfg.weight_type, 900);
-        let target = PlanTarget {
-            free_bytes: w + outside.at_compute() + (room_mib << 20),
-            vmm: true,
-            granularity: 2 << 20,
-            malloc_page: GPU_MALLOC_PAGE,
-            outside,
-        };
+        let target = card(&cfg, room_mib);
         let apart = crate::planner::plan(&cfg, &target, cfg.n_ctx)
             .and_then(|p| advise(&cfg, &target, &p).map(|a| (p, a)))
             .map_err(|e| e.to_string());
