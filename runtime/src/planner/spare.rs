@@ -115,11 +115,9 @@ impl Spare {
             .name("cupool-spare-probe".into())
             .spawn(move || {
                 let _claim = claim;
+                // Whatever ends the helper (a panic included), a wait on it ends.
+                let _end = Ended(&theirs);
                 help(&theirs, &cfg, &target, top);
-                if let Ok(mut st) = theirs.state.lock() {
-                    st.ended = true;
-                }
-                theirs.changed.notify_all();
             })
             .ok()?;
         Some(Self {
@@ -184,6 +182,19 @@ impl Drop for Spare {
             // A panic there lost only probes made ahead.
             let _ = t.join();
         }
+    }
+}
+
+/// Marks the helper's end when dropped, a panic's unwinding included.
+struct Ended<'a>(&'a Shared);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.0.state.lock() {
+            st.ended = true;
+            st.running = None;
+        }
+        self.0.changed.notify_all();
     }
 }
 
