@@ -144,3 +144,28 @@ proptest! {
         prop_assert_eq!(together, apart);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// A search going on from what was made ahead of its start (its scouted run and first
+    /// probes) answers as one from nothing, errors included, whatever its start and bar.
+    #[test]
+    fn a_search_from_what_was_made_ahead_answers_as_one_from_nothing(
+        profile in prop::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833), Some(Profile::Llama)]),
+        kind in prop::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
+        purge in prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always]),
+        ubatch in prop::sample::select(vec![64usize, 256]),
+        room_mib in 0usize..1200,
+        (start_steps, bar_steps) in (0usize..600, 0usize..600),
+    ) {
+        use crate::planner::search::{made_ahead, max_ctx_above, max_ctx_above_after};
+        let cfg = crate::planner::test_setup::two_layers(profile, kind, purge, ubatch);
+        let target = card(&cfg, room_mib);
+        let (start, bar) = (start_steps * 256, bar_steps * 256);
+        let made = made_ahead(&cfg, &target);
+        let ahead = max_ctx_above_after(&cfg, &target, (start, &|| bar), made);
+        let alone = max_ctx_above(&cfg, &target, start, &|| bar);
+        prop_assert_eq!(ahead.map_err(|e| e.to_string()), alone.map_err(|e| e.to_string()));
+    }
+}
