@@ -91,11 +91,9 @@ pub fn plan(a: RunArgs) -> ExitCode {
         Ok(k) => cfg.pool.kind = Some(k),
         Err(e) => return usage(e),
     }
-    let p = match planner::plan(&cfg, &target, prompt) {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
-    let advice = match planner::advise(&cfg, &target, &p) {
+    // The plan and its advice at once: the advice's work that the plan's answer does not
+    // decide runs beside its search (the same answers as `plan` then `advise`).
+    let (p, advice) = match planner::plan_and_advise(&cfg, &target, prompt) {
         Ok(x) => x,
         Err(e) => return fail(e),
     };

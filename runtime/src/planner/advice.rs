@@ -3,6 +3,8 @@
 //! (`CUPOOL_PURGE`), then the other pools (`GGML_POOL`), then smaller ubatches (`-ub`), each
 //! a whole simulated run; when none fits, the largest context that fits as configured.
 
+use super::search::max_ctx_above_after;
+use super::walk::Made;
 use super::{plan_only, Plan, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
@@ -42,6 +44,27 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
             max_ctx: p.max_ctx_that_fits,
         });
     }
+    match changes(cfg, target, p.n_prompt)? {
+        Tried::Change(a) => Ok(a),
+        Tried::Search(searched) => lower(target, p, &searched, &NoneAhead),
+    }
+}
+
+/// What trying the other settings on the asked prompt gave: one that makes it fit, or the
+/// settings whose largest context is searched (the pool and purge settings at `cfg`'s ubatch).
+pub(super) enum Tried {
+    Change(Advice),
+    Search(Vec<(RunConfig, String)>),
+}
+
+/// The other settings for a plan of `cfg` on `target` that does not fit, each tried on a prompt
+/// of `n_prompt` tokens, the least change first; none of this reads the configured search's
+/// answer, so it may run beside it (`ahead.rs`).
+pub(super) fn changes(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+) -> Result<Tried, RuntimeError> {
     let kind = cfg.pool.resolve(target.vmm)?;
     let mut tries: Vec<(RunConfig, String)> = Vec::new();
     let with = |k: PoolKind, purge: PurgePolicy, ub: usize| {
@@ -74,19 +97,44 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
         ub /= 2;
     }
     for (c, settings) in &tries {
-        let q = plan_only(c, target, p.n_prompt)?;
+        let q = plan_only(c, target, n_prompt)?;
         if q.fits {
-            return Ok(Advice::Change {
+            return Ok(Tried::Change(Advice::Change {
                 settings: settings.clone(),
                 plan: Box::new(q),
-            });
+            }));
         }
     }
-    // The pool and purge settings under which the largest context fits, if larger.
-    let searched: Vec<&(RunConfig, String)> = tries
-        .iter()
-        .filter(|(c, _)| c.n_ubatch == cfg.n_ubatch)
-        .collect();
+    tries.retain(|(c, _)| c.n_ubatch == cfg.n_ubatch);
+    Ok(Tried::Search(tries))
+}
+
+/// What searches of the tries made before their start was known (`ahead.rs`): try `i`'s, once
+/// (`Made::default()` where none was made), and the end of making more.
+pub(super) trait Ahead: Sync {
+    fn take(&self, i: usize) -> Made;
+    /// No more is made ahead: the searches that need both cores start.
+    fn close(&self);
+}
+
+/// Nothing made ahead.
+struct NoneAhead;
+
+impl Ahead for NoneAhead {
+    fn take(&self, _: usize) -> Made {
+        Made::default()
+    }
+    fn close(&self) {}
+}
+
+/// The advice where `p` does not fit and no try made it fit: the largest context as
+/// configured, and the first of `searched` under which a larger one fits, if any.
+pub(super) fn lower(
+    target: &PlanTarget,
+    p: &Plan,
+    searched: &[(RunConfig, String)],
+    ahead: &dyn Ahead,
+) -> Result<Advice, RuntimeError> {
     // A probe's prompts run in one dry run where the pool keeps snapshots (the tries' legacy
     // and vmm pools do: `dry::dry_runs`), else two at a time: as many searches at once as that
     // leaves cores.
@@ -99,7 +147,7 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
     };
     let at_once = std::thread::available_parallelism().map_or(1, |n| n.get() / per_search);
     let configured = p.max_ctx_that_fits.unwrap_or(0);
-    let answers = larger_contexts(&searched, target, configured, at_once);
+    let answers = larger_contexts(searched, target, configured, (at_once, ahead));
     let mut better: Option<(String, usize)> = None;
     for ((_, settings), m) in searched.iter().zip(answers) {
         let best = better
@@ -115,9 +163,16 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
     })
 }
 
+/// The order [`larger_contexts`] searches `tries` in (indices): the vmm pool's first.
+pub(super) fn search_order(tries: &[(RunConfig, String)]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..tries.len()).collect();
+    order.sort_by_key(|&i| tries[i].0.pool.kind != Some(PoolKind::Vmm));
+    order
+}
+
 /// The largest context of each of `tries` where it may beat `configured` and the tries before
 /// it and reach those after it (`None` where it cannot: each search stops once it knows),
-/// `at_once` searched at a time.
+/// `at_once` searched at a time, each going on from what `ahead` made for it.
 ///
 /// Only the first of the largest answers is used, so a try needs to beat the answers of the
 /// tries before it and to reach those after it: its search stops once it cannot (a search that
@@ -126,17 +181,17 @@ pub fn advise(cfg: &RunConfig, target: &PlanTarget, p: &Plan) -> Result<Advice, 
 /// tries whose answers are usually the largest go first, to end the others' searches sooner:
 /// the vmm pool's (it strands nothing). A try searched beside others knows only the answers
 /// that have finished, a lower bar, so it may answer more, never less; the caller compares the
-/// answers in order, as one after the other.
+/// answers in order, as one after the other. What was made ahead changes no answer either: a
+/// probe's result is its context's and buffer's alone.
 fn larger_contexts(
-    tries: &[&(RunConfig, String)],
+    tries: &[(RunConfig, String)],
     target: &PlanTarget,
     configured: usize,
-    at_once: usize,
+    (at_once, ahead): (usize, &dyn Ahead),
 ) -> Vec<Result<Option<usize>, RuntimeError>> {
     // The largest context each try has answered so far (0: none yet, or none above its bar).
     let found: Vec<AtomicUsize> = tries.iter().map(|_| AtomicUsize::new(0)).collect();
-    let mut order: Vec<usize> = (0..tries.len()).collect();
-    order.sort_by_key(|&i| tries[i].0.pool.kind != Some(PoolKind::Vmm));
+    let order = search_order(tries);
     // The first try searched alone, from the configured answer; the others start from the
     // larger of the two (the answers of the rest, still coming in, only end searches), so each
     // search's probes are the same however many run at once.
@@ -150,7 +205,7 @@ fn larger_contexts(
                 .map(|f| f.load(Ordering::Relaxed).saturating_sub(1));
             before.chain(after).fold(configured, usize::max)
         };
-        let m = super::search::max_ctx_above(&tries[i].0, target, start, &bar);
+        let m = max_ctx_above_after(&tries[i].0, target, (start, &bar), ahead.take(i));
         if let Ok(Some(m)) = m {
             found[i].store(m, Ordering::Relaxed);
         }
@@ -165,6 +220,7 @@ fn larger_contexts(
         }
         answers.push((first, a));
     }
+    ahead.close();
     let start = start.get();
     // The rest from a queue, `at_once` at a time: each thread takes the next try as it ends
     // one (a slow search holds up no other).
@@ -237,119 +293,5 @@ impl Advice {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine_kind::EngineKind;
-    use crate::model::ModelShape;
-    use crate::planner::{Outside, GPU_MALLOC_PAGE};
-    use cupool_profiles::Profile;
-    use proptest::prelude::*;
-
-    /// A configured answer at the end of `usize` (a `Plan` a caller filled in) starts the
-    /// searches at the largest context, and they answer at once.
-    #[test]
-    fn a_start_beyond_every_context_ends_the_searches() {
-        let mut shape = ModelShape::preset("llama3-8b").unwrap();
-        shape.n_layer = 2;
-        let mut c = RunConfig::new(shape, 4096);
-        c.pool.kind = Some(PoolKind::Vmm);
-        c.purge = PurgePolicy::Always;
-        let (w, _) = c.resident_bytes(256);
-        let outside = Outside::of(c.engine, None, c.weight_type, 900);
-        let target = PlanTarget {
-            free_bytes: w + outside.at_compute() + (600 << 20),
-            vmm: true,
-            granularity: 2 << 20,
-            malloc_page: GPU_MALLOC_PAGE,
-            outside,
-        };
-        for start in [usize::MAX, usize::MAX - 255, usize::MAX - 256] {
-            let m = super::super::search::max_ctx_above(&c, &target, start, &|| start);
-            assert_eq!(m.unwrap(), None, "start {start}");
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(24))]
-
-        /// However many tries are searched at once, the one whose larger context the advice
-        /// names is the one the whole searches, one after the other, name.
-        #[test]
-        fn searching_tries_at_once_names_what_one_after_the_other_does(
-            profile in prop::sample::select(vec![None, Some(Profile::IkLlama), Some(Profile::LlamaB8833)]),
-            purges in prop::collection::vec(
-                (prop::sample::select(vec![PoolKind::Legacy, PoolKind::Vmm]),
-                 prop::sample::select(vec![PurgePolicy::Never, PurgePolicy::Auto, PurgePolicy::Always])),
-                1..5),
-            room_mib in 0usize..1200,
-            configured_steps in 0usize..600,
-            at_once in 1usize..5,
-        ) {
-            let mut shape = ModelShape::preset("llama3-8b").unwrap();
-            shape.n_layer = 2;
-            let mut base = RunConfig::new(shape, 4096);
-            if let Some(profile) = profile {
-                base.engine = EngineKind::Profile { profile, cc: 900 };
-            }
-            let tries: Vec<(RunConfig, String)> = purges
-                .iter()
-                .map(|&(kind, purge)| {
-                    let mut c = base.clone();
-                    c.pool.kind = Some(kind);
-                    c.purge = purge;
-                    (c, format!("{kind:?} {purge:?}"))
-                })
-                .collect();
-            let (w, _) = base.resident_bytes(256);
-            let outside = Outside::of(base.engine, None, base.weight_type, 900);
-            let target = PlanTarget {
-                free_bytes: w + outside.at_compute() + (room_mib << 20),
-                vmm: true,
-                granularity: 2 << 20,
-                malloc_page: GPU_MALLOC_PAGE,
-                outside,
-            };
-            let configured = configured_steps * 256;
-            let pick = |answers: Vec<Result<Option<usize>, String>>| {
-                let mut better: Option<(String, usize)> = None;
-                for ((_, settings), m) in tries.iter().zip(answers) {
-                    let best = better.as_ref().map_or(configured, |(_, b)| *b);
-                    if let Some(m) = m?.filter(|&m| m > best) {
-                        better = Some((settings.clone(), m));
-                    }
-                }
-                Ok::<_, String>(better)
-            };
-            // The whole searches, one after the other, each from the start the advice gives
-            // it: the first vmm try (else the first) from the configured answer, the others
-            // from the larger of that and the first's answer.
-            let first = tries
-                .iter()
-                .position(|(c, _)| c.pool.kind == Some(PoolKind::Vmm))
-                .unwrap_or(0);
-            let whole_of = |c: &RunConfig, start: usize| {
-                super::super::search::max_ctx_above(c, &target, start, &|| 0)
-                    .map_err(|e| e.to_string())
-            };
-            let first_answer = whole_of(&tries[first].0, configured);
-            let start = match &first_answer {
-                Ok(Some(m)) => configured.max(*m),
-                _ => configured,
-            };
-            let whole = tries
-                .iter()
-                .enumerate()
-                .map(|(i, (c, _))| match i == first {
-                    true => first_answer.clone(),
-                    false => whole_of(c, start),
-                })
-                .collect();
-            let refs: Vec<&(RunConfig, String)> = tries.iter().collect();
-            let found = larger_contexts(&refs, &target, configured, at_once)
-                .into_iter()
-                .map(|m| m.map_err(|e| e.to_string()))
-                .collect();
-            prop_assert_eq!(pick(found), pick(whole));
-        }
-    }
-}
+#[path = "advice_tests.rs"]
+mod tests;

@@ -11,6 +11,7 @@
 //! Planning builds no runtime and allocates no start-up memory.
 
 mod advice;
+mod ahead;
 mod dry;
 #[cfg(test)]
 mod dry_runs_tests;
@@ -23,6 +24,7 @@ mod scout;
 #[cfg(test)]
 mod scout_tests;
 mod search;
+mod spare;
 mod tail;
 #[cfg(test)]
 mod test_setup;
@@ -31,6 +33,7 @@ mod walk;
 pub mod weights;
 
 pub use advice::{advise, Advice};
+pub use ahead::plan_and_advise;
 pub use outside::Outside;
 pub use probe::worst_case_pool_peak;
 /// Contexts are searched in multiples of this many tokens ([`probe::STEP`]).

@@ -13,12 +13,13 @@ use super::trajectory::{reads_no_room, Trajectory};
 use super::{PlanTarget, STEP};
 use crate::config::RunConfig;
 use crate::engine::checkpoint::Checkpoint;
-use crate::engine::Engine;
+use crate::engine::{Engine, Watch};
 use crate::error::RuntimeError;
 use crate::report::RunReport;
 use cupool_pool::driver::sim::{SimDevice, MAX_CAPACITY};
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Checkpoints a scout keeps at most, evenly over its prompt's ubatches: a probe runs at most
@@ -61,9 +62,6 @@ impl Scout {
         if !keeps_snapshots(cfg, target) || !scouts(cfg) || top == 0 {
             return Ok(None);
         }
-        let mut c = cfg.clone();
-        c.n_ctx = top;
-        let tokens = dry_prompt(top);
         // A pool that reads no room keeps the trajectory, to its end; another's run stops
         // where a context just above could not go on from the checkpoint (an `auto` legacy
         // pool's least room outgrows any room long before the memory it holds does).
@@ -77,27 +75,80 @@ impl Scout {
             }
         };
         let (watch, held) = Trajectory::watch(move |c| room(c));
+        let made = Self::scouted(cfg, target, top, (watch, &go_on), None)?;
+        let (mut scout, completed) = made;
+        scout.keep_probes = !trajectory;
+        if trajectory {
+            scout.trajectory = Trajectory::recorded(&held, completed, top);
+        }
+        Ok(Some(scout))
+    }
+
+    /// Whether a search of `cfg` on `target` scouts and its probes' runs keep checkpoints (a
+    /// pool that reads its room or retries: [`Scout::spare`] serves it).
+    pub fn keeps_probes(cfg: &RunConfig, target: &PlanTarget) -> bool {
+        keeps_snapshots(cfg, target)
+            && scouts(cfg)
+            && cfg
+                .pool
+                .resolve(target.vmm)
+                .is_ok_and(|kind| !reads_no_room(cfg, kind))
+    }
+
+    /// A scout for a helper's probes (`spare.rs`), where [`Scout::keeps_probes`]: no scouted
+    /// run but its start, its probes' runs kept; every run stops at the ubatch after `stop`
+    /// is set (what it reports then is no probe's).
+    pub fn spare(
+        cfg: &RunConfig,
+        target: &PlanTarget,
+        top: usize,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Option<Self>, RuntimeError> {
+        if !Self::keeps_probes(cfg, target) || top == 0 {
+            return Ok(None);
+        }
+        let watch = move || -> Watch {
+            let stop = stop.clone();
+            Box::new(move |_: usize, _: usize| !stop.load(Ordering::Relaxed))
+        };
+        let (mut scout, _) =
+            Self::scouted(cfg, target, top, (watch(), &|_, _| false), Some(watch()))?;
+        scout.keep_probes = true;
+        Ok(Some(scout))
+    }
+
+    /// The scouted run of `cfg` (its context set to `top`) on a card it never fills, watched
+    /// by `watch` and its checkpoints kept while `go_on`; its probes' runs watched by `after`.
+    /// Whether it completed.
+    fn scouted(
+        cfg: &RunConfig,
+        target: &PlanTarget,
+        top: usize,
+        (watch, go_on): (Watch, &dyn Fn(usize, usize) -> bool),
+        after: Option<Watch>,
+    ) -> Result<(Self, bool), RuntimeError> {
+        let mut c = cfg.clone();
+        c.n_ctx = top;
+        let tokens = dry_prompt(top);
         let (engine, sim, points, completed, every) = quiet(|| -> Result<_, RuntimeError> {
             let (mut engine, sim) = dry_engine(&c, target, MAX_CAPACITY)?;
             let every = engine.ubatch_count(top).div_ceil(POINTS).max(1);
             engine.watch = Some(watch);
-            let (points, completed) = engine.scout(&tokens, &sim, every, &go_on)?;
-            engine.watch = None;
+            let (points, completed) = engine.scout(&tokens, &sim, every, go_on)?;
+            engine.watch = after;
             engine.watched = false;
             Ok((engine, sim, points, completed, every))
         })?;
-        Ok(Some(Self {
+        let scout = Self {
             engine,
             sim,
             runs: VecDeque::from([points]),
-            keep_probes: !trajectory,
+            keep_probes: false,
             every,
             tokens,
-            trajectory: match trajectory {
-                true => Trajectory::recorded(&held, completed, top),
-                false => None,
-            },
-        }))
+            trajectory: None,
+        };
+        Ok((scout, completed))
     }
 
     /// The trajectory of the run, once (for a pool that reads no room: `trajectory.rs`).

@@ -49,7 +49,7 @@
 
 use super::narrow::Beside;
 use super::probe::STEP;
-use super::walk::Walk;
+use super::walk::{Made, Walk};
 use super::{room_beside, PlanTarget};
 use crate::config::RunConfig;
 use crate::error::RuntimeError;
@@ -86,7 +86,39 @@ pub(crate) fn max_ctx_above(
     start: usize,
     above: &dyn Fn() -> usize,
 ) -> Result<Option<usize>, RuntimeError> {
-    Ok(search(cfg, target, start, above)?.filter(|&m| m > above()))
+    max_ctx_above_after(cfg, target, (start, above), Made::default())
+}
+
+/// [`max_ctx_above`], its walk given what [`made_ahead`] made for `cfg` on `target`: the same
+/// answer, the probes made there not run again.
+pub(crate) fn max_ctx_above_after(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    (start, above): (usize, &dyn Fn() -> usize),
+    made: Made,
+) -> Result<Option<usize>, RuntimeError> {
+    let m = search_with(cfg, target, (start, above), predicts(cfg, target), made)?;
+    Ok(m.filter(|&m| m > above()))
+}
+
+/// What a search of `cfg` on `target` makes before its start counts: its scouted run and its
+/// first probes (the longest context that starts, beside its own buffer and beside its
+/// floor), as [`search_with`] makes them. A search from any start then goes on from it
+/// (`max_ctx_above_after`). An error ends it early: the search meets it again.
+pub(crate) fn made_ahead(cfg: &RunConfig, target: &PlanTarget) -> Made {
+    let Some(s_lo) = floor_bound(cfg, target) else {
+        return Made::default();
+    };
+    let mut walk = Walk::new(cfg, target, (0, s_lo), &|| 0, (false, Made::default()));
+    if let Some(bound) = walk.starts_at_or_below(s_lo) {
+        if let Ok(false) = walk.fits(bound) {
+            if walk.compute(bound) != cfg.compute_floor_bytes(bound) {
+                // Its result or error is the search's to meet.
+                let _ = walk.fits_floor(bound);
+            }
+        }
+    }
+    walk.into_made()
 }
 
 /// Whether the search predicts its probes from the slack (`narrow.rs`) for `cfg`'s pool: the
@@ -104,30 +136,13 @@ fn predicts(cfg: &RunConfig, target: &PlanTarget) -> bool {
     }
 }
 
-/// [`max_ctx_above`]'s search: the answer, or `None` where none fits or where it stopped early.
-fn search(
-    cfg: &RunConfig,
-    target: &PlanTarget,
-    start: usize,
-    above: &dyn Fn() -> usize,
-) -> Result<Option<usize>, RuntimeError> {
-    search_with(cfg, target, start, above, predicts(cfg, target))
-}
-
-/// [`search`], predicting its probes from the slack or (`predict` false) bisecting.
-fn search_with(
-    cfg: &RunConfig,
-    target: &PlanTarget,
-    start: usize,
-    above: &dyn Fn() -> usize,
-    predict: bool,
-) -> Result<Option<usize>, RuntimeError> {
+/// The largest context whose start-up buffers, with the compute buffer's floor, fit beside what
+/// lies outside them (no dry run): none above it starts. `None` where none does.
+fn floor_bound(cfg: &RunConfig, target: &PlanTarget) -> Option<usize> {
     const LIMIT: usize = crate::config::MAX_CTX;
-    let floor = |c: usize| cfg.compute_floor_bytes(c);
-    // The start-up buffers with the floor, beside what lies outside them: no dry run.
     let static_fits = |c: usize| {
         let (w, kv) = cfg.resident_bytes(c);
-        room_beside(target, (w, kv, floor(c))).is_ok()
+        room_beside(target, (w, kv, cfg.compute_floor_bytes(c))).is_ok()
     };
     let (mut s_lo, mut s_hi) = (0, LIMIT / STEP + 1);
     while s_hi - s_lo > 1 {
@@ -138,14 +153,28 @@ fn search_with(
             s_hi = mid;
         }
     }
-    if s_lo == 0 {
+    (s_lo > 0).then_some(s_lo * STEP)
+}
+
+/// [`max_ctx_above`]'s search, predicting its probes from the slack or (`predict` false)
+/// bisecting, going on from `made`: the answer, or `None` where none fits or where it stopped
+/// early.
+fn search_with(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    (start, above): (usize, &dyn Fn() -> usize),
+    predict: bool,
+    made: Made,
+) -> Result<Option<usize>, RuntimeError> {
+    let floor = |c: usize| cfg.compute_floor_bytes(c);
+    let Some(s_lo) = floor_bound(cfg, target) else {
         return Ok(None);
-    }
-    let mut walk = Walk::new(cfg, target, (start, s_lo * STEP), above, predict);
+    };
+    let mut walk = Walk::new(cfg, target, (start, s_lo), above, (predict, made));
     // The exact start-up buffers, downwards from the floor's bound (a few contexts, where the
     // buffer is above its floor): none above `bound` starts. When the pool fits beside them
-    // there, that is the answer, with one dry run.
-    let Some(bound) = walk.starts_at_or_below(s_lo * STEP) else {
+    // there, that is the answer, with one dry run. (`made_ahead` makes these first probes.)
+    let Some(bound) = walk.starts_at_or_below(s_lo) else {
         return Ok(None);
     };
     if walk.answers_at_most(bound) {

@@ -328,9 +328,9 @@ proptest::proptest! {
     ) {
         let cfg = two_layers(profile, kind, purge, ubatch);
         let t = room_beside_the_weights(&cfg, room_mib);
-        let bisected = search_with(&cfg, &t, 0, &|| 0, false).map_err(|e| e.to_string());
+        let bisected = search_with(&cfg, &t, (0, &|| 0), false, Made::default()).map_err(|e| e.to_string());
         let predicted =
-            search_with(&cfg, &t, 0, &|| 0, predicts(&cfg, &t)).map_err(|e| e.to_string());
+            search_with(&cfg, &t, (0, &|| 0), predicts(&cfg, &t), Made::default()).map_err(|e| e.to_string());
         match (&predicted, &bisected) {
             (Ok(Some(p)), Ok(Some(b))) if p != b => {
                 // Fitting is not monotone here (a context fails below one that fits: the

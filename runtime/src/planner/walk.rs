@@ -5,6 +5,7 @@ use super::narrow::{Beside, Bracket, Slacks};
 use super::probe::{fits_beside, STEP};
 use super::room_beside;
 use super::scout::Scout;
+use super::spare::{Claim, Spare};
 use super::trajectory::Trajectory;
 use super::PlanTarget;
 use crate::config::RunConfig;
@@ -42,19 +43,38 @@ pub(super) struct Walk<'a> {
     /// Whether the probes follow the trajectory (a legacy pool's, or after the slack's
     /// prediction missed); where the pool has none, the slack's.
     expecting: bool,
-    /// The run the probes go on from, once made (`scout.rs`).
+    /// What this walk made that no start or bar decides (`Made`).
+    made: Made,
+    /// The helper making the bisection's next probe ahead, once one is had (`spare.rs`).
+    spare: Option<Spare>,
+    /// This search's thread, counted at work.
+    _claim: Claim,
+}
+
+/// What a walk makes that its start and its bar do not decide: the scouted run (`scout.rs`)
+/// and each probe's result by (context, compute buffer), a function of those alone (a probe
+/// from any checkpoint reports what a dry run from the start does: `scout_tests.rs`). A walk
+/// made ahead of its start (the advice's, beside the configured search: `ahead.rs`) hands it
+/// to the walk that searches from it, whose probes then find their results here.
+#[derive(Default)]
+pub(super) struct Made {
+    /// The run the probes go on from, once made.
     scout: Option<Option<Scout>>,
+    /// The slack of each probe that fit, `None` for one that did not; no error is kept (the
+    /// walk that meets it again runs the probe again, and reports it as a probe of its own).
+    probed: HashMap<(usize, usize), Option<usize>>,
 }
 
 impl<'a> Walk<'a> {
     /// A search of `cfg` on `target` below `bound` (no context above it starts), from `start`,
-    /// answering above `above()`; `predict`: whether probes are predicted.
+    /// answering above `above()`; `predict`: whether probes are predicted; `made`: what a walk
+    /// of the same `cfg`, `target` and `bound` made before (`Made::default()`: nothing).
     pub fn new(
         cfg: &'a RunConfig,
         target: &'a PlanTarget,
         (start, bound): (usize, usize),
         above: &'a dyn Fn() -> usize,
-        predict: bool,
+        (predict, made): (bool, Made),
     ) -> Self {
         let mut slacks = Slacks::default();
         if let Some(span) = bound.checked_sub(STEP).filter(|&n| n > 0) {
@@ -79,8 +99,15 @@ impl<'a> Walk<'a> {
             // that falls linearly cannot predict (the MoE with `-ub 64` and the legacy pool
             // never purged: 22 steps off, then a dozen probes of the bisection).
             expecting: cfg.pool.resolve(target.vmm) == Ok(PoolKind::Legacy),
-            scout: None,
+            made,
+            spare: None,
+            _claim: Claim::take(),
         }
+    }
+
+    /// What the walk made, for a walk of the same search from its start.
+    pub fn into_made(mut self) -> Made {
+        std::mem::take(&mut self.made)
     }
 
     /// Where the slack of probes beside `kind` (or, once it missed, the trajectory) expects
@@ -113,7 +140,7 @@ impl<'a> Walk<'a> {
             Some(t) => t,
             // The scouted run's, where the pool keeps snapshots; else a run of its own.
             None => match self.make_scout() {
-                Ok(()) => match self.scout.as_mut().and_then(Option::as_mut) {
+                Ok(()) => match self.made.scout.as_mut().and_then(Option::as_mut) {
                     Some(s) => s.take_trajectory(),
                     None => Trajectory::of(self.cfg, self.target, self.bound, self.floor_room()),
                 },
@@ -188,22 +215,31 @@ impl<'a> Walk<'a> {
     /// run of the longest context that may start: made at the first probe, with checkpoints
     /// as far as a context's room beside the floor of its buffer could use them.
     fn probe(&mut self, n_ctx: usize, compute: usize) -> Result<Option<usize>, RuntimeError> {
+        if let Some(&slack) = self.made.probed.get(&(n_ctx, compute)) {
+            return Ok(slack);
+        }
+        if let Some(slack) = self.spare.as_ref().and_then(|s| s.take((n_ctx, compute))) {
+            self.made.probed.insert((n_ctx, compute), slack);
+            return Ok(slack);
+        }
         self.make_scout()?;
-        let scout = self.scout.as_mut().and_then(Option::as_mut);
-        fits_beside(
+        let scout = self.made.scout.as_mut().and_then(Option::as_mut);
+        let slack = fits_beside(
             self.cfg,
             self.target,
             n_ctx,
             compute,
             &mut self.bytes,
             scout,
-        )
+        )?;
+        self.made.probed.insert((n_ctx, compute), slack);
+        Ok(slack)
     }
 
     /// Makes the scouted run, once.
     fn make_scout(&mut self) -> Result<(), RuntimeError> {
-        if self.scout.is_none() {
-            self.scout = Some(Scout::new(
+        if self.made.scout.is_none() {
+            self.made.scout = Some(Scout::new(
                 self.cfg,
                 self.target,
                 self.bound,
@@ -250,6 +286,9 @@ impl<'a> Walk<'a> {
             }
             let predicted = self.predict(kind, b.lo, b.fail);
             let c = b.next(predicted, STEP);
+            if !self.predicting {
+                self.ask_ahead(kind, c, b.fail);
+            }
             // The slack's steps ran out: where a trajectory can be had, the bracket starts
             // again from its expectation (once a search; it is made only here, where the
             // slack failed, since a dry run of its own costs what a probe or two do).
@@ -266,6 +305,32 @@ impl<'a> Walk<'a> {
         }
         self.predicting &= !b.missed();
         Ok(Some(b.lo))
+    }
+
+    /// While the bisection probes `c` in a bracket ending at `fail` (no prediction: the
+    /// midpoint next), the midpoint it goes on to where `c` fits is made on the spare core
+    /// where a core is free (`spare.rs`), or here where the spare core makes `c` (an error
+    /// here is left for the bisection to meet, if it probes there).
+    fn ask_ahead(&mut self, kind: Beside, c: usize, fail: usize) {
+        let next = (c + fail) / 2 / STEP * STEP;
+        let mut key = |x: usize| match kind {
+            Beside::Floor => (x, self.cfg.compute_floor_bytes(x)),
+            Beside::Exact => (x, self.compute(x)),
+        };
+        let (now, next) = (key(c), key(next));
+        if fail - c <= STEP || self.made.probed.contains_key(&next) {
+            return;
+        }
+        if self.spare.is_none() {
+            self.spare = Spare::new(self.cfg, self.target, self.bound);
+        }
+        match &self.spare {
+            Some(s) if s.has(now) => {
+                let _ = self.probe(next.0, next.1);
+            }
+            Some(s) => s.ask(next),
+            None => {}
+        }
     }
 
     /// Where the largest context at or below `top` that fits beside its own buffer is
