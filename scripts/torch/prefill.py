@@ -166,6 +166,17 @@ def prefill():
 thread_cpu = [0.0]
 
 
+def settle():
+    """Between prefills: the last one's tensors freed and, unless --keep-cache, the allocator's
+    free memory given back to the driver, so the next starts as the first did."""
+    gc.collect()
+    torch.cuda.synchronize()
+    if not a.keep_cache:
+        torch.cuda.empty_cache()
+        if a.allocator.startswith("cupool"):
+            cupool.trim(dev)
+
+
 with torch.no_grad():
     t_start = time.time()
     cache, nxt, prefill_s = prefill()
@@ -194,12 +205,7 @@ with torch.no_grad():
     speed, speed_driver_ms, speed_peak, speed_pool, speed_cpu = [], [], [], [], []
     for _ in range(a.speed_reps):
         del cache, nxt
-        gc.collect()
-        torch.cuda.synchronize()
-        if not a.keep_cache:
-            torch.cuda.empty_cache()
-            if a.allocator.startswith("cupool"):
-                cupool.trim(dev)
+        settle()
         sampler = Sampler(a.sample_ms)
         time.sleep(0.3)
         before = cupool.stats(dev) if timed_after else None
@@ -219,12 +225,7 @@ with torch.no_grad():
         # One more prefill under torch.profiler, not among the timed ones (the profiler slows
         # each op): its ops by their own CPU time on the Python thread, and the kernels' time.
         del cache, nxt
-        gc.collect()
-        torch.cuda.synchronize()
-        if not a.keep_cache:
-            torch.cuda.empty_cache()
-            if a.allocator.startswith("cupool"):
-                cupool.trim(dev)
+        settle()
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
             cache, nxt, took = prefill()
