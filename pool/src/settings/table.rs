@@ -251,4 +251,12 @@ pub const SETTINGS: &[Setting] = &[
         env_only: true,
         doc: "where llama.cpp's shim and the Python package find libcupool",
     },
+    Setting {
+        name: "CUPOOL_TORCH_DIRECT",
+        accepts: Text("on or off"),
+        read_by: &[by(Python, "on (cupool.torch.install)")],
+        keyword: None,
+        env_only: true,
+        doc: "cupool.torch.install(): on makes cupool's own subclass of CUDAPluggableAllocator PyTorch's allocator where it builds against the installed PyTorch (tensors without the plug-in's pointer map and lock, empty tensors without memory; cupool.torch.route() says whether it did); off uses CUDAPluggableAllocator",
+    },
 ];
