@@ -20,7 +20,10 @@
 //!
 //! Prints one JSON line per round and the median over the rounds after the first; `perf
 //! record` on this binary shows where the time goes.
-use cupool::{cupool_init, cupool_shutdown, cupool_torch_alloc, cupool_torch_free, CupoolStatus};
+use cupool::{
+    cupool_init, cupool_reset_peaks, cupool_shutdown, cupool_stats_json, cupool_torch_alloc,
+    cupool_torch_free, CupoolStatus,
+};
 use cupool_pool::trace::{parse, TraceEvent};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -131,6 +134,24 @@ fn replay(calls: &[Call], sizes: &mut [usize], ptrs: &mut [usize]) -> Spent {
     spent
 }
 
+/// libcupool's reserve peak since the last reset, in MiB (every device): what the replay held.
+fn reserved_peak_mib() -> f64 {
+    let mut buf = vec![0u8; 1 << 16];
+    // SAFETY: `buf` has `buf.len()` writable bytes.
+    let n = unsafe { cupool_stats_json(-1, buf.as_mut_ptr().cast(), buf.len()) };
+    let text = std::str::from_utf8(&buf[..n.min(buf.len())]).expect("the statistics are UTF-8");
+    let key = "\"reserved_bytes.all.peak\":";
+    let at = text
+        .find(key)
+        .expect("the statistics name the reserve's peak")
+        + key.len();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse::<f64>().expect("a byte count") / (1u64 << 20) as f64
+}
+
 fn ns(bin: (u64, Duration)) -> f64 {
     bin.1.as_nanos() as f64 / bin.0.max(1) as f64
 }
@@ -159,12 +180,14 @@ fn main() {
     assert_eq!(unsafe { cupool_init(config.as_ptr()) }, CupoolStatus::Ok);
     let mut per_event = Vec::new();
     for round in 0..rounds.max(2) {
+        assert_eq!(cupool_reset_peaks(-1), CupoolStatus::Ok);
         let t = Instant::now();
         let s = replay(&calls, &mut sizes, &mut ptrs);
         let wall = t.elapsed();
+        let reserved = reserved_peak_mib();
         let events = s.small.0 + s.large.0 + s.frees.0;
         println!(
-            "{{\"round\":{round},\"device\":\"{device}\",\"events\":{events},\"wall_ms\":{:.1},\"ns_per_event\":{:.0},\"small_alloc_ns\":{:.0},\"large_alloc_ns\":{:.0},\"free_ns\":{:.0},\"small_allocs\":{},\"large_allocs\":{},\"frees\":{},\"large_alloc_ns_by_tenth\":{:?}}}",
+            "{{\"round\":{round},\"device\":\"{device}\",\"events\":{events},\"wall_ms\":{:.1},\"ns_per_event\":{:.0},\"small_alloc_ns\":{:.0},\"large_alloc_ns\":{:.0},\"free_ns\":{:.0},\"small_allocs\":{},\"large_allocs\":{},\"frees\":{},\"large_alloc_ns_by_tenth\":{:?},\"reserved_peak_mib\":{reserved:.1}}}",
             wall.as_secs_f64() * 1e3,
             wall.as_nanos() as f64 / events as f64,
             ns(s.small),

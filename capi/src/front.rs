@@ -71,6 +71,25 @@ impl<T> Front<T> {
     ) -> Result<Block, Failure> {
         // Memory the pool takes from the driver for this block is this stream's segment.
         let b = crate::segments::on_stream(self.at.0, self.at.1, || self.inner.alloc(size))?;
+        self.listed(owner, b, peaks)
+    }
+
+    /// A block of `size` bytes from memory the pool holds already, listed under `owner`;
+    /// `None` where the pool would need new memory for it.
+    pub(crate) fn take_held(
+        &self,
+        owner: &Arc<T>,
+        size: usize,
+        peaks: &Peaks,
+    ) -> Result<Option<Block>, Failure> {
+        match self.inner.alloc_held(size)? {
+            Some(b) => self.listed(owner, b, peaks).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// A block the pool handed out, listed under `owner`, once the stream may use it.
+    fn listed(&self, owner: &Arc<T>, b: Block, peaks: &Peaks) -> Result<Block, Failure> {
         // Where the driver maps pages behind the pool's back (CUPOOL_VMM_DEFER), the stream
         // waits for what is queued before it runs anything queued after this allocation. A
         // block from a thread's bins needs none: it was handed out on this stream before.

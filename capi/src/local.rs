@@ -117,7 +117,7 @@ impl Held {
         };
         let b = match kept {
             Some(b) => b,
-            None => front.take_from_pool(me, size, peaks)?,
+            None => self.miss(me, front, peaks, size)?,
         };
         let (ptr, capacity) = (b.ptr(), b.capacity());
         self.usage.alloc(size);
@@ -125,6 +125,28 @@ impl Held {
         crate::record::alloc(device, stream, ptr, size, name);
         crate::history::alloc(device, stream, ptr, size, name);
         Ok((ptr, capacity))
+    }
+
+    /// A request the bins do not hold, from the pool. Blocks the bins keep are live to the
+    /// pool, so it would grow for a request their memory could serve: where it cannot serve
+    /// this one from what it holds, the bins go back first (on the MoE prefill the bins'
+    /// bound, 8 MiB, was the pool's growth above what it needed: data/h200-2026-11-28-bins).
+    /// A larger request than the bins keep is served by memory they do not hold.
+    #[inline]
+    fn miss<T>(
+        &mut self,
+        me: &Arc<T>,
+        front: &Front<T>,
+        peaks: &Peaks,
+        size: usize,
+    ) -> Result<Block, Failure> {
+        if self.bins.blocks() > 0 && size <= front.config().max_block {
+            if let Some(b) = front.take_held(me, size, peaks)? {
+                return Ok(b);
+            }
+            self.flush(front);
+        }
+        front.take_from_pool(me, size, peaks)
     }
 
     /// Frees `ptr` if it is live here (`None` if not: another thread's, or unknown). `size` is

@@ -52,6 +52,11 @@ pub(crate) fn json(pools: &[Arc<StreamPool>], drivers: &Drivers) -> String {
     put("num_device_free", t.calls.releases());
     put("cupool.pools", pools.len() as u64);
     put("cupool.cached_bytes.current", t.cached_bytes as u64);
+    // Part of the cached bytes: what threads keep for their own reuse (bounded per thread).
+    put(
+        "cupool.thread_cached_bytes.current",
+        t.thread_cached_bytes as u64,
+    );
     put("cupool.fallbacks", t.fallbacks);
     put(
         "cupool.fallback_bytes.current",

@@ -68,6 +68,17 @@ pub trait Pool: Send + Sync + fmt::Debug {
     /// Allocates `bytes` (0 is served as 1, so every block has a unique address).
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError>;
 
+    /// Allocates `bytes` only from memory the pool already holds: `Ok(None)` where it would
+    /// need new memory from the driver (nothing is handed out or changed then), or where this
+    /// pool cannot tell without growing (the default). A cache in front of a pool (per-thread
+    /// bins) asks this before a miss goes to [`Pool::alloc`]: on `None` it gives back what it
+    /// keeps first, so the pool does not grow for a request the kept blocks' memory could
+    /// serve.
+    fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
+        let _ = bytes;
+        Ok(None)
+    }
+
     /// Returns a block to the pool. Its memory may be handed out again at once: reuse on the
     /// same stream is ordered after the work already queued there. On error the block comes
     /// back unchanged.

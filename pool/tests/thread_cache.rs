@@ -230,3 +230,66 @@ fn a_refused_sleep_leaves_the_caches_serving() {
     p.free(b).unwrap();
     assert!(p.stats().thread_cached_bytes > 0);
 }
+
+/// Blocks a thread keeps are live to the pool: a request of another size would make it grow
+/// though the kept blocks' memory could serve it. A miss the pool cannot serve from what it
+/// holds gives the thread's blocks back first.
+#[test]
+fn kept_blocks_go_back_before_the_pool_grows_for_a_request_they_could_serve() {
+    let dev = sim(1.0);
+    let (p, inner) = both(&dev);
+    // Eight blocks of 256 KiB take the pool's first growth whole; freed, all eight are kept.
+    let blocks: Vec<Block> = (0..8).map(|_| p.alloc(256 << 10).unwrap()).collect();
+    let reserved = inner.stats().reserved_bytes;
+    assert_eq!(
+        inner.stats().cached_bytes,
+        reserved - (8 << 18),
+        "the eight fill what the pool holds but its growth's rest"
+    );
+    blocks.into_iter().for_each(|b| p.free(b).unwrap());
+    assert_eq!(p.stats().thread_cached_bytes, 8 << 18);
+    // As large as what the pool holds free beside them and more: only their memory serves it.
+    let ask = inner.stats().cached_bytes + (512 << 10);
+    let b = p.alloc(ask).unwrap();
+    assert_eq!(
+        inner.stats().reserved_bytes,
+        reserved,
+        "served from the kept blocks' memory, no growth"
+    );
+    assert_eq!(p.stats().thread_cached_bytes, 0, "the blocks went back");
+    p.free(b).unwrap();
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Over any sequence of small allocations and frees on one thread, the pool grows only
+    /// while the thread keeps nothing: a request it keeps no block of gives them back before
+    /// it costs new memory.
+    #[test]
+    fn the_pool_grows_for_a_small_request_only_once_the_thread_keeps_nothing(
+        ops in proptest::collection::vec((0u8..3, 1usize..(1 << 20)), 1..200)
+    ) {
+        let dev = sim(1.0);
+        let (p, inner) = both(&dev);
+        let max_block = ThreadCacheConfig::default().max_block;
+        let mut live: Vec<Block> = Vec::new();
+        for (op, x) in ops {
+            if op == 0 && !live.is_empty() {
+                let b = live.swap_remove(x % live.len());
+                p.free(b).unwrap();
+            } else {
+                // Few distinct sizes, so the caches both hit and miss.
+                let size = (x % 24 + 1) * (max_block / 24);
+                let before = inner.stats().reserved_bytes;
+                live.push(p.alloc(size).unwrap());
+                if inner.stats().reserved_bytes > before {
+                    proptest::prop_assert_eq!(p.stats().thread_cached_bytes, 0);
+                }
+            }
+        }
+        live.into_iter().for_each(|b| p.free(b).unwrap());
+        let s = p.stats();
+        proptest::prop_assert_eq!((s.live_blocks, s.live_bytes), (0, 0));
+    }
+}

@@ -230,3 +230,8 @@ def test_the_pinned_moe_tables_are_their_runs():
 
 def test_the_direct_allocator_tables_are_their_run():
     check("data/h200-2026-11-28-direct/prefill.jsonl")
+
+
+def test_the_thread_bins_tables_are_their_runs():
+    check("data/h200-2026-11-28-bins/call2/prefill.jsonl")
+    check("data/h200-2026-11-28-bins/call3/prefill.jsonl")

@@ -365,3 +365,43 @@ fn live_bytes_are_exact_and_peaks_add_up_per_thread_until_a_reset() {
     assert_eq!(cupool_free(0, 0, p, 30 << 10), CupoolStatus::Ok);
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
 }
+
+/// What a thread keeps is live to the pool: a request of another size would make the pool
+/// grow though the kept blocks' memory could serve it (8 MiB more on the MoE prefill). Over
+/// random small requests on one thread, the pool grows only once the thread keeps nothing.
+#[test]
+fn the_pool_grows_for_a_small_request_only_once_the_thread_keeps_nothing() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    open("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1");
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut live: Vec<(*mut c_void, usize)> = Vec::new();
+    let (mut grew, mut grew_keeping) = (0, 0);
+    for _ in 0..4000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if !live.is_empty() && (x % 5 < 2 || live.len() >= 24) {
+            let (p, size) = live.swap_remove((x >> 8) as usize % live.len());
+            assert_eq!(cupool_free(0, 0, p, size), CupoolStatus::Ok, "{}", error());
+        } else {
+            let size = ((x >> 20) as usize % 16 + 1) * (64 << 10);
+            let before = stat(&stats(0), "reserved_bytes.all.current");
+            let (p, _) = alloc(0, 0, size);
+            assert!(!p.is_null(), "{}", error());
+            live.push((p, size));
+            let s = stats(0);
+            if stat(&s, "reserved_bytes.all.current") > before {
+                grew += 1;
+                if stat(&s, "cupool.thread_cached_bytes.current") > 0 {
+                    grew_keeping += 1;
+                }
+            }
+        }
+    }
+    assert!(grew > 0, "the pool grew");
+    assert_eq!(grew_keeping, 0, "of {grew} growths");
+    for (p, size) in live {
+        assert_eq!(cupool_free(0, 0, p, size), CupoolStatus::Ok);
+    }
+    assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
+}

@@ -112,6 +112,15 @@ impl Pool for ManagedFallback {
         }
     }
 
+    fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
+        // Held device memory only: the fallback is for what the device cannot hold.
+        let b = self.inner.alloc_held(bytes)?;
+        if let Some(b) = &b {
+            self.note_alloc(b.size());
+        }
+        Ok(b)
+    }
+
     fn free(&self, block: Block) -> Result<(), FreeError> {
         let size = block.size();
         if block.pool_id() == self.managed.id() {

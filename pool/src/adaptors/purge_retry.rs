@@ -55,6 +55,11 @@ impl Pool for PurgeRetry {
         }
     }
 
+    fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
+        // No growth, so nothing to purge and retry.
+        self.inner.alloc_held(bytes)
+    }
+
     #[inline]
     fn free(&self, block: Block) -> Result<(), FreeError> {
         self.inner.free(block)

@@ -137,6 +137,17 @@ impl Pool for SizeClasses {
         Ok(b)
     }
 
+    fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
+        let Some(b) = self.class(bytes).alloc_held(bytes)? else {
+            return Ok(None);
+        };
+        let live = self.live.fetch_add(b.size, Ordering::Relaxed) + b.size;
+        if live > self.live_peak.load(Ordering::Relaxed) {
+            self.live_peak.fetch_max(live, Ordering::Relaxed);
+        }
+        Ok(Some(b))
+    }
+
     #[inline]
     fn free(&self, block: Block) -> Result<(), FreeError> {
         match self.pools.iter().find(|p| p.id() == block.pool) {

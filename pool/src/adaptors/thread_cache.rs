@@ -227,11 +227,36 @@ impl Pool for ThreadCache {
             return self.inner.alloc(bytes);
         }
         if let Some(slot) = self.slots.get() {
-            if let Some(b) = slot.0.lock().take(bytes.max(1)) {
+            let mut bins = slot.0.lock();
+            if let Some(b) = bins.take(bytes.max(1)) {
                 return Ok(b);
+            }
+            // A miss the pool could serve only with new memory: what this thread keeps goes
+            // back first, where it may serve the request (kept blocks must not make the pool
+            // grow).
+            if bins.blocks > 0 && bytes <= self.config.max_block {
+                if let Some(b) = self.inner.alloc_held(bytes)? {
+                    return Ok(b);
+                }
+                for b in bins.drain() {
+                    if let Err(e) = self.inner.free(b) {
+                        tracing::error!(error = %e.error, "a thread-cached block was refused by its pool");
+                    }
+                }
             }
         }
         self.inner.alloc(bytes)
+    }
+
+    fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
+        if !self.asleep.load(Ordering::Acquire) {
+            if let Some(slot) = self.slots.get() {
+                if let Some(b) = slot.0.lock().take(bytes.max(1)) {
+                    return Ok(Some(b));
+                }
+            }
+        }
+        self.inner.alloc_held(bytes)
     }
 
     #[inline]

@@ -181,6 +181,31 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
         self.ctx.grow(&mut g, size)
     }
 
+    fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
+        let size = checked_request(bytes)?;
+        let mut g = self.state.lock();
+        if g.asleep {
+            return Err(self.ctx.asleep(&g));
+        }
+        // A large block's place is chosen by the memory behind it (`alloc_backed`): not
+        // something to try and undo.
+        if size > crate::placement::bump::LARGE && g.upstream.recycles() {
+            return Ok(None);
+        }
+        let Some(fit) = g.placement.take(size) else {
+            return Ok(None);
+        };
+        if !g.upstream.backed(fit.addr, fit.capacity) {
+            // Never handed out: its place is free again. Stamped as freed now, so no purge
+            // under an older token takes it for idle (it was free before; that only waits).
+            g.placement
+                .give_back(fit, self.ctx.driver.epoch().current());
+            return Ok(None);
+        }
+        g.tracker.on_alloc(size, fit.capacity);
+        Ok(Some(self.ctx.block(fit, size)))
+    }
+
     #[inline]
     fn free(&self, block: Block) -> Result<(), FreeError> {
         if block.pool != self.ctx.id {
