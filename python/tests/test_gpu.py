@@ -194,6 +194,9 @@ def test_torch_distributed_results_equal_native(tmp_path, native_dist, allocator
         print(f"{allocator} {workload} rank {got['rank']}: {verdict}")
         assert verdict in ("identical", "close"), (verdict, got["checksum"], want["checksum"])
         assert got["allocator"] == allocator and got["steps"] == DIST_STEPS[workload]
+        if allocator == "cupool" and os.environ.get("CUPOOL_TORCH_DIRECT") != "off":
+            # Every rank through cupool's own allocator class (the default route).
+            assert got["cupool_route"] == "direct", got.get("cupool_direct_error")
 
 
 @two_gpus

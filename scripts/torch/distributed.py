@@ -482,7 +482,9 @@ def main():
     if a.allocator in ("cupool", "cupool-norecycle"):
         row.update(reserved_peak_mib=cupool.torch.max_memory_reserved(local_rank) / MIB,
                    allocated_peak_mib=cupool.torch.max_memory_allocated(local_rank) / MIB,
-                   cupool_pool=a.pool or "vmm")
+                   cupool_pool=a.pool or "vmm",
+                   # Which class install() put in place, and why not the direct one if not.
+                   cupool_route=cupool.torch.route(), cupool_direct_error=cupool.torch.direct_error)
     else:
         row.update(reserved_peak_mib=torch.cuda.max_memory_reserved(dev) / MIB,
                    allocated_peak_mib=torch.cuda.max_memory_allocated(dev) / MIB,
