@@ -198,8 +198,14 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
         if !g.upstream.backed(fit.addr, fit.capacity) {
             // Never handed out: its place is free again. Stamped as freed now, so no purge
             // under an older token takes it for idle (it was free before; that only waits).
-            g.placement
-                .give_back(fit, self.ctx.driver.epoch().current());
+            // A placement that would release it instead (none takes unbacked memory today)
+            // leaves it to the next purge, as a release the upstream refused.
+            if let Some(seg) = g
+                .placement
+                .give_back(fit, self.ctx.driver.epoch().current())
+            {
+                g.pending.push(seg);
+            }
             return Ok(None);
         }
         g.tracker.on_alloc(size, fit.capacity);
