@@ -79,6 +79,15 @@ impl SizeClasses {
         }
     }
 
+    /// Counts a block handed out as live, and the live peak it may raise.
+    #[inline]
+    fn note_live(&self, b: &Block) {
+        let live = self.live.fetch_add(b.size, Ordering::Relaxed) + b.size;
+        if live > self.live_peak.load(Ordering::Relaxed) {
+            self.live_peak.fetch_max(live, Ordering::Relaxed);
+        }
+    }
+
     /// The pool serving `bytes`.
     #[inline]
     fn class(&self, bytes: usize) -> &Arc<dyn Pool> {
@@ -129,23 +138,17 @@ impl Pool for SizeClasses {
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let b = self.class(bytes).alloc(bytes)?;
-        let live = self.live.fetch_add(b.size, Ordering::Relaxed) + b.size;
-        if live > self.live_peak.load(Ordering::Relaxed) {
-            self.live_peak.fetch_max(live, Ordering::Relaxed);
-        }
+        self.note_live(&b);
         self.note_reserve();
         Ok(b)
     }
 
     fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
-        let Some(b) = self.class(bytes).alloc_held(bytes)? else {
-            return Ok(None);
-        };
-        let live = self.live.fetch_add(b.size, Ordering::Relaxed) + b.size;
-        if live > self.live_peak.load(Ordering::Relaxed) {
-            self.live_peak.fetch_max(live, Ordering::Relaxed);
+        let b = self.class(bytes).alloc_held(bytes)?;
+        if let Some(b) = &b {
+            self.note_live(b);
         }
-        Ok(Some(b))
+        Ok(b)
     }
 
     #[inline]

@@ -181,15 +181,20 @@ impl ThreadCache {
         for slot in self.slots.iter() {
             let blocks = slot.0.lock().drain();
             n += blocks.len();
-            for b in blocks {
-                if let Err(e) = self.inner.free(b) {
-                    // Only blocks this pool handed out are kept: this is a bug, and the block
-                    // goes back to its pool through its drop.
-                    tracing::error!(error = %e.error, "a thread-cached block was refused by its pool");
-                }
-            }
+            self.give_back(blocks);
         }
         n
+    }
+
+    /// Gives kept blocks back to the pool.
+    fn give_back(&self, blocks: Vec<Block>) {
+        for b in blocks {
+            if let Err(e) = self.inner.free(b) {
+                // Only blocks this pool handed out are kept: this is a bug, and the block
+                // goes back to its pool through its drop.
+                tracing::error!(error = %e.error, "a thread-cached block was refused by its pool");
+            }
+        }
     }
 
     /// Flushes before a purge or a sleep under `token`. The pool stamps the flushed blocks as
@@ -238,11 +243,7 @@ impl Pool for ThreadCache {
                 if let Some(b) = self.inner.alloc_held(bytes)? {
                     return Ok(b);
                 }
-                for b in bins.drain() {
-                    if let Err(e) = self.inner.free(b) {
-                        tracing::error!(error = %e.error, "a thread-cached block was refused by its pool");
-                    }
-                }
+                self.give_back(bins.drain());
             }
         }
         self.inner.alloc(bytes)
