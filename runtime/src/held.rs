@@ -31,13 +31,15 @@ pub(crate) fn take_call(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result
 /// to return, a nested step's are returned by that step.
 fn take_once(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), RuntimeError> {
     let pool = held.pool;
+    let blocks = &mut held.blocks;
     for r in &c.held {
-        let b = label::with(r.name, || pool.alloc(r.bytes))?;
-        held.blocks.push(b);
+        label::with(r.name, || pool.alloc_onto(r.bytes, blocks))?;
     }
     for r in &c.inner {
-        let b = label::with(r.name, || pool.alloc(r.bytes))?;
-        give_back(pool, b);
+        label::with(r.name, || pool.alloc_onto(r.bytes, blocks))?;
+        if let Some(b) = blocks.pop() {
+            give_back(pool, b);
+        }
     }
     for n in &c.nested {
         take_call(held, n, ff)?;

@@ -135,6 +135,26 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
         f(&g.placement, &g.upstream)
     }
 
+    /// [`Pool::alloc`] of `size` bytes (checked) under the lock.
+    #[inline(always)]
+    fn alloc_locked(&self, g: &mut State<P, U>, size: usize) -> Result<Block, PoolError> {
+        if g.asleep {
+            return Err(self.ctx.asleep(g));
+        }
+        if size > crate::placement::bump::LARGE && g.upstream.recycles() {
+            return self.alloc_backed(g, size);
+        }
+        if let Some(fit) = g.placement.take(size) {
+            if !g.upstream.backed(fit.addr, fit.capacity) {
+                return self.ctx.back_taken(g, fit, size);
+            }
+            g.tracker.on_alloc(size, fit.capacity);
+            return Ok(self.ctx.block(fit, size));
+        }
+        self.take_dropped(g);
+        self.ctx.grow(g, size)
+    }
+
     /// Takes back the blocks that were dropped instead of freed.
     fn take_dropped(&self, g: &mut State<P, U>) {
         let dropped = self.inbox.take();
@@ -163,22 +183,14 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let size = checked_request(bytes)?;
-        let mut g = self.state.lock();
-        if g.asleep {
-            return Err(self.ctx.asleep(&g));
-        }
-        if size > crate::placement::bump::LARGE && g.upstream.recycles() {
-            return self.alloc_backed(&mut g, size);
-        }
-        if let Some(fit) = g.placement.take(size) {
-            if !g.upstream.backed(fit.addr, fit.capacity) {
-                return self.ctx.back_taken(&mut g, fit, size);
-            }
-            g.tracker.on_alloc(size, fit.capacity);
-            return Ok(self.ctx.block(fit, size));
-        }
-        self.take_dropped(&mut g);
-        self.ctx.grow(&mut g, size)
+        self.alloc_locked(&mut self.state.lock(), size)
+    }
+
+    #[inline]
+    fn alloc_onto(&self, bytes: usize, out: &mut Vec<Block>) -> Result<(), PoolError> {
+        let size = checked_request(bytes)?;
+        out.push(self.alloc_locked(&mut self.state.lock(), size)?);
+        Ok(())
     }
 
     fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
