@@ -5,7 +5,7 @@ use crate::error::RuntimeError;
 use crate::fast_forward::FastForward;
 use cupool_pool::adaptors::label;
 use cupool_pool::{Block, Pool};
-use cupool_profiles::OpCall;
+use cupool_profiles::{OpCall, Request};
 
 /// Takes `c`'s requests from `held`'s pool, `c.repeat` times. When fast-forwarding (dry runs),
 /// a run that made no driver call left the pool as it found it, and the runs after it would
@@ -30,13 +30,17 @@ pub(crate) fn take_call(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result
 /// One run of `c`: its held buffers stay on `held` (above where they started) for the caller
 /// to return, a nested step's are returned by that step.
 fn take_once(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), RuntimeError> {
-    let pool = held.pool;
+    let (pool, labels) = (held.pool, held.labels);
     let blocks = &mut held.blocks;
+    let take = |r: &Request, blocks: &mut Vec<Block>| match labels {
+        true => label::with(r.name, || pool.alloc_onto(r.bytes, blocks)),
+        false => pool.alloc_onto(r.bytes, blocks),
+    };
     for r in &c.held {
-        label::with(r.name, || pool.alloc_onto(r.bytes, blocks))?;
+        take(r, blocks)?;
     }
     for r in &c.inner {
-        label::with(r.name, || pool.alloc_onto(r.bytes, blocks))?;
+        take(r, blocks)?;
         if let Some(b) = blocks.pop() {
             give_back(pool, b);
         }
@@ -53,14 +57,17 @@ fn take_once(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), Runtim
 pub(crate) struct Held<'a> {
     pool: &'a dyn Pool,
     blocks: Vec<Block>,
+    /// Whether each request is made under its name ([`label`]): only a recorder reads it.
+    labels: bool,
 }
 
 impl<'a> Held<'a> {
-    /// None yet, from `pool`.
-    pub fn new(pool: &'a dyn Pool) -> Self {
+    /// None yet, from `pool`; `labels`: whether a recorder in `pool` reads the requests' names.
+    pub fn new(pool: &'a dyn Pool, labels: bool) -> Self {
         Self {
             pool,
             blocks: Vec::new(),
+            labels,
         }
     }
 

@@ -18,16 +18,17 @@ use std::sync::Arc;
 /// it exactly and are skipped; the last layer (output rows only) and the output matrix run.
 /// A dry run passes `around`, where the ops around each kind of layer's attention are kept
 /// for the sizes of ubatch asked: it asks the profile for the attention alone (the only part
-/// that changes with the KV length, from one ubatch to the next).
+/// that changes with the KV length, from one ubatch to the next). `labels`: whether `pool`
+/// records the requests' names (a trace).
 pub(crate) fn take_ubatch(
-    pool: &Arc<dyn Pool>,
+    (pool, labels): (&Arc<dyn Pool>, bool),
     u: UbatchShape,
     (profile, s): (Profile, Setup),
     ff: &FastForward,
     mut around: Option<&mut Around>,
 ) -> Result<(), RuntimeError> {
     let m = &s.model;
-    let mut held = Held::new(pool.as_ref());
+    let mut held = Held::new(pool.as_ref(), labels);
     // The attention, asked first: it refuses what a layer refuses.
     let attention = match around {
         Some(_) => profile.attention(&s, u)?,
