@@ -85,7 +85,16 @@ pub struct Slots {
     by_size: Vec<(usize, u32)>,
     /// Occupied slots.
     live: usize,
+    /// Where the last searches ended, by request size (hashed): a request size recurs, and
+    /// checking that the entries around its last position still bracket it is cheaper than
+    /// searching again.
+    near: [(usize, u32); NEAR],
+    /// Each slot's entry's position when last indexed, checked the same way.
+    at: Vec<u32>,
 }
+
+/// Request sizes whose search result [`Slots`] remembers.
+const NEAR: usize = 16;
 
 /// 1,024 occupancy bits on cache lines of their own: the bitmap is written by every allocation
 /// and free, so it must not share a line with another pool's data (threads on their own pools
@@ -106,6 +115,8 @@ impl Slots {
             occupied: vec![Line::default(); n.div_ceil(1024)],
             by_size: Vec::with_capacity(n),
             live: 0,
+            near: [(0, 0); NEAR],
+            at: vec![0; n],
         }
     }
 
@@ -158,6 +169,26 @@ impl Slots {
         })
     }
 
+    /// The position of the first entry of at least `size` bytes.
+    #[inline]
+    fn first_of(&mut self, size: usize) -> usize {
+        let h = size.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (usize::BITS - NEAR.ilog2());
+        let (s, k) = self.near[h];
+        let k = k as usize;
+        let v = &self.by_size;
+        if s == size
+            && k <= v.len()
+            && (k == 0 || v[k - 1].0 < size)
+            && (k == v.len() || v[k].0 >= size)
+        {
+            return k;
+        }
+        let k = v.partition_point(|&(s, _)| s < size);
+        // The list is at most 2 × 65,536 + 16 entries long (`index`).
+        self.near[h] = (size, k as u32);
+        k
+    }
+
     /// Whether slot `i` is occupied.
     #[inline]
     fn is_set(&self, i: usize) -> bool {
@@ -191,15 +222,18 @@ impl Slots {
     fn index(&mut self, len: usize, i: usize) {
         // Slots number at most 65,536 (`SlotsConfig::validate`).
         let key = (len, i as u32);
-        let mut k = self.by_size.partition_point(|&e| e < key);
-        if self.by_size.get(k) == Some(&key) {
+        if self.by_size.get(self.at[i] as usize) == Some(&key) {
             return;
         }
-        if self.by_size.len() >= 2 * self.live + 16 {
-            self.compact();
-            k = self.by_size.partition_point(|&e| e < key);
+        let mut k = self.by_size.partition_point(|&e| e < key);
+        if self.by_size.get(k) != Some(&key) {
+            if self.by_size.len() >= 2 * self.live + 16 {
+                self.compact();
+                k = self.by_size.partition_point(|&e| e < key);
+            }
+            self.by_size.insert(k, key);
         }
-        self.by_size.insert(k, key);
+        self.at[i] = k as u32;
     }
 
     /// Drops the dead entries.
@@ -238,7 +272,7 @@ impl Placement for Slots {
     fn take(&mut self, size: usize) -> Option<Fit> {
         // What `best_fit` over every slot chooses: the first live entry of at least `size`
         // bytes.
-        let k = self.by_size.partition_point(|&(s, _)| s < size);
+        let k = self.first_of(size);
         let (s, i) = self.by_size[k..].iter().copied().find(|&e| self.live(e))?;
         if s - size >= self.config.max_excess {
             return None;
