@@ -278,12 +278,10 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
             return 0;
         }
         let pending: usize = g.pending.iter().map(|s| s.len).sum();
+        let upstream = &g.upstream;
         pending
             + g.placement
-                .idle(what)
-                .iter()
-                .map(|i| g.upstream.apart_held(&i.seg).unwrap_or(i.seg.len))
-                .sum::<usize>()
+                .idle_bytes(what, &mut |seg| upstream.apart_held(seg).unwrap_or(seg.len))
     }
 
     fn stats(&self) -> PoolStats {

@@ -96,6 +96,9 @@ pub struct Slots {
 /// Request sizes whose search result [`Slots`] remembers.
 const NEAR: usize = 16;
 
+/// Words of the claims `idle_bytes` marks without a list (64 positions each).
+const CLAIMS: usize = 9;
+
 /// 1,024 occupancy bits on cache lines of their own: the bitmap is written by every allocation
 /// and free, so it must not share a line with another pool's data (threads on their own pools
 /// would otherwise slow each other down).
@@ -189,18 +192,12 @@ impl Slots {
         k
     }
 
-    /// Whether slot `i` is occupied.
-    #[inline]
-    fn is_set(&self, i: usize) -> bool {
-        self.words()[i / 64] & (1 << (i % 64)) != 0
-    }
-
-    /// Whether entry `(s, i)` of the sorted list stands for an idle buffer: slot `i` holds
-    /// one of `s` bytes.
+    /// Whether entry `(s, i)` of the sorted list stands for an idle buffer: slot `i` is
+    /// occupied, by one of `s` bytes.
     #[inline]
     fn live(&self, (s, i): (usize, u32)) -> bool {
         let i = i as usize;
-        self.is_set(i) && self.size[i] == s
+        self.words()[i / 64] & (1 << (i % 64)) != 0 && self.size[i] == s
     }
 
     /// The live entries of the sorted list, ascending.
@@ -341,6 +338,36 @@ impl Placement for Slots {
                 left.into_iter().map(|i| self.idle_at(i)).collect()
             }
         }
+    }
+
+    fn idle_bytes(&self, what: &Purge, bytes: &mut dyn FnMut(&Segment) -> usize) -> usize {
+        let seg = |i: usize| self.idle_at(i).seg;
+        // `idle`'s claims, marked on the sorted list's positions instead of listing what is
+        // left (a table of ggml's 256 slots has at most 528 entries: `index`).
+        let requests = match what {
+            Purge::KeepFor(r) if self.by_size.len() <= 64 * CLAIMS => r,
+            Purge::KeepFor(_) => return self.idle(what).iter().map(|i| bytes(&i.seg)).sum(),
+            Purge::SmallerThan(n) => {
+                let small = self.iter().filter(|&i| self.size[i] < *n);
+                return small.map(|i| bytes(&seg(i))).sum();
+            }
+            Purge::All => return self.iter().map(|i| bytes(&seg(i))).sum(),
+        };
+        let mut claimed = [0u64; CLAIMS];
+        let free = |claimed: &[u64; CLAIMS], j: usize| claimed[j / 64] & (1 << (j % 64)) == 0;
+        for &r in requests {
+            let size = r.max(1);
+            let k = self.by_size.partition_point(|&(s, _)| s < size);
+            let first =
+                (k..self.by_size.len()).find(|&j| free(&claimed, j) && self.live(self.by_size[j]));
+            if let Some(j) = first.filter(|&j| self.by_size[j].0 - size < self.config.max_excess) {
+                claimed[j / 64] |= 1 << (j % 64);
+            }
+        }
+        (0..self.by_size.len())
+            .filter(|&j| free(&claimed, j) && self.live(self.by_size[j]))
+            .map(|j| bytes(&seg(self.by_size[j].1 as usize)))
+            .sum()
     }
 
     fn remove(&mut self, seg: &Segment) {

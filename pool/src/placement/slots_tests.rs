@@ -81,9 +81,14 @@ proptest! {
                         }
                     }
                     let expected: Vec<u64> = unclaimed.iter().map(|&i| t.ptr[i]).collect();
-                    let got: Vec<u64> =
-                        t.idle(&Purge::KeepFor(requests)).iter().map(|i| i.seg.ptr).collect();
+                    let what = Purge::KeepFor(requests);
+                    let got: Vec<u64> = t.idle(&what).iter().map(|i| i.seg.ptr).collect();
                     prop_assert_eq!(got, expected);
+                    // What `idle_bytes` sums is what `idle` lists, for every kind of purge.
+                    for what in [what, Purge::All, Purge::SmallerThan(5000)] {
+                        let listed: usize = t.idle(&what).iter().map(|i| i.seg.len).sum();
+                        prop_assert_eq!(t.idle_bytes(&what, &mut |s| s.len), listed);
+                    }
                 }
             }
             // The live entries are the occupied slots, each once.
