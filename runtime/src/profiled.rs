@@ -24,15 +24,15 @@ use around::Keep;
 /// for the sizes of ubatch asked: it asks the profile for the attention alone (the only part
 /// that changes with the KV length, from one ubatch to the next). `labels`: whether `pool`
 /// records the requests' names (a trace).
-pub(crate) fn take_ubatch(
-    (pool, labels): (&Arc<dyn Pool>, bool),
+pub(crate) fn take_ubatch<P: Pool + ?Sized>(
+    (pool, labels): (&P, bool),
     u: UbatchShape,
     (profile, s): (Profile, Setup),
     ff: &FastForward,
     mut around: Option<&mut Around>,
 ) -> Result<(), RuntimeError> {
     let m = &s.model;
-    let mut held = Held::new(pool.as_ref(), labels);
+    let mut held = Held::new(pool, labels);
     // The attention, asked first: it refuses what a layer refuses.
     let attention = match around.as_deref_mut() {
         Some(around) => around.attention(profile, &s, u)?,
