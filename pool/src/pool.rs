@@ -68,6 +68,16 @@ pub trait Pool: Send + Sync + fmt::Debug {
     /// Allocates `bytes` (0 is served as 1, so every block has a unique address).
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError>;
 
+    /// [`Pool::alloc`], the block pushed onto `out` (nothing on an error). A pool and the
+    /// adaptors on a hot path write the block once where the caller keeps it: a block
+    /// returned through each level of a stack of adaptors is copied out and back at every one
+    /// (the planner's dry runs make millions of requests).
+    #[inline]
+    fn alloc_onto(&self, bytes: usize, out: &mut Vec<Block>) -> Result<(), PoolError> {
+        out.push(self.alloc(bytes)?);
+        Ok(())
+    }
+
     /// Allocates `bytes` only from memory the pool already holds: `Ok(None)` where it would
     /// need new memory from the driver (nothing is handed out or changed then), or where this
     /// pool cannot tell without growing (the default). A cache in front of a pool (per-thread

@@ -5,12 +5,16 @@ use crate::error::RuntimeError;
 use crate::fast_forward::FastForward;
 use cupool_pool::adaptors::label;
 use cupool_pool::{Block, Pool};
-use cupool_profiles::OpCall;
+use cupool_profiles::{OpCall, Request};
 
 /// Takes `c`'s requests from `held`'s pool, `c.repeat` times. When fast-forwarding (dry runs),
 /// a run that made no driver call left the pool as it found it, and the runs after it would
 /// repeat it exactly: they are skipped.
-pub(crate) fn take_call(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), RuntimeError> {
+pub(crate) fn take_call<P: Pool + ?Sized>(
+    held: &mut Held<P>,
+    c: &OpCall,
+    ff: &FastForward,
+) -> Result<(), RuntimeError> {
     for _ in 0..c.repeat {
         let mark = ff.mark();
         let base = held.blocks.len();
@@ -29,15 +33,25 @@ pub(crate) fn take_call(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result
 
 /// One run of `c`: its held buffers stay on `held` (above where they started) for the caller
 /// to return, a nested step's are returned by that step.
-fn take_once(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), RuntimeError> {
-    let pool = held.pool;
+fn take_once<P: Pool + ?Sized>(
+    held: &mut Held<P>,
+    c: &OpCall,
+    ff: &FastForward,
+) -> Result<(), RuntimeError> {
+    let (pool, labels) = (held.pool, held.labels);
+    let blocks = &mut held.blocks;
+    let take = |r: &Request, blocks: &mut Vec<Block>| match labels {
+        true => label::with(r.name, || pool.alloc_onto(r.bytes, blocks)),
+        false => pool.alloc_onto(r.bytes, blocks),
+    };
     for r in &c.held {
-        let b = label::with(r.name, || pool.alloc(r.bytes))?;
-        held.blocks.push(b);
+        take(r, blocks)?;
     }
     for r in &c.inner {
-        let b = label::with(r.name, || pool.alloc(r.bytes))?;
-        give_back(pool, b);
+        take(r, blocks)?;
+        if let Some(b) = blocks.pop() {
+            give_back(pool, b);
+        }
     }
     for n in &c.nested {
         take_call(held, n, ff)?;
@@ -47,18 +61,23 @@ fn take_once(held: &mut Held, c: &OpCall, ff: &FastForward) -> Result<(), Runtim
 
 /// The blocks the ops of a ubatch hold, innermost last, taken from the pool as they are (a dry
 /// run makes millions of requests: no buffer object, no reference count, no list of its own
-/// each). Whatever is left when it drops (a panic) goes back to the pool.
-pub(crate) struct Held<'a> {
-    pool: &'a dyn Pool,
+/// each). Whatever is left when it drops (a panic) goes back to the pool. The pool is the
+/// engine's outermost adaptor as its own type where the engine has one (its calls then reach
+/// the adaptor directly, not through `dyn Pool`).
+pub(crate) struct Held<'a, P: Pool + ?Sized> {
+    pool: &'a P,
     blocks: Vec<Block>,
+    /// Whether each request is made under its name ([`label`]): only a recorder reads it.
+    labels: bool,
 }
 
-impl<'a> Held<'a> {
-    /// None yet, from `pool`.
-    pub fn new(pool: &'a dyn Pool) -> Self {
+impl<'a, P: Pool + ?Sized> Held<'a, P> {
+    /// None yet, from `pool`; `labels`: whether a recorder in `pool` reads the requests' names.
+    pub fn new(pool: &'a P, labels: bool) -> Self {
         Self {
             pool,
             blocks: Vec::new(),
+            labels,
         }
     }
 
@@ -79,7 +98,7 @@ impl<'a> Held<'a> {
     }
 }
 
-impl Drop for Held<'_> {
+impl<P: Pool + ?Sized> Drop for Held<'_, P> {
     fn drop(&mut self) {
         self.give_back_from(0, false);
     }
@@ -87,7 +106,7 @@ impl Drop for Held<'_> {
 
 /// Returns `b` to `pool`, as a buffer's drop does: a refusal is logged (the block then goes
 /// back to its pool core when dropped).
-fn give_back(pool: &dyn Pool, b: Block) {
+fn give_back<P: Pool + ?Sized>(pool: &P, b: Block) {
     if let Err(e) = pool.free(b) {
         tracing::error!(error = %e, "returning a buffer to its pool failed");
     }

@@ -12,26 +12,31 @@ use cupool_pool::Pool;
 use cupool_profiles::{Device, EngineModel, OpCall, Profile, Setup, UbatchShape};
 use std::sync::Arc;
 
+mod around;
+pub(crate) use around::Around;
+use around::Keep;
+
 /// An engine profile's requests, op by op (the dry-run executor computes nothing): each op
 /// takes its held buffers, its inner ones in turn, and returns them in reverse. In a dry
 /// run, the layers between the first one that made no driver call and the last one repeat
 /// it exactly and are skipped; the last layer (output rows only) and the output matrix run.
 /// A dry run passes `around`, where the ops around each kind of layer's attention are kept
 /// for the sizes of ubatch asked: it asks the profile for the attention alone (the only part
-/// that changes with the KV length, from one ubatch to the next).
-pub(crate) fn take_ubatch(
-    pool: &Arc<dyn Pool>,
+/// that changes with the KV length, from one ubatch to the next). `labels`: whether `pool`
+/// records the requests' names (a trace).
+pub(crate) fn take_ubatch<P: Pool + ?Sized>(
+    (pool, labels): (&P, bool),
     u: UbatchShape,
     (profile, s): (Profile, Setup),
     ff: &FastForward,
     mut around: Option<&mut Around>,
 ) -> Result<(), RuntimeError> {
     let m = &s.model;
-    let mut held = Held::new(pool.as_ref());
+    let mut held = Held::new(pool, labels);
     // The attention, asked first: it refuses what a layer refuses.
-    let attention = match around {
-        Some(_) => profile.attention(&s, u)?,
-        None => Vec::new(),
+    let attention = match around.as_deref_mut() {
+        Some(around) => around.attention(profile, &s, u)?,
+        None => Arc::from([]),
     };
     let mut l = 0;
     while l < m.n_layer {
@@ -39,7 +44,7 @@ pub(crate) fn take_ubatch(
         match around.as_deref_mut() {
             Some(around) => {
                 let (before, after) = around.get(profile, &s, u, l);
-                for c in before.iter().chain(&attention).chain(after) {
+                for c in before.iter().chain(attention.iter()).chain(after) {
                     take_call(&mut held, c, ff)?;
                 }
             }
@@ -67,60 +72,6 @@ pub(crate) fn take_ubatch(
     Ok(())
 }
 
-/// The ops around a layer's attention ([`Profile::layer_around`]) a dry run has asked, by
-/// ubatch size (tokens and output rows) and kind of layer: layers of one kind make the same
-/// requests, and a prompt's ubatches come in a size or two.
-#[derive(Debug, Default)]
-pub(crate) struct Around {
-    parts: Vec<(AroundKey, Parts)>,
-}
-
-/// (tokens, output rows, kind of layer).
-type AroundKey = (usize, usize, (bool, bool));
-
-/// The ops before a layer's attention and after it, and what an auto purge keeps for them
-/// (asked at every boundary of a dry run: counted once).
-type Parts = (Vec<OpCall>, Vec<OpCall>, Keep);
-
-impl Around {
-    /// Layer `l`'s ops before and after its attention in ubatch `u`, asked of the profile the
-    /// first time.
-    fn get(
-        &mut self,
-        profile: Profile,
-        s: &Setup,
-        u: UbatchShape,
-        l: usize,
-    ) -> (&[OpCall], &[OpCall]) {
-        let (before, after, _) = self.parts(profile, s, u, l);
-        (before, after)
-    }
-
-    /// What an auto purge keeps for layer `l`'s ops around its attention in ubatch `u`.
-    fn kept(&mut self, profile: Profile, s: &Setup, u: UbatchShape, l: usize) -> &Keep {
-        &self.parts(profile, s, u, l).2
-    }
-
-    fn parts(&mut self, profile: Profile, s: &Setup, u: UbatchShape, l: usize) -> &Parts {
-        let key = (u.n_tokens, u.n_outputs, layer_kind(&s.model, l));
-        let at = match self.parts.iter().position(|(k, _)| *k == key) {
-            Some(at) => at,
-            None => {
-                // A few sizes per run: a long list means another run's sizes.
-                if self.parts.len() >= 16 {
-                    self.parts.clear();
-                }
-                let (before, after) = profile.layer_around(s, u.n_tokens, u.n_outputs, l);
-                let mut keep = Keep::default();
-                before.iter().chain(&after).for_each(|c| keep.add(c));
-                self.parts.push((key, (before, after, keep)));
-                self.parts.len() - 1
-            }
-        };
-        &self.parts[at].1
-    }
-}
-
 /// Which kind layer `l` of `m` is: the dense layers before the experts, and the last (output
 /// rows only), differ from the rest; layers of one kind make the same requests.
 fn layer_kind(m: &EngineModel, l: usize) -> (bool, bool) {
@@ -136,26 +87,38 @@ pub(crate) fn keep(
     around: Option<&mut Around>,
 ) -> Result<Vec<usize>, RuntimeError> {
     let m = &s.model;
-    let mut layers = vec![0];
-    if m.moe.is_some() && m.n_dense_lead > 0 && m.n_dense_lead < m.n_layer - 1 {
-        layers.push(m.n_dense_lead);
-    }
-    layers.push(m.n_layer - 1);
+    let layers = || {
+        let mut layers = vec![0];
+        if m.moe.is_some() && m.n_dense_lead > 0 && m.n_dense_lead < m.n_layer - 1 {
+            layers.push(m.n_dense_lead);
+        }
+        layers.push(m.n_layer - 1);
+        layers
+    };
     let mut keep = Keep::default();
     match around {
         None => {
-            for l in layers {
+            for l in layers() {
                 profile.layer(&s, u, l)?.iter().for_each(|c| keep.add(c));
             }
         }
         Some(around) => {
-            // The attention, asked first: it refuses what a layer refuses. What is kept does
-            // not depend on the order of the ops (each counts on its own) nor on how often one
-            // counts: the attention once, the ops around it as counted when first asked.
-            profile.attention(&s, u)?.iter().for_each(|c| keep.add(c));
-            for l in layers {
-                keep.merge(around.kept(profile, &s, u, l));
-            }
+            // The same list for the same shape, whichever boundary asks.
+            return around.keep(u, |around| {
+                // The attention, asked first: it refuses what a layer refuses. What is kept
+                // does not depend on the order of the ops (each counts on its own) nor on how
+                // often one counts: the attention once, the ops around it as counted when
+                // first asked.
+                around
+                    .attention(profile, &s, u)?
+                    .iter()
+                    .for_each(|c| keep.add(c));
+                for l in layers() {
+                    keep.merge(around.kept(profile, &s, u, l));
+                }
+                profile.output(&s, u).iter().for_each(|c| keep.add(c));
+                Ok(keep.sizes())
+            });
         }
     }
     profile.output(&s, u).iter().for_each(|c| keep.add(c));
@@ -325,55 +288,6 @@ fn engine_model(s: &crate::model::ModelShape) -> Result<EngineModel, RuntimeErro
         n_ff: s.n_ff,
         ..preset
     })
-}
-
-/// What an auto purge keeps for a ubatch's ops: for each request size, as many buffers as
-/// one op holds at once (ops run one after another), largest first.
-#[derive(Debug, Default)]
-struct Keep {
-    /// (size, most buffers of it one op holds). A few dozen sizes: a list, not a hash map
-    /// (the boundary of every dry-run ubatch asks).
-    most: Vec<(usize, usize)>,
-    here: Vec<usize>,
-}
-
-impl Keep {
-    /// Counts op `c`.
-    fn add(&mut self, c: &OpCall) {
-        self.here.clear();
-        self.here.extend(c.request_bytes());
-        self.here.sort_unstable();
-        let here = std::mem::take(&mut self.here);
-        for run in here.chunk_by(|a, b| a == b) {
-            self.count(run[0], run.len());
-        }
-        self.here = here;
-    }
-
-    /// Counts what `other` counted.
-    fn merge(&mut self, other: &Keep) {
-        for &(b, n) in &other.most {
-            self.count(b, n);
-        }
-    }
-
-    fn count(&mut self, b: usize, n: usize) {
-        match self.most.iter_mut().find(|(m, _)| *m == b) {
-            Some(e) => e.1 = e.1.max(n),
-            None => self.most.push((b, n)),
-        }
-    }
-
-    /// The sizes to keep, largest first.
-    fn sizes(self) -> Vec<usize> {
-        let mut keep: Vec<usize> = self
-            .most
-            .into_iter()
-            .flat_map(|(b, n)| std::iter::repeat_n(b, n))
-            .collect();
-        keep.sort_unstable_by(|a, b| b.cmp(a));
-        keep
-    }
 }
 
 #[cfg(test)]

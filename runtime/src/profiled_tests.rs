@@ -106,4 +106,34 @@ proptest! {
             prop_assert_eq!(bytes.of(n_tokens, n_kv), want.map(Some));
         }
     }
+
+    /// What a dry run keeps across ubatches changes no answer: the attention and the keep list
+    /// of each ubatch asked, some asked again, are the profile's own.
+    #[test]
+    fn what_a_dry_run_keeps_answers_as_the_profile(
+        profile in prop::sample::select(Profile::ALL.to_vec()),
+        model in prop::sample::select(vec!["phi3-mini", "llama3-8b", "qwen3-30b-a3b", "deepseek-v3"]),
+        asked in prop::collection::vec((1usize..600, 0usize..200_000, 0usize..2), 1..40),
+    ) {
+        let mut shape = ModelShape::preset(model).unwrap();
+        shape.n_layer = 4;
+        let mut cfg = RunConfig::new(shape, 1 << 20);
+        cfg.engine = EngineKind::Profile { profile, cc: 900 };
+        cfg.weight_type = Weights::Q8_0;
+        let (profile, s) = setup(&cfg).unwrap().unwrap();
+        let mut around = Around::default();
+        // Each shape asked twice in a row, then again later: the kept answers are used.
+        let shapes = asked.iter().chain(asked.iter().rev()).flat_map(|&a| [a, a]);
+        for (n_tokens, kv_past, n_outputs) in shapes {
+            let u = UbatchShape { n_tokens, n_kv: n_tokens + kv_past, n_outputs };
+            let kept = keep(u, (profile, s.clone()), Some(&mut around)).map_err(|e| e.to_string());
+            let want = keep(u, (profile, s.clone()), None).map_err(|e| e.to_string());
+            prop_assert_eq!(kept, want);
+            let attention = around.attention(profile, &s, u).map(|a| a.to_vec());
+            prop_assert_eq!(
+                attention.map_err(|e| e.to_string()),
+                profile.attention(&s, u).map_err(|e| e.to_string())
+            );
+        }
+    }
 }

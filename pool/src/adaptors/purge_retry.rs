@@ -55,6 +55,18 @@ impl Pool for PurgeRetry {
         }
     }
 
+    #[inline]
+    fn alloc_onto(&self, bytes: usize, out: &mut Vec<Block>) -> Result<(), PoolError> {
+        match self.inner.alloc_onto(bytes, out) {
+            Ok(()) => Ok(()),
+            Err(e @ PoolError::OutOfMemory(_)) => {
+                out.push(self.retry(bytes, e)?);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
         // No growth, so nothing to purge and retry.
         self.inner.alloc_held(bytes)
@@ -100,6 +112,21 @@ mod tests {
         let b = wrapped.alloc(big).unwrap();
         assert_eq!(b.size(), big);
         wrapped.free(b).unwrap();
+        // The same through `alloc_onto`, once the small class holds the card again.
+        let token = crate::sync::synchronize(bare.driver().as_ref()).unwrap();
+        bare.purge(&token, Purge::All).unwrap();
+        let small: Vec<Block> = (0..48).map(|_| bare.alloc(256 << 10).unwrap()).collect();
+        for b in small {
+            bare.free(b).unwrap();
+        }
+        assert!(bare.alloc(big).is_err(), "the small class holds the card");
+        let mut out = Vec::new();
+        wrapped.alloc_onto(big, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].size(), big);
+        for b in out {
+            wrapped.free(b).unwrap();
+        }
         // Nothing idle to give back: the failure comes back as it was.
         let all: Vec<Block> = (0..7).filter_map(|_| wrapped.alloc(2 << 20).ok()).collect();
         let e = wrapped.alloc(big).unwrap_err();

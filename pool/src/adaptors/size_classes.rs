@@ -143,6 +143,16 @@ impl Pool for SizeClasses {
         Ok(b)
     }
 
+    #[inline]
+    fn alloc_onto(&self, bytes: usize, out: &mut Vec<Block>) -> Result<(), PoolError> {
+        self.class(bytes).alloc_onto(bytes, out)?;
+        if let Some(b) = out.last() {
+            self.note_live(b);
+        }
+        self.note_reserve();
+        Ok(())
+    }
+
     fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
         let b = self.class(bytes).alloc_held(bytes)?;
         if let Some(b) = &b {

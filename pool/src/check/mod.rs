@@ -157,7 +157,19 @@ pub fn run(flavor: Flavor, ops: &[Op], faults: bool) -> Result<(), String> {
             Op::Alloc(n) => {
                 let pool = &pools[stream];
                 let before = pool.stats();
-                match pool.alloc(*n) {
+                // Odd sizes through `alloc_onto`, which answers as `alloc` does.
+                let got = match n % 2 {
+                    0 => pool.alloc(*n),
+                    _ => {
+                        let mut out = Vec::new();
+                        match (pool.alloc_onto(*n, &mut out), out.pop()) {
+                            (Ok(()), Some(b)) if out.is_empty() => Ok(b),
+                            (Err(e), None) => Err(e),
+                            (r, _) => return Err(format!("{flavor:?}: alloc_onto answered {r:?} with another number of blocks")),
+                        }
+                    }
+                };
+                match got {
                     Ok(block) => {
                         tag = tag.wrapping_add(1);
                         stamp(dev, &block, tag)?;

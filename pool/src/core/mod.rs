@@ -135,6 +135,33 @@ impl<P: Placement, U: Upstream> CorePool<P, U> {
         f(&g.placement, &g.upstream)
     }
 
+    /// [`Pool::alloc`] of `size` bytes (checked) under the lock, the block handed to `put`:
+    /// a cached block goes straight where `put` keeps it, never through a `Result` of its own
+    /// (whose copy stalls on the stores just made).
+    #[inline(always)]
+    fn alloc_locked<R>(
+        &self,
+        g: &mut State<P, U>,
+        size: usize,
+        put: impl FnOnce(Block) -> R,
+    ) -> Result<R, PoolError> {
+        if g.asleep {
+            return Err(self.ctx.asleep(g));
+        }
+        if size > crate::placement::bump::LARGE && g.upstream.recycles() {
+            return self.alloc_backed(g, size).map(put);
+        }
+        if let Some(fit) = g.placement.take(size) {
+            if !g.upstream.backed(fit.addr, fit.capacity) {
+                return self.ctx.back_taken(g, fit, size).map(put);
+            }
+            g.tracker.on_alloc(size, fit.capacity);
+            return Ok(put(self.ctx.block(fit, size)));
+        }
+        self.take_dropped(g);
+        self.ctx.grow(g, size).map(put)
+    }
+
     /// Takes back the blocks that were dropped instead of freed.
     fn take_dropped(&self, g: &mut State<P, U>) {
         let dropped = self.inbox.take();
@@ -163,22 +190,13 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let size = checked_request(bytes)?;
-        let mut g = self.state.lock();
-        if g.asleep {
-            return Err(self.ctx.asleep(&g));
-        }
-        if size > crate::placement::bump::LARGE && g.upstream.recycles() {
-            return self.alloc_backed(&mut g, size);
-        }
-        if let Some(fit) = g.placement.take(size) {
-            if !g.upstream.backed(fit.addr, fit.capacity) {
-                return self.ctx.back_taken(&mut g, fit, size);
-            }
-            g.tracker.on_alloc(size, fit.capacity);
-            return Ok(self.ctx.block(fit, size));
-        }
-        self.take_dropped(&mut g);
-        self.ctx.grow(&mut g, size)
+        self.alloc_locked(&mut self.state.lock(), size, |b| b)
+    }
+
+    #[inline]
+    fn alloc_onto(&self, bytes: usize, out: &mut Vec<Block>) -> Result<(), PoolError> {
+        let size = checked_request(bytes)?;
+        self.alloc_locked(&mut self.state.lock(), size, |b| out.push(b))
     }
 
     fn alloc_held(&self, bytes: usize) -> Result<Option<Block>, PoolError> {
@@ -266,12 +284,10 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
             return 0;
         }
         let pending: usize = g.pending.iter().map(|s| s.len).sum();
+        let upstream = &g.upstream;
         pending
             + g.placement
-                .idle(what)
-                .iter()
-                .map(|i| g.upstream.apart_held(&i.seg).unwrap_or(i.seg.len))
-                .sum::<usize>()
+                .idle_bytes(what, &mut |seg| upstream.apart_held(seg).unwrap_or(seg.len))
     }
 
     fn stats(&self) -> PoolStats {

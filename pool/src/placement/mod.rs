@@ -129,6 +129,13 @@ pub trait Placement: Send + fmt::Debug + 'static {
     /// The idle segments a purge of `what` would release, in the order to release them.
     fn idle(&self, what: &Purge) -> Vec<Idle>;
 
+    /// The sum of `bytes(segment)` over [`Placement::idle`]'s segments for `what`, in any
+    /// order: what a purge would release, asked at every `auto` boundary, where a placement
+    /// can say it without making the list.
+    fn idle_bytes(&self, what: &Purge, bytes: &mut dyn FnMut(&Segment) -> usize) -> usize {
+        self.idle(what).iter().map(|i| bytes(&i.seg)).sum()
+    }
+
     /// Forgets `seg`, one of [`Placement::idle`]'s, after the upstream released it.
     fn remove(&mut self, seg: &Segment);
 

@@ -67,6 +67,13 @@ impl SlotsConfig {
 /// excess is the smallest size that fits, and among equal sizes the scan keeps the lowest slot.
 /// A pool whose requests outgrow its buffers fills every slot (the stranding ggml is known
 /// for), and the scan then walked all 256 at each request.
+///
+/// An entry of the sorted list stays when its slot empties, and counts only while the slot
+/// holds that size again ([`Slots::live`]): a pool takes and returns the same few sizes over
+/// and over, mostly to the same slots, so a request and a free find their entry in place
+/// instead of moving the entries above it (a `memmove` at every allocation and every free,
+/// a tenth of a dry run's time). The dead entries are dropped once they outnumber the live
+/// ones.
 #[derive(Clone, Debug)]
 pub struct Slots {
     config: SlotsConfig,
@@ -74,8 +81,23 @@ pub struct Slots {
     size: Vec<usize>,
     freed_at: Vec<u64>,
     occupied: Vec<Line>,
+    /// Every occupied slot's (size, slot), and some that were, ascending; no key twice.
     by_size: Vec<(usize, u32)>,
+    /// Occupied slots.
+    live: usize,
+    /// Where the last searches ended, by request size (hashed): a request size recurs, and
+    /// checking that the entries around its last position still bracket it is cheaper than
+    /// searching again.
+    near: [(usize, u32); NEAR],
+    /// Each slot's entry's position when last indexed, checked the same way.
+    at: Vec<u32>,
 }
+
+/// Request sizes whose search result [`Slots`] remembers.
+const NEAR: usize = 16;
+
+/// Words of the claims `idle_bytes` marks without a list (64 positions each).
+const CLAIMS: usize = 9;
 
 /// 1,024 occupancy bits on cache lines of their own: the bitmap is written by every allocation
 /// and free, so it must not share a line with another pool's data (threads on their own pools
@@ -95,6 +117,9 @@ impl Slots {
             freed_at: vec![0; n],
             occupied: vec![Line::default(); n.div_ceil(1024)],
             by_size: Vec::with_capacity(n),
+            live: 0,
+            near: [(0, 0); NEAR],
+            at: vec![0; n],
         }
     }
 
@@ -147,15 +172,73 @@ impl Slots {
         })
     }
 
-    /// Empties occupied slot `i`.
+    /// The position of the first entry of at least `size` bytes.
+    #[inline]
+    fn first_of(&mut self, size: usize) -> usize {
+        let h = size.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (usize::BITS - NEAR.ilog2());
+        let (s, k) = self.near[h];
+        let k = k as usize;
+        let v = &self.by_size;
+        if s == size
+            && k <= v.len()
+            && (k == 0 || v[k - 1].0 < size)
+            && (k == v.len() || v[k].0 >= size)
+        {
+            return k;
+        }
+        let k = v.partition_point(|&(s, _)| s < size);
+        // The list is at most 2 × 65,536 + 16 entries long (`index`).
+        self.near[h] = (size, k as u32);
+        k
+    }
+
+    /// Whether entry `(s, i)` of the sorted list stands for an idle buffer: slot `i` is
+    /// occupied, by one of `s` bytes.
+    #[inline]
+    fn live(&self, (s, i): (usize, u32)) -> bool {
+        let i = i as usize;
+        self.words()[i / 64] & (1 << (i % 64)) != 0 && self.size[i] == s
+    }
+
+    /// The live entries of the sorted list, ascending.
+    fn live_entries(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        self.by_size.iter().copied().filter(|&e| self.live(e))
+    }
+
+    /// Empties occupied slot `i`: its entry is dead from now on.
     #[inline]
     fn clear(&mut self, i: usize) {
         *self.word_mut(i / 64) &= !(1 << (i % 64));
+        self.live -= 1;
+    }
+
+    /// Makes slot `i`, now holding `len` bytes, an entry of the sorted list: the one it had if
+    /// it held that size before, else a new one (dropping the dead ones first where they
+    /// outnumber the live ones, so that the list and a request's walk past them stay short).
+    #[inline]
+    fn index(&mut self, len: usize, i: usize) {
         // Slots number at most 65,536 (`SlotsConfig::validate`).
-        let key = (self.size[i], i as u32);
-        if let Ok(k) = self.by_size.binary_search(&key) {
-            self.by_size.remove(k);
+        let key = (len, i as u32);
+        if self.by_size.get(self.at[i] as usize) == Some(&key) {
+            return;
         }
+        let mut k = self.by_size.partition_point(|&e| e < key);
+        if self.by_size.get(k) != Some(&key) {
+            if self.by_size.len() >= 2 * self.live + 16 {
+                self.compact();
+                k = self.by_size.partition_point(|&e| e < key);
+            }
+            self.by_size.insert(k, key);
+        }
+        self.at[i] = k as u32;
+    }
+
+    /// Drops the dead entries.
+    #[cold]
+    fn compact(&mut self) {
+        let mut by_size = std::mem::take(&mut self.by_size);
+        by_size.retain(|&e| self.live(e));
+        self.by_size = by_size;
     }
 
     fn idle_at(&self, i: usize) -> Idle {
@@ -184,9 +267,10 @@ impl Placement for Slots {
 
     #[inline]
     fn take(&mut self, size: usize) -> Option<Fit> {
-        // What `best_fit` over every slot chooses: the first entry of at least `size` bytes.
-        let k = self.by_size.partition_point(|&(s, _)| s < size);
-        let &(s, i) = self.by_size.get(k)?;
+        // What `best_fit` over every slot chooses: the first live entry of at least `size`
+        // bytes.
+        let k = self.first_of(size);
+        let (s, i) = self.by_size[k..].iter().copied().find(|&e| self.live(e))?;
         if s - size >= self.config.max_excess {
             return None;
         }
@@ -222,9 +306,8 @@ impl Placement for Slots {
         self.size[i] = fit.capacity;
         self.freed_at[i] = freed_at;
         *self.word_mut(i / 64) |= 1 << (i % 64);
-        let key = (fit.capacity, i as u32);
-        let k = self.by_size.partition_point(|&e| e < key);
-        self.by_size.insert(k, key);
+        self.live += 1;
+        self.index(fit.capacity, i);
         None
     }
 
@@ -238,7 +321,7 @@ impl Placement for Slots {
                 .collect(),
             Purge::KeepFor(requests) => {
                 // Claim, request by request, the buffer `take` would choose; the rest go.
-                let mut unclaimed = self.by_size.clone();
+                let mut unclaimed: Vec<(usize, u32)> = self.live_entries().collect();
                 for &r in requests {
                     let size = r.max(1);
                     let k = unclaimed.partition_point(|&(s, _)| s < size);
@@ -255,6 +338,36 @@ impl Placement for Slots {
                 left.into_iter().map(|i| self.idle_at(i)).collect()
             }
         }
+    }
+
+    fn idle_bytes(&self, what: &Purge, bytes: &mut dyn FnMut(&Segment) -> usize) -> usize {
+        let seg = |i: usize| self.idle_at(i).seg;
+        // `idle`'s claims, marked on the sorted list's positions instead of listing what is
+        // left (a table of ggml's 256 slots has at most 528 entries: `index`).
+        let requests = match what {
+            Purge::KeepFor(r) if self.by_size.len() <= 64 * CLAIMS => r,
+            Purge::KeepFor(_) => return self.idle(what).iter().map(|i| bytes(&i.seg)).sum(),
+            Purge::SmallerThan(n) => {
+                let small = self.iter().filter(|&i| self.size[i] < *n);
+                return small.map(|i| bytes(&seg(i))).sum();
+            }
+            Purge::All => return self.iter().map(|i| bytes(&seg(i))).sum(),
+        };
+        let mut claimed = [0u64; CLAIMS];
+        let free = |claimed: &[u64; CLAIMS], j: usize| claimed[j / 64] & (1 << (j % 64)) == 0;
+        for &r in requests {
+            let size = r.max(1);
+            let k = self.by_size.partition_point(|&(s, _)| s < size);
+            let first =
+                (k..self.by_size.len()).find(|&j| free(&claimed, j) && self.live(self.by_size[j]));
+            if let Some(j) = first.filter(|&j| self.by_size[j].0 - size < self.config.max_excess) {
+                claimed[j / 64] |= 1 << (j % 64);
+            }
+        }
+        (0..self.by_size.len())
+            .filter(|&j| free(&claimed, j) && self.live(self.by_size[j]))
+            .map(|j| bytes(&seg(self.by_size[j].1 as usize)))
+            .sum()
     }
 
     fn remove(&mut self, seg: &Segment) {
@@ -277,95 +390,5 @@ impl Placement for Slots {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// ggml's loop over the slots: smallest excess below `max_excess`, ties to the first, an
-    /// exact fit ending the scan; the position in `candidates`.
-    fn scan(slots: &Slots, candidates: &[usize], size: usize) -> Option<usize> {
-        let mut best = None;
-        let mut best_diff = slots.config.max_excess;
-        for (pos, &i) in candidates.iter().enumerate() {
-            let s = slots.size[i];
-            if s >= size && s - size < best_diff {
-                best_diff = s - size;
-                best = Some(pos);
-                if best_diff == 0 {
-                    break;
-                }
-            }
-        }
-        best
-    }
-
-    #[derive(Clone, Debug)]
-    enum Op {
-        Free(usize),
-        Take(usize),
-        Keep(Vec<usize>),
-        /// Removes the idle buffer at this position among the occupied slots (a purge).
-        Remove(usize),
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        // Few distinct sizes, so that ties and exact fits are common.
-        let size = (1usize..12).prop_map(|s| s * 1000);
-        prop_oneof![
-            3 => size.clone().prop_map(Op::Free),
-            2 => size.clone().prop_map(Op::Take),
-            1 => proptest::collection::vec(size, 0..6).prop_map(Op::Keep),
-            1 => (0usize..10).prop_map(Op::Remove),
-        ]
-    }
-
-    proptest! {
-        /// The sorted index chooses what ggml's scan chooses, for a request and for what an
-        /// auto purge keeps, with the table full or not and a `max_excess` that refuses some.
-        #[test]
-        fn the_index_chooses_as_the_scan(
-            ops in proptest::collection::vec(op(), 1..200),
-            slots in 1usize..10,
-            max_excess in prop_oneof![Just(1usize << 36), 1000usize..6000],
-        ) {
-            let mut t = Slots::new(SlotsConfig { slots, max_excess, ..SlotsConfig::default() });
-            let mut next = 1u64;
-            for op in ops {
-                match op {
-                    Op::Free(size) => {
-                        let expected_slot = t.first_empty();
-                        let back = t.give_back(Fit { addr: next, capacity: size }, next);
-                        prop_assert_eq!(back.is_some(), expected_slot.is_none());
-                        next += 1;
-                    }
-                    Op::Take(size) => {
-                        let occupied: Vec<usize> = t.iter().collect();
-                        let expected = scan(&t, &occupied, size).map(|p| t.ptr[occupied[p]]);
-                        prop_assert_eq!(t.take(size).map(|f| f.addr), expected);
-                    }
-                    Op::Remove(k) => {
-                        let occupied: Vec<usize> = t.iter().collect();
-                        if let Some(&i) = occupied.get(k) {
-                            let seg = t.idle_at(i).seg;
-                            t.remove(&seg);
-                            prop_assert!(t.iter().all(|j| j != i), "slot {} emptied", i);
-                            prop_assert_eq!(t.by_size.len(), occupied.len() - 1);
-                        }
-                    }
-                    Op::Keep(requests) => {
-                        let mut unclaimed: Vec<usize> = t.iter().collect();
-                        for &r in &requests {
-                            if let Some(p) = scan(&t, &unclaimed, r.max(1)) {
-                                unclaimed.remove(p);
-                            }
-                        }
-                        let expected: Vec<u64> = unclaimed.iter().map(|&i| t.ptr[i]).collect();
-                        let got: Vec<u64> =
-                            t.idle(&Purge::KeepFor(requests)).iter().map(|i| i.seg.ptr).collect();
-                        prop_assert_eq!(got, expected);
-                    }
-                }
-            }
-        }
-    }
-}
+#[path = "slots_tests.rs"]
+mod tests;

@@ -23,6 +23,7 @@ use cupool_pool::adaptors::{Phases, PurgeRetry};
 use cupool_pool::driver::Driver;
 use cupool_pool::trace::Recorder;
 use cupool_pool::Pool;
+use cupool_profiles::{Profile, Setup, UbatchShape};
 use peaks::Peaks;
 use std::sync::Arc;
 use std::time::Instant;
@@ -76,6 +77,26 @@ pub(crate) struct Engine {
 enum Phased {
     Phases(Arc<Phases>),
     Peaks(Arc<Peaks>),
+}
+
+impl Phased {
+    /// [`crate::profiled::take_ubatch`] on the engine's pool, called as the adaptor's own
+    /// type rather than through `dyn Pool` (a dry run makes millions of requests);
+    /// `labels`: whether the pool records the requests' names.
+    fn take_ubatch(
+        &self,
+        labels: bool,
+        u: UbatchShape,
+        p: (Profile, Setup),
+        ff: &FastForward,
+        around: Option<&mut crate::profiled::Around>,
+    ) -> Result<(), RuntimeError> {
+        use crate::profiled::take_ubatch;
+        match self {
+            Phased::Peaks(pool) => take_ubatch((pool.as_ref(), labels), u, p, ff, around),
+            Phased::Phases(pool) => take_ubatch((pool.as_ref(), labels), u, p, ff, around),
+        }
+    }
 }
 
 /// The pool a run of `cfg` takes its scratch from, on `driver`.
@@ -163,6 +184,30 @@ impl Engine {
             room_read: 0,
             room_below: usize::MAX,
         })
+    }
+
+    /// The layers of ubatch `index` at `pos0`, shaped `u`, from the engine profile `p`.
+    fn profiled_layers(
+        &mut self,
+        (index, pos0): (usize, usize),
+        u: UbatchShape,
+        p: (Profile, Setup),
+    ) -> Result<(), RuntimeError> {
+        // The requests' names are read only by a recorder (a trace). `phases` is the pool
+        // (`Engine::new`).
+        let labels = self.recorder.is_some();
+        if index == 0 && pos0 == 0 && self.cfg.warm_up {
+            // The engine's warm-up decode, in the first ubatch's phase (one token marks no
+            // end). Its setup may differ from the run's (every expert routed), so the requests
+            // around the attention kept for the run's ubatches are not used.
+            if let Some((s, u)) = p.0.warm_up(&p.1, 1) {
+                self.phases
+                    .take_ubatch(labels, u, (p.0, s), &self.ff, None)?;
+            }
+        }
+        let around = self.ff.on().then_some(&mut self.around);
+        self.phases.take_ubatch(labels, u, p, &self.ff, around)?;
+        self.exec.sync()
     }
 
     /// The hidden state of the last ubatch.

@@ -47,6 +47,16 @@ impl Peaks {
     pub fn end(&self) -> usize {
         self.live_peak.load(Ordering::Relaxed)
     }
+
+    /// Counts a block of `size` bytes handed out.
+    #[inline]
+    fn note_live(&self, size: usize) {
+        let live = self.live.load(Ordering::Relaxed) + size;
+        self.live.store(live, Ordering::Relaxed);
+        if live > self.live_peak.load(Ordering::Relaxed) {
+            self.live_peak.store(live, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Pool for Peaks {
@@ -69,12 +79,17 @@ impl Pool for Peaks {
     #[inline]
     fn alloc(&self, bytes: usize) -> Result<Block, PoolError> {
         let block = self.inner.alloc(bytes)?;
-        let live = self.live.load(Ordering::Relaxed) + block.size();
-        self.live.store(live, Ordering::Relaxed);
-        if live > self.live_peak.load(Ordering::Relaxed) {
-            self.live_peak.store(live, Ordering::Relaxed);
-        }
+        self.note_live(block.size());
         Ok(block)
+    }
+
+    #[inline]
+    fn alloc_onto(&self, bytes: usize, out: &mut Vec<Block>) -> Result<(), PoolError> {
+        self.inner.alloc_onto(bytes, out)?;
+        if let Some(b) = out.last() {
+            self.note_live(b.size());
+        }
+        Ok(())
     }
 
     #[inline]
@@ -169,6 +184,9 @@ mod tests {
                     let i = which % a.len();
                     peaks.free(a.swap_remove(i)).unwrap();
                     phases.free(b.swap_remove(i)).unwrap();
+                } else if bytes % 2 == 1 {
+                    peaks.alloc_onto(bytes, &mut a).unwrap();
+                    phases.alloc_onto(bytes, &mut b).unwrap();
                 } else {
                     a.push(peaks.alloc(bytes).unwrap());
                     b.push(phases.alloc(bytes).unwrap());

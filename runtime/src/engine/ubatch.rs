@@ -217,22 +217,12 @@ impl Engine {
 
     fn layers(&mut self, ub: &Ubatch) -> Result<(), RuntimeError> {
         if let Some(p) = self.profile()? {
-            if ub.index == 0 && ub.pos0 == 0 && self.cfg.warm_up {
-                // The engine's warm-up decode, in the first ubatch's phase (one token marks
-                // no end). Its setup may differ from the run's (every expert routed), so the
-                // requests around the attention kept for the run's ubatches are not used.
-                if let Some((s, u)) = p.0.warm_up(&p.1, 1) {
-                    profiled::take_ubatch(&self.pool, u, (p.0, s), &self.ff, None)?;
-                }
-            }
             let u = UbatchShape {
                 n_tokens: ub.n_tokens,
                 n_kv: ub.n_kv,
                 n_outputs: self.outputs(ub.pos0, ub.n_tokens),
             };
-            let around = self.ff.on().then_some(&mut self.around);
-            profiled::take_ubatch(&self.pool, u, p, &self.ff, around)?;
-            return self.exec.sync();
+            return self.profiled_layers((ub.index, ub.pos0), u, p);
         }
         let scratch = self.scratch(ub.n_tokens, ub.n_kv);
         let workspace = take_workspace(&self.pool, self.cfg.gemm_workspace_bytes)?;

@@ -204,7 +204,7 @@ fn alone_peak(cfg: &RunConfig, target: &PlanTarget, n_tokens: usize, n_kv: usize
         n_outputs: 1,
     };
     let ff = FastForward::new(Some(counted));
-    profiled::take_ubatch(&pool, u, (profile, setup), &ff, None).ok()?;
+    profiled::take_ubatch((pool.as_ref(), false), u, (profile, setup), &ff, None).ok()?;
     Some(pool.stats().reserved_peak_bytes)
 }
 
