@@ -6,7 +6,7 @@
 // fresh process (and CUDA context) per mode, and prints one JSON line per mode:
 //
 //     nvcc -O2 -arch=sm_90 -o reclaim scripts/llama/reclaim_probe.cu -lcublas
-//     for m in none graph graph-destroyed async cublas; do ./reclaim $m; done
+//     for m in none graph graph-destroyed async cublas graph-cublas graph-cublas-warm; do ./reclaim $m; done
 //
 // Modes (what runs before the card is filled):
 // - `none`: nothing beyond the context;
@@ -14,7 +14,13 @@
 //   launched once, and kept (ik_llama.cpp captures its one-token warm-up);
 // - `graph-destroyed`: the same graph, then its executable and the graph destroyed;
 // - `async`: 256 MiB from the stream-ordered allocator, freed on the stream, stream synchronized;
-// - `cublas`: a cuBLAS handle and one SGEMM (its workspace comes from the driver).
+// - `cublas`: a cuBLAS handle and one SGEMM (its workspace comes from the driver);
+// - `graph-cublas`: a cuBLAS handle whose first SGEMM is captured into a graph, which is
+//   instantiated, launched once and kept: ik_llama.cpp's warm-up, the engine's first compute, is
+//   one captured token, and where it multiplies through cuBLAS (f16 weights, the MoE's f32
+//   router) the handle's workspace is made inside the capture (cuBLAS 12.2 and later take it
+//   with cudaMallocAsync, which under capture is a graph allocation node: graph memory);
+// - `graph-cublas-warm`: the same, with one SGEMM on the handle before the capture.
 //
 // Then the card is held by 2 MiB allocations down to about 40 MiB free, and cudaMalloc is asked
 // for the free memory plus 2, 4, ... MiB until it fails: `beyond_mib` is the most it got above
@@ -71,17 +77,50 @@ static bool run_async() {
     return cudaStreamSynchronize(s) == cudaSuccess;
 }
 
+// Three 1024 x 1024 f32 matrices for one SGEMM.
+struct Operands {
+    float *a, *b, *c;
+};
+
+static const int GEMM_N = 1024;
+
+static Operands operands() {
+    Operands o;
+    cudaMalloc(&o.a, GEMM_N * GEMM_N * sizeof(float));
+    cudaMalloc(&o.b, GEMM_N * GEMM_N * sizeof(float));
+    cudaMalloc(&o.c, GEMM_N * GEMM_N * sizeof(float));
+    return o;
+}
+
+static bool sgemm(cublasHandle_t h, const Operands & o) {
+    const float one = 1.0f, zero = 0.0f;
+    const int n = GEMM_N;
+    return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, o.a, n, o.b, n, &zero, o.c, n) == CUBLAS_STATUS_SUCCESS;
+}
+
 static bool run_cublas() {
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
-    const int n = 1024;
-    float *a, *b, *c;
-    cudaMalloc(&a, n * n * sizeof(float));
-    cudaMalloc(&b, n * n * sizeof(float));
-    cudaMalloc(&c, n * n * sizeof(float));
-    const float one = 1.0f, zero = 0.0f;
-    bool ok = cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n) == CUBLAS_STATUS_SUCCESS;
-    return ok && cudaDeviceSynchronize() == cudaSuccess;
+    const Operands o = operands();
+    return sgemm(h, o) && cudaDeviceSynchronize() == cudaSuccess;
+}
+
+static bool run_graph_cublas(bool warm) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    const Operands o = operands();
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
+    cublasSetStream(h, s);
+    if (warm && (!sgemm(h, o) || cudaStreamSynchronize(s) != cudaSuccess)) return false;
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    const bool ok = sgemm(h, o);
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !ok) return false;
+    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
+    cudaGraphLaunch(e, s);
+    return cudaStreamSynchronize(s) == cudaSuccess;
 }
 
 int main(int argc, char ** argv) {
@@ -96,8 +135,10 @@ int main(int argc, char ** argv) {
     else if (!strcmp(mode, "graph-destroyed")) ok = run_graph(true);
     else if (!strcmp(mode, "async")) ok = run_async();
     else if (!strcmp(mode, "cublas")) ok = run_cublas();
+    else if (!strcmp(mode, "graph-cublas")) ok = run_graph_cublas(false);
+    else if (!strcmp(mode, "graph-cublas-warm")) ok = run_graph_cublas(true);
     else if (strcmp(mode, "none")) {
-        printf("{\"error\":\"unknown mode %s: none, graph, graph-destroyed, async or cublas\"}\n", mode);
+        printf("{\"error\":\"unknown mode %s: none, graph, graph-destroyed, async, cublas, graph-cublas or graph-cublas-warm\"}\n", mode);
         return 2;
     }
     const size_t f1 = free_now();
