@@ -6,7 +6,8 @@
 // fresh process (and CUDA context) per mode, and prints one JSON line per mode:
 //
 //     nvcc -O2 -arch=sm_90 -o reclaim scripts/llama/reclaim_probe.cu -lcublas
-//     for m in none graph graph-destroyed async cublas graph-cublas graph-cublas-warm; do ./reclaim $m; done
+//     for m in none graph graph-destroyed async cublas graph-cublas graph-cublas-warm \
+//              graph-cublas-create graph-cublas-create-f16; do ./reclaim $m; done
 //
 // Modes (what runs before the card is filled):
 // - `none`: nothing beyond the context;
@@ -20,7 +21,10 @@
 //   one captured token, and where it multiplies through cuBLAS (f16 weights, the MoE's f32
 //   router) the handle's workspace is made inside the capture (cuBLAS 12.2 and later take it
 //   with cudaMallocAsync, which under capture is a graph allocation node: graph memory);
-// - `graph-cublas-warm`: the same, with one SGEMM on the handle before the capture.
+// - `graph-cublas-warm`: the same, with one SGEMM on the handle before the capture;
+// - `graph-cublas-create`: the handle itself made inside the capture, as ik_llama.cpp makes it
+//   (`cublas_handle()` creates it at the first multiplication that needs it, TF32 math), then one
+//   SGEMM captured; `graph-cublas-create-f16`: the same with an f16 GEMM (f16 weights' path).
 //
 // Then the card is held by 2 MiB allocations down to about 40 MiB free, and cudaMalloc is asked
 // for the free memory plus 2, 4, ... MiB until it fails: `beyond_mib` is the most it got above
@@ -123,6 +127,31 @@ static bool run_graph_cublas(bool warm) {
     return cudaStreamSynchronize(s) == cudaSuccess;
 }
 
+static bool gemm_f16(cublasHandle_t h, const Operands & o) {
+    // The f32 buffers hold the f16 operands (half the bytes); the result is f32.
+    const float one = 1.0f, zero = 0.0f;
+    const int n = GEMM_N;
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, o.a, CUDA_R_16F, n, o.b, CUDA_R_16F, n,
+                        &zero, o.c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP) ==
+           CUBLAS_STATUS_SUCCESS;
+}
+
+static bool run_graph_cublas_create(bool f16) {
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    const Operands o = operands();
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    cublasHandle_t h;
+    bool ok = cublasCreate(&h) == CUBLAS_STATUS_SUCCESS && cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS &&
+              cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS && (f16 ? gemm_f16(h, o) : sgemm(h, o));
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !ok) return false;
+    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
+    cudaGraphLaunch(e, s);
+    return cudaStreamSynchronize(s) == cudaSuccess;
+}
+
 int main(int argc, char ** argv) {
     const char * mode = argc > 1 ? argv[1] : "none";
     if (cudaFree(0) != cudaSuccess) {
@@ -137,8 +166,10 @@ int main(int argc, char ** argv) {
     else if (!strcmp(mode, "cublas")) ok = run_cublas();
     else if (!strcmp(mode, "graph-cublas")) ok = run_graph_cublas(false);
     else if (!strcmp(mode, "graph-cublas-warm")) ok = run_graph_cublas(true);
+    else if (!strcmp(mode, "graph-cublas-create")) ok = run_graph_cublas_create(false);
+    else if (!strcmp(mode, "graph-cublas-create-f16")) ok = run_graph_cublas_create(true);
     else if (strcmp(mode, "none")) {
-        printf("{\"error\":\"unknown mode %s: none, graph, graph-destroyed, async, cublas, graph-cublas or graph-cublas-warm\"}\n", mode);
+        printf("{\"error\":\"unknown mode %s: none, graph, graph-destroyed, async, cublas, graph-cublas, graph-cublas-warm, graph-cublas-create or graph-cublas-create-f16\"}\n", mode);
         return 2;
     }
     const size_t f1 = free_now();
