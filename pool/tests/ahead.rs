@@ -404,3 +404,38 @@ fn a_purge_with_pages_in_flight_counts_them() {
         assert_eq!(p.stats().reserved_bytes, held, "sleep {sleep}");
     }
 }
+
+/// The same miniature's first steps, where no lane has seen three copies yet: the lanes read
+/// the copies' growth from the last two copies that replaced long-lived blocks (`growth_of` in
+/// `placement/lanes/ahead.rs`), so from the third step the worker maps most of the growth
+/// (before, each lane learnt it alone, and the first steps made it where it landed).
+#[test]
+fn a_cache_s_first_copies_are_made_ahead_once_two_copies_grew_alike() {
+    let dev = sim(4.0);
+    let timed = Arc::new(TimedDriver::timed(as_driver(&dev)));
+    let p = pool(timed.clone(), Ahead::Worker);
+    let mut cache: Vec<Block> = (0..16).map(|_| p.alloc(3 * MIB).unwrap()).collect();
+    let calls = || {
+        let t = timed.times();
+        let count = |name: &str| t.get(name).map_or(0, |c| c.calls);
+        (count("map"), count(AHEAD_MAP))
+    };
+    for (k, b) in cache.iter().enumerate() {
+        fill(b, k as u8);
+    }
+    let mut at = Vec::new();
+    for _ in 0..5 {
+        step(&p, &mut cache, 3 * MIB, 5 * MIB);
+        at.push(calls());
+    }
+    for (k, b) in cache.iter().enumerate() {
+        assert!(holds(b, k as u8), "tensor {k} kept its bytes");
+    }
+    // Steps 3 to 5: 48 copies, each growing by one or two granules. Before, 37 pages were
+    // made on the allocating thread there and 13 by the worker.
+    let (inline, ahead) = (at[4].0 - at[1].0, at[4].1 - at[1].1);
+    assert!(
+        inline <= 18 && ahead >= 36,
+        "steps 3 to 5: {inline} pages made on the allocating thread, {ahead} by the worker ({at:?})"
+    );
+}

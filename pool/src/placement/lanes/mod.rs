@@ -37,7 +37,10 @@
 mod again;
 mod ahead;
 mod copy;
+mod lane;
 mod transient;
+
+use lane::Lane;
 
 pub use ahead::AHEAD;
 pub use transient::{SHORT_LIFE, TRANSIENT_AFTER};
@@ -69,42 +72,6 @@ const SPILL: usize = 8 << 20;
 /// The granule the upstream maps in (2 MiB on every CUDA GPU): a block's pages reach at most
 /// this far past it.
 const SPILL_GRANULE: usize = 2 << 20;
-
-#[derive(Clone, Copy, Debug)]
-struct Lane {
-    seg: Segment,
-    /// Capacity of the block at its start; 0 while free.
-    used: usize,
-    /// Capacity of its last block: about the memory behind it while free.
-    last: usize,
-    /// Epoch of the latest free of its block.
-    freed_at: u64,
-    /// When its block was placed (the lanes' own count): its key in `Lanes::growing`.
-    placed: u64,
-    /// Bytes asked for by its last block (before rounding).
-    size: usize,
-    /// What its block grew by over the lane's last, in bytes asked for (0: not larger, or a
-    /// lane just opened), and what the block before did; a block a little smaller than the
-    /// last (an activation between copies) leaves it as it was (`Lane::landed`).
-    grew: [usize; 2],
-    /// Whether the last growth this lane would have been asked ahead for was needed by the
-    /// block that came (`ahead.rs`).
-    trusted: bool,
-    /// The end of the largest block it has held: memory beyond it was only ever made ahead
-    /// of need, never handed out.
-    handed: usize,
-    /// The end of the largest block it has held since it opened or was taken again: what a
-    /// fresh lane's memory would be (`again.rs`).
-    reach: usize,
-    /// Free since every lane was free at once: the requests that used it ended, and the next
-    /// lane to open takes it (`again.rs`).
-    left: bool,
-    /// When it opened (the lanes' count of blocks placed then): left lanes are taken again in
-    /// the order they opened.
-    opened: u64,
-    /// How long its blocks lived (`transient.rs`).
-    lives: transient::Lives,
-}
 
 /// See the module docs.
 #[derive(Debug)]
@@ -141,6 +108,10 @@ pub struct Lanes<P> {
     /// Whether [`Placement::ahead`] names the growing lanes' next growth (off where nothing
     /// makes memory ahead: then nothing is kept from recycling for it either).
     predicts: bool,
+    /// Bytes asked for by the last large block, and what the last two long-lived blocks
+    /// freed in lanes grew by in the copies that replaced them, newest last (`ahead.rs`).
+    last_size: usize,
+    copies_grew: [usize; 2],
 }
 
 impl<P: Placement> Lanes<P> {
@@ -161,6 +132,8 @@ impl<P: Placement> Lanes<P> {
             excess: None,
             predicts: true,
             placed: 0,
+            last_size: 0,
+            copies_grew: [0; 2],
         }
     }
 
@@ -206,6 +179,7 @@ impl<P: Placement> Placement for Lanes<P> {
 
     fn take_backed(&mut self, size: usize, unbacked: &dyn Fn(u64, usize) -> usize) -> Option<Fit> {
         self.asked = false;
+        self.last_size = size;
         let n = self.rounded(size);
         if n <= LANE_BYTES && !self.lanes.is_empty() {
             if let Some((at, again)) = self.free_lane(n, unbacked) {
@@ -230,8 +204,9 @@ impl<P: Placement> Placement for Lanes<P> {
                     if self.predicts && end < lane.seg.len {
                         self.excess = Some((at + end as u64, lane.seg.len - end));
                     }
-                    if lane.next_growth() > 0 {
-                        self.growing.insert((lane.placed, at));
+                    let key = (lane.placed, at);
+                    if self.growth_of(at) > 0 {
+                        self.growing.insert(key);
                     }
                 }
                 self.note(n);
@@ -312,8 +287,11 @@ impl<P: Placement> Placement for Lanes<P> {
     fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
         let short = transient::short_life(self.lanes.len());
         if let Some(lane) = self.lanes.get_mut(&fit.addr) {
+            let mut replaced = None;
             if lane.used > 0 {
-                lane.lives.freed(self.clock, short);
+                if !lane.lives.freed(self.clock, short) {
+                    replaced = Some(lane.size);
+                }
                 lane.last = lane.used;
                 self.free.insert((lane.last, fit.addr));
                 self.growing.remove(&(lane.placed, fit.addr));
@@ -323,6 +301,9 @@ impl<P: Placement> Placement for Lanes<P> {
             // failure; keep the latest of the two, so the lane's memory waits for the device
             // to pass every free of a block in it.
             lane.freed_at = lane.freed_at.max(freed_at);
+            if let Some(size) = replaced {
+                self.note_replaced(size);
+            }
             self.leave_all_if_free();
             return None;
         }

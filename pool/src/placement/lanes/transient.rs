@@ -80,14 +80,16 @@ impl Lives {
         self.born = clock;
     }
 
-    /// Its block was freed at `clock`; it lived short below `short` ([`short_life`]).
+    /// Its block was freed at `clock`: whether it lived short, below `short` ([`short_life`]).
     #[inline]
-    pub(super) fn freed(&mut self, clock: u64, short: u64) {
-        if clock.saturating_sub(self.born) < short {
-            self.short = self.short.saturating_add(1);
+    pub(super) fn freed(&mut self, clock: u64, short: u64) -> bool {
+        let lived_short = clock.saturating_sub(self.born) < short;
+        self.short = if lived_short {
+            self.short.saturating_add(1)
         } else {
-            self.short = 0;
-        }
+            0
+        };
+        lived_short
     }
 
     /// Forgets the blocks so far: the lane is weighed as new.

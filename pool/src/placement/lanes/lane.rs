@@ -1,0 +1,41 @@
+//! One lane's state: its address range, its block, and what its blocks did.
+
+use super::transient;
+use crate::placement::Segment;
+
+/// A lane (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Lane {
+    pub(super) seg: Segment,
+    /// Capacity of the block at its start; 0 while free.
+    pub(super) used: usize,
+    /// Capacity of its last block: about the memory behind it while free.
+    pub(super) last: usize,
+    /// Epoch of the latest free of its block.
+    pub(super) freed_at: u64,
+    /// When its block was placed (the lanes' own count): its key in `Lanes::growing`.
+    pub(super) placed: u64,
+    /// Bytes asked for by its last block (before rounding).
+    pub(super) size: usize,
+    /// What its block grew by over the lane's last, in bytes asked for (0: not larger, or a
+    /// lane just opened), and what the block before did; a block a little smaller than the
+    /// last (an activation between copies) leaves it as it was (`Lane::landed`).
+    pub(super) grew: [usize; 2],
+    /// Whether the last growth this lane would have been asked ahead for was needed by the
+    /// block that came (`ahead.rs`).
+    pub(super) trusted: bool,
+    /// The end of the largest block it has held: memory beyond it was only ever made ahead
+    /// of need, never handed out.
+    pub(super) handed: usize,
+    /// The end of the largest block it has held since it opened or was taken again: what a
+    /// fresh lane's memory would be (`again.rs`).
+    pub(super) reach: usize,
+    /// Free since every lane was free at once: the requests that used it ended, and the next
+    /// lane to open takes it (`again.rs`).
+    pub(super) left: bool,
+    /// When it opened (the lanes' count of blocks placed then): left lanes are taken again in
+    /// the order they opened.
+    pub(super) opened: u64,
+    /// How long its blocks lived (`transient.rs`).
+    pub(super) lives: transient::Lives,
+}
