@@ -36,6 +36,9 @@ pub(super) struct Lane {
     /// When it opened (the lanes' count of blocks placed then): left lanes are taken again in
     /// the order they opened.
     pub(super) opened: u64,
+    /// Where the memory named ahead from the pool's copies for the block replacing its last
+    /// one ended, while it is free (0: none named so; `ahead.rs`, [`Lane::fresh_end`]).
+    pub(super) ahead_end: usize,
     /// How long its blocks lived (`transient.rs`).
     pub(super) lives: transient::Lives,
 }

@@ -191,6 +191,7 @@ impl<P: Placement> Placement for Lanes<P> {
                     lane.reach = lane.reach.max(n);
                     lane.used = n;
                     lane.lives.landed(self.clock);
+                    lane.ahead_end = 0;
                     self.placed += 1;
                     lane.placed = self.placed;
                     // What it grew by over the lane's last block: what the block that
@@ -205,7 +206,7 @@ impl<P: Placement> Placement for Lanes<P> {
                         self.excess = Some((at + end as u64, lane.seg.len - end));
                     }
                     let key = (lane.placed, at);
-                    if self.growth_of(at) > 0 {
+                    if self.growth(at, false) > 0 {
                         self.growing.insert(key);
                     }
                 }
@@ -252,6 +253,7 @@ impl<P: Placement> Placement for Lanes<P> {
                 reach: n,
                 left: false,
                 opened: self.placed,
+                ahead_end: 0,
                 lives: transient::Lives::at(self.clock),
             },
         );
@@ -286,7 +288,12 @@ impl<P: Placement> Placement for Lanes<P> {
     #[inline]
     fn give_back(&mut self, fit: Fit, freed_at: u64) -> Option<Segment> {
         let short = transient::short_life(self.lanes.len());
+        let named = self
+            .lanes
+            .get(&fit.addr)
+            .map_or(0, |l| self.named_from_copies(fit.addr, l));
         if let Some(lane) = self.lanes.get_mut(&fit.addr) {
+            lane.ahead_end = named;
             let mut replaced = None;
             if lane.used > 0 {
                 if !lane.lives.freed(self.clock, short) {

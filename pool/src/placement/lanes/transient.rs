@@ -74,6 +74,12 @@ impl Lives {
         }
     }
 
+    /// How long its block has lived at `clock`, in large allocations.
+    #[inline]
+    pub(super) fn age(&self, clock: u64) -> u64 {
+        clock.saturating_sub(self.born)
+    }
+
     /// A block landed at `clock`.
     #[inline]
     pub(super) fn landed(&mut self, clock: u64) {
