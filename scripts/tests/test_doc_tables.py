@@ -235,3 +235,8 @@ def test_the_direct_allocator_tables_are_their_run():
 def test_the_thread_bins_tables_are_their_runs():
     check("data/h200-2026-11-28-bins/call2/prefill.jsonl")
     check("data/h200-2026-11-28-bins/call3/prefill.jsonl")
+
+
+def test_the_copies_ahead_tables_are_their_runs():
+    check("data/h200-2026-11-29-copies-ahead/call1/prefill.jsonl")
+    check("data/h200-2026-11-29-copies-ahead/call2/prefill.jsonl")
