@@ -7,7 +7,8 @@
 //
 //     nvcc -O2 -arch=sm_90 -o reclaim scripts/llama/reclaim_probe.cu -lcublas
 //     for m in none graph graph-destroyed async cublas graph-cublas graph-cublas-warm \
-//              graph-cublas-create graph-cublas-create-f16; do ./reclaim $m; done
+//              graph-cublas-create graph-cublas-create-f16 graph-cublas-decode \
+//              graph-cublas-decode-f16; do ./reclaim $m; done
 //
 // Modes (what runs before the card is filled):
 // - `none`: nothing beyond the context;
@@ -24,7 +25,11 @@
 // - `graph-cublas-warm`: the same, with one SGEMM on the handle before the capture;
 // - `graph-cublas-create`: the handle itself made inside the capture, as ik_llama.cpp makes it
 //   (`cublas_handle()` creates it at the first multiplication that needs it, TF32 math), then one
-//   SGEMM captured; `graph-cublas-create-f16`: the same with an f16 GEMM (f16 weights' path).
+//   SGEMM captured; `graph-cublas-create-f16`: the same with an f16 GEMM (f16 weights' path);
+// - `graph-cublas-decode`, `graph-cublas-decode-f16`: the same with one token's products, as the
+//   warm-up multiplies: the MoE's f32 router (128 x 2048 by one column) and Phi-3's f16
+//   feed-forward down projection (3072 x 8192 by one column); cuBLAS may pick other kernels,
+//   with a workspace, for a single column than for a square product.
 //
 // Then the card is held by 2 MiB allocations down to about 40 MiB free, and cudaMalloc is asked
 // for the free memory plus 2, 4, ... MiB until it fails: `beyond_mib` is the most it got above
@@ -152,6 +157,33 @@ static bool run_graph_cublas_create(bool f16) {
     return cudaStreamSynchronize(s) == cudaSuccess;
 }
 
+// One token's product through a handle made inside the capture (see the modes above).
+static bool run_graph_cublas_decode(bool f16) {
+    const int m = f16 ? 3072 : 128, k = f16 ? 8192 : 2048, n = 1;
+    const size_t elt = f16 ? 2 : 4;
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    void *w, *x, *y;
+    cudaMalloc(&w, (size_t) m * k * elt);
+    cudaMalloc(&x, (size_t) k * n * elt);
+    cudaMalloc(&y, (size_t) m * n * sizeof(float));
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_32F;
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+    cublasHandle_t h;
+    bool ok = cublasCreate(&h) == CUBLAS_STATUS_SUCCESS && cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS &&
+              cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS &&
+              cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, x, t, k, &zero, y, CUDA_R_32F, m,
+                           f16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT_TENSOR_OP) ==
+                  CUBLAS_STATUS_SUCCESS;
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !ok) return false;
+    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
+    cudaGraphLaunch(e, s);
+    return cudaStreamSynchronize(s) == cudaSuccess;
+}
+
 int main(int argc, char ** argv) {
     const char * mode = argc > 1 ? argv[1] : "none";
     if (cudaFree(0) != cudaSuccess) {
@@ -168,8 +200,10 @@ int main(int argc, char ** argv) {
     else if (!strcmp(mode, "graph-cublas-warm")) ok = run_graph_cublas(true);
     else if (!strcmp(mode, "graph-cublas-create")) ok = run_graph_cublas_create(false);
     else if (!strcmp(mode, "graph-cublas-create-f16")) ok = run_graph_cublas_create(true);
+    else if (!strcmp(mode, "graph-cublas-decode")) ok = run_graph_cublas_decode(false);
+    else if (!strcmp(mode, "graph-cublas-decode-f16")) ok = run_graph_cublas_decode(true);
     else if (strcmp(mode, "none")) {
-        printf("{\"error\":\"unknown mode %s: none, graph, graph-destroyed, async, cublas, graph-cublas, graph-cublas-warm, graph-cublas-create or graph-cublas-create-f16\"}\n", mode);
+        printf("{\"error\":\"unknown mode %s: none, graph, graph-destroyed, async, cublas, graph-cublas, graph-cublas-warm, graph-cublas-create, graph-cublas-create-f16, graph-cublas-decode or graph-cublas-decode-f16\"}\n", mode);
         return 2;
     }
     const size_t f1 = free_now();
