@@ -11,8 +11,9 @@
 //! last copies where a lane has not learnt it (`pool/src/placement/lanes/ahead.rs`,
 //! `growth_of`); before that, the allocating thread made 1,681 pages for Phi-3 (1,491 after),
 //! 2,458 for Llama-3 (2,379) and 2,191 for the MoE (2,181), about a thousand of each the
-//! weights', and Llama-3 reserved 18,536 MiB (18,484); Phi-3 15,138 and the MoE 16,444 alike. `expandable_segments` reserved 16,436, 18,772 and 16,266 MiB for the same prefills
-//! on the H200 (docs/pytorch.md).
+//! weights', and Llama-3 reserved 18,536 MiB (18,484); Phi-3 15,138 and the MoE 16,444 alike.
+//! `expandable_segments` reserved 16,436, 18,772 and 16,266 MiB for the same prefills on the
+//! H200 (docs/pytorch.md).
 
 use cupool::{
     cupool_init, cupool_shutdown, cupool_stats_json, cupool_torch_alloc, cupool_torch_free,

@@ -4,7 +4,8 @@
 //! `upstream/vmm/ahead.rs`), a lane whose last two blocks grew alike, and whose last such guess
 //! held, is read as a growing cache's, and [`Placement::ahead`] names the growth the next copy
 //! will need behind the [`AHEAD`] such busy lanes placed longest ago (their blocks are replaced
-//! next); that growth is kept out of the free spans. Memory a copy did not need (beyond the
+//! next); that growth is kept out of the free spans. A lane that has seen one growth reads the
+//! rest from the pool's last copies ([`Lanes::growth_of`]). Memory a copy did not need (beyond the
 //! largest block a lane has held: nothing ever used it) goes back when the copy lands
 //! ([`Placement::take_excess`]).
 
@@ -65,9 +66,12 @@ impl Lane {
 }
 
 impl<P: Placement> Lanes<P> {
-    /// A long-lived block of `size` bytes asked for was freed from a lane: where the last
-    /// large block is a little larger (a cache's grown copy, allocated before the old one
-    /// goes), what the copy grew by is noted (see [`Lanes::growth_of`]).
+    /// A long-lived block was freed from a lane whose copies were `size` bytes asked for
+    /// ([`Lane::size`]: the lane's last copy, which an activation a little smaller landing
+    /// between copies leaves as it was): where the last large block is a little larger (a
+    /// cache's grown copy, allocated before the old one goes), what the copy grew by is noted
+    /// (see [`Lanes::growth_of`]). (Noting the freed block's own size instead, replayed: Phi-3
+    /// made 1,493 pages on the allocating thread, and with its cache kept moved 891 pages.)
     pub(super) fn note_replaced(&mut self, size: usize) {
         let g = self.last_size.saturating_sub(size);
         if g > 0 && g <= GROW {
@@ -89,17 +93,18 @@ impl<P: Placement> Lanes<P> {
     /// (`capi/tests/torch_replay.rs`): the pages the allocating thread made fell 1,681 ->
     /// 1,491 on Phi-3, 2,458 -> 2,379 on Llama-3 and 2,191 -> 2,181 on the MoE (about 1,000
     /// of each the weights'), the reserve 18,536 -> 18,484 MiB on Llama-3, Phi-3's 15,138 and
-    /// the MoE's 16,444 alike. (Trusting one growth without the copies' agreement mapped 124 MiB more on the
-    /// MoE, whose activations grow alike for a few chunks and stop.)
+    /// the MoE's 16,444 alike. (Trusting one growth without the copies' agreement mapped
+    /// 124 MiB more on the MoE, whose activations grow alike for a few chunks and stop.)
     ///
     /// Only for a block that has lived [`super::transient::short_life`] already: a cache's
     /// copy lives a chunk, an activation a few allocations, and activations grow by a chunk's
     /// share too (Phi-3's 3 MiB steps, its KV copies' growth). Memory named ahead behind an
     /// activation draws the next copy into the activation's lane, so the caches end the
     /// request in other lanes than they opened, and a later request, which takes the lanes
-    /// again in the order they opened, put its copies where their memory was not: the recorded
-    /// Phi-3 process serving three prefills with its cache kept moved 4,408 pages and reserved
-    /// 17.26 GB where it had moved none and reserved 15.88 (`cli/tests/replay.rs`).
+    /// again in the order they opened, put its copies where their memory was not: without this
+    /// rule the recorded Phi-3 process serving three prefills with its cache kept moved 2,901
+    /// pages and reserved 16.16 GB where it moves none and reserves 15.88 (`cli/tests/replay.rs`;
+    /// 4,408 pages and 17.26 GB without [`Lanes::named_from_copies`] either).
     pub(super) fn growth_of(&self, at: u64) -> usize {
         self.growth(at, true)
     }
@@ -128,10 +133,12 @@ impl<P: Placement> Lanes<P> {
 
     /// Where the memory named ahead for busy lane `at`'s next copy from the pool's copies ends
     /// (0 where the lane's own guess named it, or nothing was named): noted when its block is
-    /// freed, so that the next request, taking the lane again, weighs it with that memory as
-    /// the first request did ([`Lane::fresh_end`]). The lane's own guesses are weighed as
-    /// they were (counting theirs too, the Phi-3 process with its cache kept moved 5,577
-    /// pages).
+    /// freed, so that a lane taken again by a later request, weighed as a fresh lane
+    /// ([`Lane::fresh_end`]), counts that memory as the first request's lane had it made.
+    /// Recomputed here from the window [`Placement::ahead`] names, not recorded when named (a
+    /// guess that changed in between is missed; replayed, 3 lanes a Phi-3 request). The lane's
+    /// own guesses are weighed as they were (counting theirs too, the Phi-3 process with its
+    /// cache kept moved 315 pages and reserved 15,466 MiB).
     pub(super) fn named_from_copies(&self, at: u64, l: &Lane) -> usize {
         if !self.predicts || l.used == 0 || l.next_growth() > 0 {
             return 0;

@@ -96,9 +96,9 @@ pub struct Lanes<P> {
     asked: bool,
     /// Whether lanes may open (the upstream refused address space apart: never again).
     enabled: bool,
-    /// The busy lanes expected to grow ([`Lane::next_growth`]), by (when their block was placed,
-    /// address), oldest first: the copies of a growing cache, replaced in the order they were
-    /// placed ([`Placement::ahead`]).
+    /// The busy lanes expected to grow ([`Lanes::growth`] at landing), by (when their block
+    /// was placed, address), oldest first: the copies of a growing cache, replaced in the order
+    /// they were placed ([`Placement::ahead`]).
     growing: BTreeSet<(u64, u64)>,
     /// Blocks placed in lanes so far.
     placed: u64,
