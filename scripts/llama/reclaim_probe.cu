@@ -114,6 +114,18 @@ static bool run_cublas() {
     return sgemm(h, o) && cudaDeviceSynchronize() == cudaSuccess;
 }
 
+// Ends the capture on `s`, instantiates the graph and launches it once, keeping both (the
+// modes below hold their graph while the card is filled); false on any error, or where the
+// captured work failed (`captured`).
+static bool launch_captured(cudaStream_t s, bool captured) {
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !captured) return false;
+    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
+    cudaGraphLaunch(e, s);
+    return cudaStreamSynchronize(s) == cudaSuccess;
+}
+
 static bool run_graph_cublas(bool warm) {
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -122,14 +134,9 @@ static bool run_graph_cublas(bool warm) {
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return false;
     cublasSetStream(h, s);
     if (warm && (!sgemm(h, o) || cudaStreamSynchronize(s) != cudaSuccess)) return false;
-    cudaGraph_t g;
-    cudaGraphExec_t e;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
     const bool ok = sgemm(h, o);
-    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !ok) return false;
-    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
-    cudaGraphLaunch(e, s);
-    return cudaStreamSynchronize(s) == cudaSuccess;
+    return launch_captured(s, ok);
 }
 
 static bool gemm_f16(cublasHandle_t h, const Operands & o) {
@@ -141,20 +148,22 @@ static bool gemm_f16(cublasHandle_t h, const Operands & o) {
            CUBLAS_STATUS_SUCCESS;
 }
 
+// A cuBLAS handle made while `s` captures, as ik_llama.cpp's `cublas_handle()` makes it (TF32
+// math), bound to `s`.
+static bool handle_in_capture(cudaStream_t s, cublasHandle_t * h) {
+    return cublasCreate(h) == CUBLAS_STATUS_SUCCESS &&
+           cublasSetMathMode(*h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS &&
+           cublasSetStream(*h, s) == CUBLAS_STATUS_SUCCESS;
+}
+
 static bool run_graph_cublas_create(bool f16) {
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     const Operands o = operands();
-    cudaGraph_t g;
-    cudaGraphExec_t e;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
     cublasHandle_t h;
-    bool ok = cublasCreate(&h) == CUBLAS_STATUS_SUCCESS && cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS &&
-              cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS && (f16 ? gemm_f16(h, o) : sgemm(h, o));
-    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !ok) return false;
-    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
-    cudaGraphLaunch(e, s);
-    return cudaStreamSynchronize(s) == cudaSuccess;
+    const bool ok = handle_in_capture(s, &h) && (f16 ? gemm_f16(h, o) : sgemm(h, o));
+    return launch_captured(s, ok);
 }
 
 // One token's product through a handle made inside the capture (see the modes above).
@@ -169,19 +178,13 @@ static bool run_graph_cublas_decode(bool f16) {
     cudaMalloc(&y, (size_t) m * n * sizeof(float));
     const float one = 1.0f, zero = 0.0f;
     const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_32F;
-    cudaGraph_t g;
-    cudaGraphExec_t e;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
     cublasHandle_t h;
-    bool ok = cublasCreate(&h) == CUBLAS_STATUS_SUCCESS && cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS &&
-              cublasSetStream(h, s) == CUBLAS_STATUS_SUCCESS &&
+    const bool ok = handle_in_capture(s, &h) &&
               cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, t, k, x, t, k, &zero, y, CUDA_R_32F, m,
                            f16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT_TENSOR_OP) ==
                   CUBLAS_STATUS_SUCCESS;
-    if (cudaStreamEndCapture(s, &g) != cudaSuccess || !ok) return false;
-    if (cudaGraphInstantiate(&e, g, nullptr, nullptr, 0) != cudaSuccess) return false;
-    cudaGraphLaunch(e, s);
-    return cudaStreamSynchronize(s) == cudaSuccess;
+    return launch_captured(s, ok);
 }
 
 int main(int argc, char ** argv) {

@@ -79,7 +79,7 @@ impl<P: Placement> Lanes<P> {
         }
     }
 
-    /// The memory beyond its block that the block replacing lane `at`'s is expected to need:
+    /// The memory beyond its block that the block replacing lane `l`'s is expected to need:
     /// the lane's own guess ([`Lane::next_growth`]), else, for a lane whose last block grew
     /// by what the last two copies replacing long-lived blocks grew by, that growth again.
     ///
@@ -105,16 +105,13 @@ impl<P: Placement> Lanes<P> {
     /// rule the recorded Phi-3 process serving three prefills with its cache kept moved 2,901
     /// pages and reserved 16.16 GB where it moves none and reserves 15.88 (`cli/tests/replay.rs`;
     /// 4,408 pages and 17.26 GB without [`Lanes::named_from_copies`] either).
-    pub(super) fn growth_of(&self, at: u64) -> usize {
-        self.growth(at, true)
+    pub(super) fn growth_of(&self, l: &Lane) -> usize {
+        self.growth(l, true)
     }
 
     /// [`Self::growth_of`]; `aged`: only for a block that has lived long already (at its
     /// landing it has not: a lane is marked growing then, and its guess named once it aged).
-    pub(super) fn growth(&self, at: u64, aged: bool) -> usize {
-        let Some(l) = self.lanes.get(&at) else {
-            return 0;
-        };
+    pub(super) fn growth(&self, l: &Lane, aged: bool) -> usize {
         let own = l.next_growth();
         let g = self.copies_grew[1];
         if own > 0 || l.used == 0 || l.transient() || g == 0 {
@@ -143,7 +140,7 @@ impl<P: Placement> Lanes<P> {
         if !self.predicts || l.used == 0 || l.next_growth() > 0 {
             return 0;
         }
-        let g = self.growth_of(at);
+        let g = self.growth_of(l);
         let key = (l.placed, at);
         let named = self.growing.range(..=key).take(AHEAD).any(|&k| k == key);
         if g == 0 || !named {
@@ -161,12 +158,13 @@ impl<P: Placement> Lanes<P> {
     /// for it while it is one of the [`AHEAD`] (that memory is not free to move: it would be
     /// made again).
     pub(super) fn kept(&self, at: u64, l: &Lane) -> usize {
-        let kept = if self.predicts
-            && l.used > 0
-            && self.growth_of(at) > 0
-            && self.growing.range(..=(l.placed, at)).nth(AHEAD).is_none()
-        {
-            (l.used + self.growth_of(at)).next_multiple_of(SPILL_GRANULE)
+        let g = if self.predicts && l.used > 0 {
+            self.growth_of(l)
+        } else {
+            0
+        };
+        let kept = if g > 0 && self.growing.range(..=(l.placed, at)).nth(AHEAD).is_none() {
+            (l.used + g).next_multiple_of(SPILL_GRANULE)
         } else {
             l.used
         };
@@ -202,7 +200,7 @@ impl<P: Placement> Lanes<P> {
             if let Some(l) = self.lanes.get(&at) {
                 // Whole granules: the pages made there, each wholly inside the range (so a
                 // block that needs their memory can have them shed: `core/back.rs`).
-                let end = (l.used + self.growth_of(at))
+                let end = (l.used + self.growth_of(l))
                     .next_multiple_of(SPILL_GRANULE)
                     .min(l.seg.len);
                 if end > l.used {

@@ -205,9 +205,9 @@ impl<P: Placement> Placement for Lanes<P> {
                     if self.predicts && end < lane.seg.len {
                         self.excess = Some((at + end as u64, lane.seg.len - end));
                     }
-                    let key = (lane.placed, at);
-                    if self.growth(at, false) > 0 {
-                        self.growing.insert(key);
+                    let l = *lane;
+                    if self.growth(&l, false) > 0 {
+                        self.growing.insert((l.placed, at));
                     }
                 }
                 self.note(n);
