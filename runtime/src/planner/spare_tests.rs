@@ -26,7 +26,9 @@ fn card(cfg: &RunConfig, room_mib: usize) -> PlanTarget {
 
 /// The helper's probes are taken (so the property below compares searches that used them):
 /// a legacy pool purged `auto` bisects, a dozen probes, and the helper's guess is right for
-/// some of them.
+/// some of them. A helper the scheduler has not yet run when its probe is due leaves that
+/// probe to the bisection (on a loaded machine, every one of a search's), so the search is
+/// repeated until one takes a probe, each answering as alone.
 #[test]
 fn a_bisection_takes_probes_from_its_helper() {
     let cfg = two_layers(
@@ -36,9 +38,17 @@ fn a_bisection_takes_probes_from_its_helper() {
         64,
     );
     let t = card(&cfg, 600);
-    let (with, taken) = search(&cfg, &t, true);
-    assert!(taken > 0, "no probe taken from the helper");
-    assert_eq!(with, search(&cfg, &t, false).0);
+    let alone = search(&cfg, &t, false).0;
+    let mut taken = 0;
+    for _ in 0..20 {
+        let (with, n) = search(&cfg, &t, true);
+        assert_eq!(with, alone);
+        taken += n;
+        if taken > 0 {
+            break;
+        }
+    }
+    assert!(taken > 0, "no probe taken from the helper in 20 searches");
 }
 
 proptest::proptest! {
