@@ -92,7 +92,8 @@ impl Device {
     /// (on cuda, only when a free size was given: else the GPU's real context and modules are
     /// already out of what it reports free).
     pub fn set_outside(&mut self, cfg: &RunConfig, model: Option<&EngineModel>, cc: u32) {
-        let o = Outside::of(cfg.engine, model, cfg.weight_type, cc);
+        let o = Outside::of(cfg.engine, model, cfg.weight_type, cc)
+            .after_warm_up(cfg.engine, cfg.warm_up);
         match self {
             Device::Sim {
                 free,
@@ -101,7 +102,7 @@ impl Device {
                 ..
             } => {
                 *outside = o;
-                *room = free.saturating_sub(o.at_compute());
+                *room = o.room(*free, 0).unwrap_or(0);
             }
             Device::Cuda {
                 free: Some(f),
@@ -110,7 +111,7 @@ impl Device {
                 ..
             } => {
                 *outside = o;
-                *room = Some(f.saturating_sub(o.at_compute()));
+                *room = Some(o.room(*f, 0).unwrap_or(0));
             }
             Device::Cuda { .. } => {}
         }

@@ -8,7 +8,7 @@ use crate::events::trace_events;
 use crate::profile::Profile;
 use crate::setup::{Setup, UbatchShape};
 use crate::sweep::{sweep_step, KV_PADDING};
-use cupool_pool::trace::{replay, Op, ReplayReport, TraceError};
+use cupool_pool::trace::{replay_on_card, Card, Op, ReplayReport, TraceError};
 use cupool_pool::{PoolConfig, PurgePolicy};
 
 /// Which requests, in which order.
@@ -169,24 +169,25 @@ pub fn predict(
     purge: PurgePolicy,
     vram: Option<usize>,
 ) -> Result<Prediction, PredictError> {
-    Ok(engine_trace(run)?.replay(pool, purge, vram)?)
+    Ok(engine_trace(run)?.replay(pool, purge, Card::of(vram))?)
 }
 
 impl EngineTrace {
-    /// Replays the trace through `pool` under `purge` on a card with `vram` bytes for the pool
-    /// (unlimited when `None`). A legacy pool flushes and retries on OOM as the engine's does.
+    /// Replays the trace through `pool` under `purge` on `card` (a GPU's room for the pool:
+    /// its bytes and the pages each allocation takes there). A legacy pool flushes and retries
+    /// on OOM as the engine's does.
     pub fn replay(
         &self,
         pool: &PoolConfig,
         purge: PurgePolicy,
-        vram: Option<usize>,
+        card: Card,
     ) -> Result<Prediction, TraceError> {
         let mut pool = pool.clone();
         // Under a purge policy the pool is libcupool's, which trims and retries on OOM unless
         // CUPOOL_PURGE=never.
         pool.legacy.flush_and_retry =
             self.profile.legacy_flush_and_retry() || purge != PurgePolicy::Never;
-        let report = replay(&self.ops, &pool, purge, vram)?;
+        let report = replay_on_card(&self.ops, &pool, purge, card)?;
         let oom_at_token = report.first_oom_event.map(|e| {
             let at = self.phases.partition_point(|&(start, _)| start < e) - 1;
             self.phases[at].1

@@ -85,7 +85,8 @@ pub fn plan(a: RunArgs) -> ExitCode {
         scenario::engine_model(&a, &cfg).as_ref(),
         cfg.weight_type,
         cc,
-    );
+    )
+    .after_warm_up(cfg.engine, cfg.warm_up);
     // Name the pool the plan models (automatic: vmm where the device supports it).
     match cfg.pool.resolve(target.vmm) {
         Ok(k) => cfg.pool.kind = Some(k),
@@ -161,7 +162,7 @@ fn plan_json(p: &Plan, c: &RunConfig, scenario: Value, advice: &Advice, line: &s
         "outside": {
             "cuda_context_bytes": o.cuda_context, "cublas_workspace_bytes": o.cublas_workspace,
             "kernel_modules_bytes": o.kernel_modules, "shim_hold_bytes": o.shim_hold,
-            "output_buffer_bytes": o.output_buffer,
+            "output_buffer_bytes": o.output_buffer, "warm_up_graph_workspace_bytes": o.given_back,
         },
         "total_bytes": p.total_bytes, "peak_device_bytes": p.peak_device_bytes,
         "device_bytes": p.device_bytes, "fits": p.fits, "stop": p.stop.map(stop_name),

@@ -8,6 +8,7 @@ use crate::cli::{FormatArg, PredictArgs};
 use crate::gguf::GgufInput;
 use crate::output::driver_calls;
 use crate::{scenario, stdout, values};
+use cupool::pool::trace::Card;
 use cupool::pool::PoolConfig;
 use cupool::predict::{engine_trace, EngineRun, Prediction, Schedule};
 use cupool::runtime::profile::{Device, EngineModel, Setup};
@@ -61,8 +62,15 @@ pub fn predict(mut a: PredictArgs) -> ExitCode {
     }
     // The pool's room: what the buffers and what lies outside them leave of the free memory;
     // a run that stops before its pool asks for anything replays nothing.
-    let room = dev.as_ref().map(|d| d.room.unwrap_or(0));
-    let mut p = match trace.replay(&config, a.purge, room.map(|r| r.max(1))) {
+    // Its allocations take whole pages there, as on the GPU (and in `plan`'s dry runs).
+    let card = match &dev {
+        Some(d) => Card {
+            bytes: Some(d.room.unwrap_or(0).max(1)),
+            malloc_page: cupool::runtime::planner::GPU_MALLOC_PAGE,
+        },
+        None => Card::of(None),
+    };
+    let mut p = match trace.replay(&config, a.purge, card) {
         Ok(p) => p,
         Err(e) => return usage(e.to_string()),
     };

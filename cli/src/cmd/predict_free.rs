@@ -66,6 +66,7 @@ pub fn device(
         }
     };
     cfg.kv_type = run.setup.kv;
+    cfg.warm_up = run.warm_up;
     cfg.n_ubatch = a.ubatch;
     cfg.n_batch = a.batch.max(a.ubatch);
     cfg.weight_type = run.setup.weights;
@@ -94,7 +95,8 @@ pub fn device(
         Some(&run.setup.model),
         cfg.weight_type,
         run.setup.dev.cc,
-    );
+    )
+    .after_warm_up(cfg.engine, cfg.warm_up);
     let target = PlanTarget {
         free_bytes: free,
         vmm: true,
@@ -129,7 +131,10 @@ impl FreeDevice {
         let b = self.buffers_sum();
         let run = match self.stop {
             Some(_) => 0,
-            None => b + self.outside.at_compute() + p.replay.peak_reserved_bytes,
+            None => {
+                let pool = p.replay.peak_reserved_bytes;
+                b + self.outside.held_beside(b + pool, self.free) + pool
+            }
         };
         run.max(b + self.outside.at_startup())
     }
@@ -143,7 +148,7 @@ impl FreeDevice {
             "outside": {
                 "cuda_context_bytes": o.cuda_context, "cublas_workspace_bytes": o.cublas_workspace,
                 "kernel_modules_bytes": o.kernel_modules, "shim_hold_bytes": o.shim_hold,
-                "output_buffer_bytes": o.output_buffer,
+                "output_buffer_bytes": o.output_buffer, "warm_up_graph_workspace_bytes": o.given_back,
             },
             "pool_room_bytes": self.room, "stop": self.stop.map(stop_name),
             "peak_device_bytes": self.peak(p),

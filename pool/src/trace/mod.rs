@@ -22,7 +22,7 @@ pub use error::TraceError;
 pub use event::TraceEvent;
 pub use parse::parse;
 pub use recorder::Recorder;
-pub use replay::{replay, replay_on, ReplayReport};
+pub use replay::{replay, replay_on, replay_on_card, Card, ReplayReport};
 pub use timeline::Point;
 
 /// The parser's and the replay's name for an event.

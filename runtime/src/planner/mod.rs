@@ -188,10 +188,7 @@ pub(crate) fn room_beside(
     if buffers + o.at_startup() > free {
         return Err(Stop::StartUp);
     }
-    if buffers + o.at_compute() > free {
-        return Err(Stop::FirstCompute);
-    }
-    Ok(free - buffers - o.at_compute())
+    o.room(free, buffers).ok_or(Stop::FirstCompute)
 }
 
 /// What of `target`'s free memory allocations can take: all but its last page. The driver
@@ -279,7 +276,8 @@ pub fn plan_only(
     let buffers = weights_bytes + kv_bytes + compute_bytes;
     let s = simulate(cfg, target, n_prompt)?;
     let o = target.outside;
-    let total_bytes = buffers + o.at_compute() + s.peak_reserved;
+    let total_bytes =
+        buffers + o.held_beside(buffers + s.peak_reserved, target.free_bytes) + s.peak_reserved;
     Ok(Plan {
         n_prompt,
         oom_at_token: s.oom_at_token,

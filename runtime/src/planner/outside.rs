@@ -41,6 +41,19 @@ pub const GGML_MODULES_BYTES: usize = 66 * MIB;
 /// cuBLAS's own kernel modules, loaded with the handle: an f16 model's 164 MiB less ggml's
 /// modules and the workspace.
 pub const CUBLAS_MODULES_BYTES: usize = (164 - 66 - 32) * MIB;
+/// cuBLAS's modules under ik_llama.cpp 8337e4cd. Its first compute took, beside its pool's
+/// pages, 64 MiB with q8_0 Llama-3 (no cuBLAS), 160 MiB with f16 Phi-3 and 158 with the MoE on
+/// an H200, the same on an H100 (`data/h200-2026-11-28-ik-heldout*`,
+/// `data/h100-2026-11-27-ik-warmup`: 72.5 and 167.5 MiB less the 8.5 and 7.5 MiB of pages of
+/// the pool's first blocks); the MoE without CUDA graphs took 32 MiB less
+/// (`data/h100-2026-11-27-ik-graphs`). The f16 figure is ggml's modules, the workspace, the
+/// warm-up graph's workspace ([`Outside::after_warm_up`]) and these: 160 − 64 − 32 − 32 = 32
+/// MiB. The plan counts ggml's modules at mainline's 66 MiB for ik_llama.cpp too, and these at
+/// 34: what the context and the engine's set-up before the weights took varied by 2 MiB
+/// (522.4 MiB at the shim's first line on the H200, 523.4 on the H100; then 2 or 4 MiB while
+/// the weights load), and the plan's room stays at or below the engine's in every recorded run
+/// (a Llama-3 run at 10 GiB on the H100 got one block less than a plan 2 MiB less careful).
+pub const IK_CUBLAS_MODULES_BYTES: usize = (164 - 66 - 32 - 32) * MIB;
 /// What the shim's `CUPOOL_HOLD=auto` holds beside the workspace.
 pub const HOLD_ALLOWANCE_BYTES: usize = 144 * MIB;
 /// What one NCCL communicator over two GPUs takes on each of them: its rank's device memory
@@ -74,6 +87,10 @@ pub struct Outside {
     /// NCCL communicators the engine makes at start-up over every visible GPU, before any
     /// buffer ([`Outside::on_gpus`]; none on one GPU).
     pub nccl_communicators: usize,
+    /// A second cuBLAS workspace, graph memory the warm-up's captured decode took
+    /// ([`Outside::after_warm_up`]): taken at the first compute, and given back by the driver
+    /// to an allocation that would fail, so room the pool has.
+    pub given_back: usize,
 }
 
 /// How many NCCL communicators ik_llama.cpp 8337e4cd makes that include GPU `device` of
@@ -110,6 +127,7 @@ impl Outside {
         shim_hold: 0,
         output_buffer: 0,
         nccl_communicators: 0,
+        given_back: 0,
     };
 
     /// The terms for `engine` running `model` (when it is a preset the profiles know) with
@@ -133,10 +151,10 @@ impl Outside {
                     None if path == Weights::F16 => workspace,
                     None => 0,
                 };
-                let cublas_modules = if cublas_workspace > 0 {
-                    CUBLAS_MODULES_BYTES
-                } else {
-                    0
+                let cublas_modules = match (cublas_workspace > 0, profile) {
+                    (false, _) => 0,
+                    (true, Profile::IkLlama) => IK_CUBLAS_MODULES_BYTES,
+                    (true, _) => CUBLAS_MODULES_BYTES,
                 };
                 // The hold is mainline's patch (ggml/llama.cpp.patch), with GGML_POOL set.
                 let shim_hold = if profile == Profile::Llama {
@@ -149,8 +167,7 @@ impl Outside {
                     cublas_workspace,
                     kernel_modules: GGML_MODULES_BYTES + cublas_modules,
                     shim_hold,
-                    output_buffer: 0,
-                    nccl_communicators: 0,
+                    ..Self::NONE
                 }
             }
         }
@@ -175,23 +192,75 @@ impl Outside {
         }
     }
 
+    /// The terms where the engine's warm-up ran first (`warm_up`: its tools' default, unless
+    /// `--no-warmup`). ik_llama.cpp 8337e4cd captures the warm-up's one-token decode as a CUDA
+    /// graph (its graphs are on by default) and makes cuBLAS's handle at that decode's first
+    /// product through cuBLAS (`cublas_handle()`): cuBLAS 12.2 and later take the workspace
+    /// with `cudaMallocAsync`, which inside a capture is graph memory, 32 MiB more than the
+    /// same first compute without graphs (`data/h100-2026-11-27-ik-graphs`: 278 against 246
+    /// MiB), and the driver hands it to a `cudaMalloc` that would fail otherwise. Measured on
+    /// an H200 with `scripts/llama/reclaim_probe.cu` (`data/h200-2026-11-29-reclaim-cublas-graph`:
+    /// a one-column product captured with the handle made inside the capture; a later
+    /// `cudaMalloc` got the whole 32 MiB), and in the engine: the MoE at 10 GiB completing one
+    /// ubatch above the plan without it, and Phi-3 f16 at 12 GiB granted its first block of
+    /// the failing ubatch with 32 MiB returned (docs/repro-prefill.md). Once given, the memory
+    /// stays with the pool for the prefill; a decode step launching the graph again would need
+    /// it back, which a plan of a prefill does not model. With `GGML_CUDA_DISABLE_GRAPHS=1`
+    /// the workspace is not taken at all, the same room. Mainline makes its handle outside any
+    /// capture (its warm-up runs the whole prompt in llama-bench) and is left as it is.
+    pub fn after_warm_up(self, engine: EngineKind, warm_up: bool) -> Self {
+        let ik = matches!(
+            engine,
+            EngineKind::Profile {
+                profile: Profile::IkLlama,
+                ..
+            }
+        );
+        Self {
+            given_back: if ik && warm_up {
+                self.cublas_workspace
+            } else {
+                0
+            },
+            ..self
+        }
+    }
+
+    /// The pool's room on a card of `free` usable bytes beside start-up buffers of `buffers`
+    /// bytes: what the terms from the first compute on leave, with what the driver gives back;
+    /// `None` where the first compute does not fit.
+    pub fn room(&self, free: usize, buffers: usize) -> Option<usize> {
+        let left = free.checked_sub(buffers + self.at_compute())?;
+        Some(left + self.given_back)
+    }
+
+    /// What these terms hold beside `rest` bytes (buffers and the pool's peak) on a card of
+    /// `free` bytes: [`Outside::at_compute`], less what the driver gave back where `rest`
+    /// took it.
+    pub fn held_beside(&self, rest: usize, free: usize) -> usize {
+        let over = (rest + self.at_compute()).saturating_sub(free);
+        self.at_compute() - over.min(self.given_back)
+    }
+
     /// What must be free beside the start-up buffers while they are made: the context, NCCL's
     /// communicators and the hold.
     pub fn at_startup(&self) -> usize {
         self.cuda_context + self.nccl_communicators + self.shim_hold
     }
 
-    /// What lies beside the buffers and the pool from the first compute on.
+    /// What lies beside the buffers and the pool at the first compute (what the driver gives
+    /// back later included).
     pub fn at_compute(&self) -> usize {
         self.cuda_context
             + self.nccl_communicators
             + self.cublas_workspace
+            + self.given_back
             + self.kernel_modules
             + self.output_buffer
     }
 
     /// Each term with its name, for the plan's table.
-    pub fn terms(&self) -> [(&'static str, usize); 6] {
+    pub fn terms(&self) -> [(&'static str, usize); 7] {
         [
             ("CUDA context", self.cuda_context),
             ("NCCL communicators", self.nccl_communicators),
@@ -199,6 +268,7 @@ impl Outside {
             ("kernel modules", self.kernel_modules),
             ("start-up hold (until 1st compute)", self.shim_hold),
             ("output buffer (host memory)", self.output_buffer),
+            ("graph workspace (given back)", self.given_back),
         ]
     }
 }

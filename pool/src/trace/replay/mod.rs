@@ -123,6 +123,26 @@ fn boundary(
         .collect()
 }
 
+/// The simulated card a replay runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Card {
+    /// Bytes the pools may take together (`None`: they never run out).
+    pub bytes: Option<usize>,
+    /// What each device allocation takes of them: its size rounded up to this (a GPU's
+    /// `cudaMalloc` takes whole 2 MiB pages), or exactly its size (0).
+    pub malloc_page: usize,
+}
+
+impl Card {
+    /// A card of `bytes` (unlimited when `None`) whose allocations take exactly their size.
+    pub fn of(bytes: Option<usize>) -> Self {
+        Self {
+            bytes,
+            malloc_page: 0,
+        }
+    }
+}
+
 /// Replays `ops` through pools that `config` builds (one per stream) on a simulated card of `vram` bytes
 /// (unlimited when `None`), purging at prefill phase ends by `purge`. Allocations that run out
 /// of memory are counted, not fatal.
@@ -132,8 +152,22 @@ pub fn replay(
     purge: PurgePolicy,
     vram: Option<usize>,
 ) -> Result<ReplayReport, TraceError> {
-    let mut sim = SimConfig::gib(0.0).backed(false).record_calls(false);
-    sim.capacity = vram.map_or(MAX_CAPACITY, |v| v.min(MAX_CAPACITY));
+    replay_on_card(ops, config, purge, Card::of(vram))
+}
+
+/// [`replay`] on `card`: where it is a GPU's room (the pages its allocations take counted), an
+/// allocation fails where it would on that GPU.
+pub fn replay_on_card(
+    ops: &[Op],
+    config: &PoolConfig,
+    purge: PurgePolicy,
+    card: Card,
+) -> Result<ReplayReport, TraceError> {
+    let mut sim = SimConfig::gib(0.0)
+        .backed(false)
+        .record_calls(false)
+        .malloc_page(card.malloc_page);
+    sim.capacity = card.bytes.map_or(MAX_CAPACITY, |v| v.min(MAX_CAPACITY));
     let driver: Arc<dyn Driver> = Arc::new(SimDevice::new(sim).map_err(PoolError::from)?);
     replay_on(driver, ops, config, purge)
 }
