@@ -64,9 +64,11 @@ pub fn predict(mut a: PredictArgs) -> ExitCode {
     // a run that stops before its pool asks for anything replays nothing.
     // Its allocations take whole pages there, as on the GPU (and in `plan`'s dry runs).
     let card = match &dev {
+        // ggml aborts at the first allocation its pool cannot make: the run's figures end there.
         Some(d) => Card {
             bytes: Some(d.room.unwrap_or(0).max(1)),
             malloc_page: cupool::runtime::planner::GPU_MALLOC_PAGE,
+            stop_at_first_oom: true,
         },
         None => Card::of(None),
     };
@@ -259,8 +261,7 @@ fn table(a: &PredictArgs, run: &EngineRun, p: &Prediction) -> String {
     s += &format!("  driver calls   {}\n", driver_calls(r));
     s += &match p.oom_at_token {
         Some(t) => format!(
-            "  runs out of memory in the ubatch from token {t} ({} allocations failed)\n",
-            r.ooms
+            "  runs out of memory in the ubatch from token {t}: the engine stops at that allocation\n"
         ),
         None => "  no allocation runs out of memory\n".to_string(),
     };

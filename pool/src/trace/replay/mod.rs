@@ -131,14 +131,20 @@ pub struct Card {
     /// What each device allocation takes of them: its size rounded up to this (a GPU's
     /// `cudaMalloc` takes whole 2 MiB pages), or exactly its size (0).
     pub malloc_page: usize,
+    /// Whether the replay ends at the first allocation that fails, as an engine that aborts
+    /// there (ggml) ends: every figure is then the run's until it died. Else the replay counts
+    /// the failures and goes on.
+    pub stop_at_first_oom: bool,
 }
 
 impl Card {
-    /// A card of `bytes` (unlimited when `None`) whose allocations take exactly their size.
+    /// A card of `bytes` (unlimited when `None`) whose allocations take exactly their size,
+    /// and a replay that goes on past failures.
     pub fn of(bytes: Option<usize>) -> Self {
         Self {
             bytes,
             malloc_page: 0,
+            stop_at_first_oom: false,
         }
     }
 }
@@ -169,7 +175,7 @@ pub fn replay_on_card(
         .malloc_page(card.malloc_page);
     sim.capacity = card.bytes.map_or(MAX_CAPACITY, |v| v.min(MAX_CAPACITY));
     let driver: Arc<dyn Driver> = Arc::new(SimDevice::new(sim).map_err(PoolError::from)?);
-    replay_on(driver, ops, config, purge)
+    replay_until(driver, ops, config, purge, card.stop_at_first_oom)
 }
 
 /// Replays `ops` as [`replay`] does, on `driver`: a GPU's, to measure what the pool's driver
@@ -180,6 +186,17 @@ pub fn replay_on(
     ops: &[Op],
     config: &PoolConfig,
     purge: PurgePolicy,
+) -> Result<ReplayReport, TraceError> {
+    replay_until(driver, ops, config, purge, false)
+}
+
+/// [`replay_on`], ending at the first allocation that fails where `stop_at_first_oom`.
+fn replay_until(
+    driver: Arc<dyn Driver>,
+    ops: &[Op],
+    config: &PoolConfig,
+    purge: PurgePolicy,
+    stop_at_first_oom: bool,
 ) -> Result<ReplayReport, TraceError> {
     let kind = config.resolve(true)?;
     let mut pools: HashMap<u64, Arc<dyn Pool>> = HashMap::new();
@@ -283,6 +300,9 @@ pub fn replay_on(
                 reserved,
             },
         );
+        if stop_at_first_oom && ooms > 0 {
+            break;
+        }
     }
     r.end_reserved_bytes = pools.values().map(|p| p.reserved_bytes()).sum();
     for p in pools.values() {

@@ -144,3 +144,61 @@ mod recorded_purge_tests {
         assert_eq!((all.driver_mallocs, all.driver_frees), (3, 0));
     }
 }
+
+mod card_tests {
+    use super::super::*;
+    use crate::PoolKind;
+
+    const MIB: usize = 1 << 20;
+
+    /// `sizes` allocated in turn and held, through a legacy pool never purged.
+    fn held(sizes: &[usize], card: Card) -> ReplayReport {
+        let ops: Vec<Op> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| Op::Alloc {
+                id: i as u64,
+                size,
+                stream: 0,
+                name: None,
+            })
+            .collect();
+        let legacy = PoolConfig::default().kind(PoolKind::Legacy);
+        replay_on_card(&ops, &legacy, PurgePolicy::Never, card).unwrap()
+    }
+
+    #[test]
+    fn a_gpu_s_pages_count_and_an_engine_s_run_ends_at_its_first_failure() {
+        // Blocks of 3 MiB (3.15 with ggml's look-ahead) on a 14 MiB card: four fit by their
+        // bytes, three in whole 2 MiB pages (4 MiB each).
+        let sizes = [3 * MIB, 3 * MIB, 3 * MIB, 3 * MIB, MIB / 2];
+        let bytes = held(&sizes, Card::of(Some(14 * MIB)));
+        assert_eq!((bytes.driver_mallocs, bytes.ooms), (5, 0));
+        let paged = Card {
+            bytes: Some(14 * MIB),
+            malloc_page: 2 * MIB,
+            stop_at_first_oom: false,
+        };
+        let r = held(&sizes, paged);
+        // The fourth fails; the half-MiB block after it still fits the 2 MiB left.
+        assert_eq!(
+            (r.driver_mallocs, r.ooms, r.first_oom_event),
+            (4, 1, Some(4))
+        );
+        let stopped = held(
+            &sizes,
+            Card {
+                stop_at_first_oom: true,
+                ..paged
+            },
+        );
+        assert_eq!((stopped.driver_mallocs, stopped.ooms), (3, 1));
+        assert_eq!(stopped.first_oom_event, Some(4));
+        assert!(stopped.peak_reserved_bytes < r.peak_reserved_bytes);
+        assert_eq!(
+            stopped.events,
+            sizes.len(),
+            "the trace's length, not what ran"
+        );
+    }
+}
