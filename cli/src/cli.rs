@@ -106,7 +106,9 @@ pub struct PredictArgs {
     pub sweep: Option<usize>,
     /// Leave out the engine's warm-up decode, as the engines' own `--no-warmup` does
     /// (ik_llama.cpp decodes the BOS token alone first, every expert of a mixture of experts
-    /// routed; its blocks stay in a legacy pool that is never purged).
+    /// routed; its blocks stay in a legacy pool that is never purged; where it multiplies
+    /// through cuBLAS, its captured graph takes a second workspace the driver gives back to
+    /// the pool: the first compute then needs 32 MiB less, the pool's room is the same).
     #[arg(long)]
     pub no_warmup: bool,
     /// The GPU's streaming multiprocessors (132: H100 SXM, H200).
@@ -248,7 +250,9 @@ pub struct RunArgs {
     pub ubatch: usize,
     /// With an engine profile: leave out the engine's warm-up decode, as the engines' own
     /// `--no-warmup` does (ik_llama.cpp decodes the BOS token alone first, every expert of a
-    /// mixture of experts routed; its blocks stay in a legacy pool that is never purged).
+    /// mixture of experts routed; its blocks stay in a legacy pool that is never purged; where
+    /// it multiplies through cuBLAS, its captured graph takes a second workspace the driver
+    /// gives back to the pool: the first compute then needs 32 MiB less, the room is the same).
     #[arg(long)]
     pub no_warmup: bool,
     /// Resident weights in GiB (default: the model's tensors in --weight-type on the device,

@@ -133,7 +133,7 @@ impl FreeDevice {
             Some(_) => 0,
             None => {
                 let pool = p.replay.peak_reserved_bytes;
-                b + self.outside.held_beside(b + pool, self.free) + pool
+                b + self.outside.held_beside(pool, self.room) + pool
             }
         };
         run.max(b + self.outside.at_startup())

@@ -208,6 +208,8 @@ pub(crate) struct Simulated {
     pub peak_reserved: usize,
     pub peak_live: usize,
     pub mallocs: u64,
+    /// The pool's room (`None` where the run stopped before its pool asked for anything).
+    pub room: Option<usize>,
 }
 
 /// A prefill of `n_prompt` tokens with `cfg` (its context included) from `target`'s free memory:
@@ -238,6 +240,7 @@ pub(crate) fn simulate_beside(
                 peak_reserved: 0,
                 peak_live: 0,
                 mallocs: 0,
+                room: None,
             })
         }
     };
@@ -248,6 +251,7 @@ pub(crate) fn simulate_beside(
         peak_reserved: r.peak_reserved_bytes,
         peak_live: r.peak_live_bytes,
         mallocs: r.driver_mallocs,
+        room: Some(room),
     })
 }
 
@@ -276,8 +280,7 @@ pub fn plan_only(
     let buffers = weights_bytes + kv_bytes + compute_bytes;
     let s = simulate(cfg, target, n_prompt)?;
     let o = target.outside;
-    let total_bytes =
-        buffers + o.held_beside(buffers + s.peak_reserved, target.free_bytes) + s.peak_reserved;
+    let total_bytes = buffers + o.held_beside(s.peak_reserved, s.room) + s.peak_reserved;
     Ok(Plan {
         n_prompt,
         oom_at_token: s.oom_at_token,

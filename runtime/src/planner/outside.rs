@@ -234,12 +234,17 @@ impl Outside {
         Some(left + self.given_back)
     }
 
-    /// What these terms hold beside `rest` bytes (buffers and the pool's peak) on a card of
-    /// `free` bytes: [`Outside::at_compute`], less what the driver gave back where `rest`
-    /// took it.
-    pub fn held_beside(&self, rest: usize, free: usize) -> usize {
-        let over = (rest + self.at_compute()).saturating_sub(free);
-        self.at_compute() - over.min(self.given_back)
+    /// What these terms hold beside a pool that reserved `pool_peak` bytes in its `room`
+    /// ([`Outside::room`]): [`Outside::at_compute`], less what of the given-back memory the
+    /// pool took. A run that stopped before its pool asked for anything (`room` `None`) got
+    /// nothing back. The pool's bytes, not its pages: where its pages alone reached into the
+    /// given-back memory, the figure stays the larger.
+    pub fn held_beside(&self, pool_peak: usize, room: Option<usize>) -> usize {
+        let took = match room {
+            Some(r) => pool_peak.saturating_sub(r.saturating_sub(self.given_back)),
+            None => 0,
+        };
+        self.at_compute() - took.min(self.given_back)
     }
 
     /// What must be free beside the start-up buffers while they are made: the context, NCCL's

@@ -63,10 +63,23 @@ fn ik_llama_s_warm_up_graph_workspace_is_taken_and_given_back() {
     let free = 1000 * MIB;
     assert_eq!(f16.room(free, 0), Some(free - f16.at_compute() + 32 * MIB));
     assert_eq!(f16.room(f16.at_compute() - 1, 0), None);
-    // What lies outside beside a pool that took the room and some of what came back.
-    let rest = free - f16.at_compute() + 10 * MIB;
-    assert_eq!(f16.held_beside(rest, free), f16.at_compute() - 10 * MIB);
-    assert_eq!(f16.held_beside(0, free), f16.at_compute());
+    // What lies outside beside a pool that took its room and some of what came back; none
+    // came back where the run stopped before its pool asked for anything.
+    let room = f16.room(free, 0).unwrap();
+    let pool = room - 32 * MIB + 10 * MIB;
+    assert_eq!(
+        f16.held_beside(pool, Some(room)),
+        f16.at_compute() - 10 * MIB
+    );
+    assert_eq!(
+        f16.held_beside(room, Some(room)),
+        f16.at_compute() - 32 * MIB
+    );
+    assert_eq!(
+        f16.held_beside(room - 32 * MIB, Some(room)),
+        f16.at_compute()
+    );
+    assert_eq!(f16.held_beside(0, None), f16.at_compute());
     // No cuBLAS, no warm-up or another engine: nothing given back.
     let q8 = Outside::of(ik, Some(&llama), Weights::Q8_0, 900).after_warm_up(ik, true);
     assert_eq!(
@@ -125,4 +138,50 @@ fn ik_llama_makes_nccl_communicators_on_more_than_one_gpu() {
     }
     let own = Outside::of(EngineKind::Cupool, None, Weights::F16, 900);
     assert_eq!(own.on_gpus(EngineKind::Cupool, 1, 2).nccl_communicators, 0);
+}
+
+#[test]
+fn a_plan_counts_the_given_back_memory_only_where_its_pool_took_it() {
+    use crate::planner::test_setup::two_layers;
+    use crate::planner::{plan_only, PlanTarget, Stop, GPU_MALLOC_PAGE};
+    use crate::policy::PurgePolicy;
+    use cupool_pool::PoolKind;
+    let mut cfg = two_layers(
+        Some(Profile::IkLlama),
+        PoolKind::Legacy,
+        PurgePolicy::Never,
+        512,
+    );
+    cfg.weight_type = Weights::F16;
+    let outside =
+        Outside::of(cfg.engine, None, cfg.weight_type, 900).after_warm_up(cfg.engine, true);
+    assert_eq!(mib(outside.given_back), 32);
+    let (w, kv, c) = cfg.startup_bytes(cfg.n_ctx);
+    let page = |b: usize| b.next_multiple_of(GPU_MALLOC_PAGE);
+    let buffers = page(w) + page(kv) + page(c);
+    let card = |free: usize| PlanTarget {
+        free_bytes: free,
+        vmm: true,
+        granularity: 2 << 20,
+        malloc_page: GPU_MALLOC_PAGE,
+        outside,
+    };
+    // The first compute does not fit: nothing came back, the peak is all it needed.
+    let short = buffers + outside.at_compute() - MIB;
+    let p = plan_only(&cfg, &card(short), 2048).unwrap();
+    assert_eq!(p.stop, Some(Stop::FirstCompute));
+    assert_eq!(p.peak_device_bytes, w + kv + c + outside.at_compute());
+    // A card the pool never fills: the peak holds every term.
+    let p = plan_only(&cfg, &card(64 << 30), 2048).unwrap();
+    assert!(p.fits);
+    let all = w + kv + c + outside.at_compute() + p.pool_peak_reserved_bytes;
+    assert_eq!(p.peak_device_bytes, all);
+    // A card whose room the pool outgrows into the given-back memory: the peak stays below
+    // the free memory, less by the page the driver keeps.
+    let tight =
+        buffers + outside.at_compute() + GPU_MALLOC_PAGE + p.pool_peak_reserved_bytes - 16 * MIB;
+    let q = plan_only(&cfg, &card(tight), 2048).unwrap();
+    assert!(q.fits, "{q:?}");
+    assert_eq!(q.peak_device_bytes, all - 16 * MIB);
+    assert!(q.peak_device_bytes < tight - GPU_MALLOC_PAGE);
 }
