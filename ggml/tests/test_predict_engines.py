@@ -30,6 +30,8 @@ H200_CTX = "data/h200-2026-11-28-mainline-predict-heldout"
 IK_H200 = "data/h200-2026-11-28-ik-heldout"
 # The other three of IK's cases on an H200, with the plan of de2f1b2.
 IK_H200_REST = "data/h200-2026-11-28-ik-heldout-rest"
+# the two largest contexts that moved with the warm-up graph's workspace, run on an H200
+IK_LARGEST = "data/h200-2026-11-29-ik-largest"
 OUTSIDE = {"h100": "data/h100-2026-11-27-outside-probe", "h200": "data/h200-2026-11-28-outside-probe"}
 # The MoE cases again with libcupool's pool in the plan: its layering, then its purge-and-retry.
 LAYERING = "data/h100-2026-11-27-mainline-moe-layering"
@@ -260,6 +262,59 @@ def test_the_ik_plan_holds_on_an_h200_as_on_the_h100():
     assert "What held on the H100 holds here, token for token" in docs
 
 
+def ballast_free(folder):
+    """Each run's free device memory before the engine started (MiB), as its ballast logged it
+    in run.txt just before the run's own line."""
+    free, out = None, {}
+    for line in open(os.path.join(ROOT, folder, "run.txt")):
+        m = re.match(r"ballast: device 0 holds \d+ MiB, (\d+) MiB free", line)
+        if m:
+            free = int(m.group(1))
+        m = re.match(r"seed: (\S+): ", line)
+        if m:
+            out[m.group(1)] = free
+    return out
+
+
+def test_the_moved_largest_contexts_hold_on_an_h200():
+    """The two largest contexts the warm-up graph's workspace moved (Phi-3 f16 at 12 GiB 15,360,
+    the MoE at 10 GiB 74,496), run on an H200: each completes and one ubatch above dies; each
+    sweep dies at the plan's token, its fix completes; every pool peaks at the plan's reserve to
+    the byte, Phi-3's sweep included (one block above the plan before); the plan's peak device
+    memory is at or above the runs' and within 24 MiB; docs/repro-prefill.md shows the tables."""
+    pc = module("scripts/llama/predict-check.py")
+    docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
+    assert "NVIDIA H200" in open(os.path.join(ROOT, IK_LARGEST, "gpu.txt")).read()
+    for cmd, marker in (("report-oom", "predict-oom"), ("report-oom", "predict-oom-room"), ("report", "predict-check")):
+        b = block(report(cmd, IK_LARGEST), marker)
+        assert b in docs, f"docs/repro-prefill.md's {marker} table: predict-check.py {cmd} {IK_LARGEST}"
+    tops = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, IK_LARGEST, "*.plan.json"))):
+        plan, runs = json.load(open(path)), runs_of(path)
+        by = {re.search(r"-(fits|above|ctx|fix)-", r["name"]).group(1): r for r in runs}
+        peak = {k: r["stats"]["0"]["reserved_bytes.all.peak"] for k, r in by.items()}
+        if path.endswith(".ctx.plan.json"):
+            assert not plan["fits"] and plan["fix"]["fits"], path
+            assert pc.real_oom_token(by["ctx"]) == plan["sweep"]["oom_at_token"] == plan["oom_at_token"], path
+            assert peak["ctx"] == plan["sweep"]["peak_reserved_bytes"], path
+            assert by["fix"]["rc"] == 0, path
+        else:
+            top = plan["max_ctx_that_fits"]
+            tops[case_of(path)] = top
+            assert plan["fits"] and plan["scenario"]["ctx"] == top, path
+            assert by["fits"]["rc"] == 0 and by["fits"]["prompt"] == top, path
+            assert by["above"]["rc"] != 0 and by["above"]["oom"] and by["above"]["prompt"] == top + UBATCH, path
+            logged = [int(x) for x in re.findall(r"peak_reserved=(\d+)", logs_of(IK_LARGEST, by["fits"]["name"]))]
+            assert peak["fits"] == max(logged) == plan["pool_peak_reserved_bytes"], path
+            mem = [m for m in by["fits"]["memory"] if m["device"] == 0]
+            free_at_start = ballast_free(IK_LARGEST)[by["fits"]["name"]]
+            real = free_at_start - min(m["free_mib"] for m in mem)
+            over = plan["peak_device_bytes"] / 2**20 - real
+            assert 0 <= over < 24, f"{path}: the plan's peak device memory {over:.1f} MiB above the run's"
+    assert tops == {"phi3-f16-12": 15_360, "qwen3-q8-10": 74_496}, tops
+    assert "**The new answers on an H200**" in docs
+
+
 def ctx_failure(folder, run, plan):
     """For a -ctx- run whose pool peaked above the sweep's plan: the reserve logged at its last
     ubatch end is the plan's peak to the byte, and the MiB the driver gave back to the block
@@ -343,7 +398,7 @@ def test_the_moe_s_returned_memory_is_ik_s_cuda_graph():
 
 
 # Every folder of ik_llama.cpp's runs.
-IK_ALL = (IK, IK_WARM, *IK_GRAPHS, IK_H200, IK_H200_REST)
+IK_ALL = (IK, IK_WARM, *IK_GRAPHS, IK_H200, IK_H200_REST, IK_LARGEST)
 
 
 def ik_holds(pc, repro, gguf, folder, path, shape, free, want, got):
@@ -424,10 +479,11 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
         (IK_GRAPHS[1], "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
         (IK_H200, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
         (IK_H200_REST, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
+        (IK_LARGEST, "qwen3-q8"): ("qwen3-30b-a3b", "q8_0", "12"),
     }
     files = {}
     checked = 0
-    for folder in (IK, IK_WARM, MOE[1], HELD_OUT_OOM, HELD_OUT_CTX, RETRY, *IK_GRAPHS, IK_H200, IK_H200_REST):
+    for folder in (IK, IK_WARM, MOE[1], HELD_OUT_OOM, HELD_OUT_CTX, RETRY, *IK_GRAPHS, IK_H200, IK_H200_REST, IK_LARGEST):
         for path in sorted(glob.glob(os.path.join(ROOT, folder, "*.plan.json"))):
             want = json.load(open(path))
             shape, free = case_of(path).rsplit("-", 1)
@@ -496,4 +552,4 @@ def test_today_s_plan_gives_the_recorded_answers(tmp_path):
                 grew = got["compute_bytes"] - want["compute_bytes"]
                 assert got["peak_device_bytes"] - want["peak_device_bytes"] == grew, name
             checked += 1
-    assert checked == 12 + 11 + 2 + 6 + 3 + 1 + 2 + 6 + 6
+    assert checked == 12 + 11 + 2 + 6 + 3 + 1 + 2 + 6 + 6 + 4
