@@ -107,6 +107,7 @@ impl Ctx {
         let mut early = Vec::new();
         g.placement.surplus(&mut |a, l| early.push((a, l)));
         g.ahead_paused = true;
+        g.placement.made_ahead(false);
         let (mut spans, freed_at) = g.placement.free_spans();
         if !self.driver.epoch().idle_since(freed_at) {
             if let Err(e) = self.sync(g) {

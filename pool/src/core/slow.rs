@@ -224,6 +224,7 @@ impl Ctx {
         self.collect_ahead(g, true);
         // Memory freed: room to make pages ahead of need again.
         g.ahead_paused = false;
+        g.placement.made_ahead(true);
         for seg in std::mem::take(&mut g.pending) {
             match g.upstream.release(seg, &mut g.tracker.s.calls) {
                 Ok(()) => {

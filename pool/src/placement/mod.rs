@@ -159,6 +159,13 @@ pub trait Placement: Send + fmt::Debug + 'static {
         let _ = f;
     }
 
+    /// Whether what [`Placement::ahead`] names is made: the core stops making it when a block
+    /// runs out of memory (it sheds that memory first) and starts again after a purge. A
+    /// placement that counts named memory as there must not while it is not.
+    fn made_ahead(&mut self, made: bool) {
+        let _ = made;
+    }
+
     /// A range behind the block just placed that no block ever used, where memory made ahead
     /// of need may lie that the block did not need (a copy smaller than expected): the core
     /// gives it back at once, with no synchronize (no kernel can use it). Taken once.

@@ -137,16 +137,23 @@ impl<P: Placement> Lanes<P> {
     /// own guesses are weighed as they were (counting theirs too, the Phi-3 process with its
     /// cache kept moved 315 pages and reserved 15,466 MiB).
     pub(super) fn named_from_copies(&self, at: u64, l: &Lane) -> usize {
-        if !self.predicts || l.used == 0 || l.next_growth() > 0 {
+        // Nothing named was made while the core makes nothing ahead.
+        if !self.predicts || !self.made || l.used == 0 || l.next_growth() > 0 {
             return 0;
         }
         let g = self.growth_of(l);
-        let key = (l.placed, at);
-        let named = self.growing.range(..=key).take(AHEAD).any(|&k| k == key);
-        if g == 0 || !named {
+        if g == 0 || !self.in_window(at, l) {
             return 0;
         }
         (l.used + g).next_multiple_of(SPILL_GRANULE).min(l.seg.len)
+    }
+
+    /// Whether busy lane `at` is one of the [`AHEAD`] growing lanes placed longest ago, whose
+    /// growth [`Lanes::name_ahead`] names: the one window the naming, the memory kept for it
+    /// and the memory counted as named for a lane taken again share.
+    fn in_window(&self, at: u64, l: &Lane) -> bool {
+        let key = (l.placed, at);
+        self.growing.range(..=key).take(AHEAD).any(|&k| k == key)
     }
 
     /// [`Placement::ahead`] names nothing from now on.
@@ -163,7 +170,7 @@ impl<P: Placement> Lanes<P> {
         } else {
             0
         };
-        let kept = if g > 0 && self.growing.range(..=(l.placed, at)).nth(AHEAD).is_none() {
+        let kept = if g > 0 && self.in_window(at, l) {
             (l.used + g).next_multiple_of(SPILL_GRANULE)
         } else {
             l.used
@@ -245,6 +252,62 @@ mod tests {
         }
         l.used = sizes.last().unwrap().next_multiple_of(SPILL_GRANULE);
         l
+    }
+
+    /// Lanes holding one busy lane at `AT`, whose last block grew by 3 MiB as the pool's last
+    /// two copies did, aged: the copies' growth is named for it ahead.
+    fn lanes_with_a_growing_copy() -> (Lanes<crate::placement::bump::Bump>, Lane) {
+        let mut lanes = Lanes::new(crate::placement::bump::Bump::default(), SPILL_GRANULE);
+        let mut l = lane(&[9 * MIB, 12 * MIB]);
+        l.placed = 1;
+        lanes.clock = 1_000;
+        lanes.copies_grew = [3 * MIB; 2];
+        lanes.lanes.insert(AT, l);
+        lanes.growing.insert((l.placed, AT));
+        (lanes, l)
+    }
+    const AT: u64 = 1 << 40;
+
+    #[test]
+    fn memory_named_ahead_counts_only_while_the_core_makes_it() {
+        let (mut lanes, l) = lanes_with_a_growing_copy();
+        assert_eq!(
+            l.next_growth(),
+            0,
+            "the lane's own guess is not trusted yet"
+        );
+        // 12 + 3 MiB in whole granules.
+        assert_eq!(lanes.named_from_copies(AT, &l), 16 * MIB);
+        assert_eq!(lanes.kept(AT, &l), 16 * MIB);
+        // A block ran out of memory: the core shed what was made ahead and makes none.
+        lanes.made_ahead(false);
+        assert_eq!(lanes.named_from_copies(AT, &l), 0);
+        lanes.made_ahead(true);
+        assert_eq!(lanes.named_from_copies(AT, &l), 16 * MIB);
+        // A copy of the lanes (a snapshot) keeps the state.
+        lanes.made_ahead(false);
+        let copy = lanes.copied().expect("Bump keeps a copy");
+        assert_eq!(copy.named_from_copies(AT, &l), 0);
+    }
+
+    #[test]
+    fn one_window_names_keeps_and_counts_a_lane_s_growth() {
+        let (mut lanes, l) = lanes_with_a_growing_copy();
+        // A lane missing from the growing set (its growth seen only after it landed) is
+        // named by nobody: nothing is kept for it either.
+        lanes.growing.clear();
+        assert_eq!(lanes.named_from_copies(AT, &l), 0);
+        assert_eq!(lanes.kept(AT, &l), l.used);
+        let mut named = Vec::new();
+        lanes.name_ahead(&mut |a, n| named.push((a, n)));
+        assert!(named.is_empty());
+        // Behind AHEAD older growing lanes it is out of the window too.
+        for k in 0..AHEAD as u64 {
+            lanes.growing.insert((0, k));
+        }
+        lanes.growing.insert((l.placed, AT));
+        assert_eq!(lanes.named_from_copies(AT, &l), 0);
+        assert_eq!(lanes.kept(AT, &l), l.used);
     }
 
     #[test]

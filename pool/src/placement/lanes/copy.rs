@@ -32,6 +32,7 @@ impl<P: Placement> Lanes<P> {
             placed: self.placed,
             excess: self.excess,
             predicts: self.predicts,
+            made: self.made,
             last_size: self.last_size,
             copies_grew: self.copies_grew,
         })

@@ -108,6 +108,9 @@ pub struct Lanes<P> {
     /// Whether [`Placement::ahead`] names the growing lanes' next growth (off where nothing
     /// makes memory ahead: then nothing is kept from recycling for it either).
     predicts: bool,
+    /// Whether the core makes what [`Placement::ahead`] names now ([`Placement::made_ahead`]):
+    /// not after a block ran out of memory, until a purge.
+    made: bool,
     /// Bytes asked for by the last large block, and what the last two long-lived blocks
     /// freed in lanes grew by in the copies that replaced them, newest last (`ahead.rs`).
     last_size: usize,
@@ -131,6 +134,7 @@ impl<P: Placement> Lanes<P> {
             growing: BTreeSet::new(),
             excess: None,
             predicts: true,
+            made: true,
             placed: 0,
             last_size: 0,
             copies_grew: [0; 2],
@@ -378,5 +382,9 @@ impl<P: Placement> Placement for Lanes<P> {
 
     fn ahead(&self, f: &mut dyn FnMut(u64, usize)) {
         self.name_ahead(f)
+    }
+
+    fn made_ahead(&mut self, made: bool) {
+        self.made = made;
     }
 }
