@@ -191,7 +191,24 @@ impl RunConfig {
 
     /// The compute buffer of [`Self::startup_bytes`] for a context of `n_ctx`.
     pub fn compute_buffer_bytes(&self, n_ctx: usize) -> usize {
+        if let Some(c) = self.clamped_to(n_ctx) {
+            return c.compute_buffer_bytes(n_ctx);
+        }
         ComputeLayout::new(&self.model, self.n_ubatch).bytes + self.profile_compute_bytes(n_ctx)
+    }
+
+    /// With an engine profile and a context shorter than the ubatch, the batches the engine
+    /// runs: llama.cpp (mainline and ik_llama.cpp alike) clamps the logical batch to the context
+    /// and the physical batch to that (`cparams.n_batch`, `cparams.n_ubatch` where the context
+    /// is made), so its compute buffer is reserved for the context's length, not the ubatch's
+    /// (the 4-layer MoE at `-c 256 -ub 512`: 151 MiB, not 302). `None` where nothing changes.
+    fn clamped_to(&self, n_ctx: usize) -> Option<Self> {
+        let profile = matches!(self.engine, EngineKind::Profile { .. });
+        (profile && n_ctx > 0 && n_ctx < self.n_ubatch).then(|| Self {
+            n_batch: self.n_batch.min(n_ctx),
+            n_ubatch: n_ctx,
+            ..self.clone()
+        })
     }
 
     /// A lower bound of [`Self::compute_buffer_bytes`] that never decreases with the context,
@@ -202,6 +219,9 @@ impl RunConfig {
     /// any placement holds at once and which only grow with the mask and the K/V copies. The
     /// other profiles' buffers are closed forms that only grow: the bound is the buffer.
     pub fn compute_floor_bytes(&self, n_ctx: usize) -> usize {
+        if let Some(c) = self.clamped_to(n_ctx) {
+            return c.compute_floor_bytes(n_ctx);
+        }
         match self.mainline() {
             Some((v, m)) => {
                 let own = ComputeLayout::new(&self.model, self.n_ubatch).bytes;
@@ -288,3 +308,7 @@ impl RunConfig {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -28,13 +28,21 @@ pub(super) fn alloc(device: i32, stream: u64, size: usize) -> (*mut c_void, usiz
 }
 
 pub(super) fn stats(device: i32) -> String {
-    // SAFETY: a null buffer asks for the length; then a buffer of that length plus the NUL.
-    let n = unsafe { cupool_stats_json(device, std::ptr::null_mut(), 0) };
-    assert!(n > 0, "{}", error());
-    let mut buf = vec![0u8; n + 1];
-    // SAFETY: `buf` has n + 1 writable bytes.
-    let m = unsafe { cupool_stats_json(device, buf.as_mut_ptr().cast(), buf.len()) };
-    assert_eq!(m, n);
+    // Other threads may move the statistics between the two calls: a JSON that grew past the
+    // buffer was truncated, so ask again (it fits once nothing grows it in between).
+    let mut buf = Vec::new();
+    for _ in 0..1000 {
+        // SAFETY: a null buffer asks for the length; then a buffer of that length plus the NUL.
+        let n = unsafe { cupool_stats_json(device, std::ptr::null_mut(), 0) };
+        assert!(n > 0, "{}", error());
+        buf = vec![0u8; n + 1];
+        // SAFETY: `buf` has n + 1 writable bytes.
+        let m = unsafe { cupool_stats_json(device, buf.as_mut_ptr().cast(), buf.len()) };
+        assert!(m > 0, "{}", error());
+        if m <= n {
+            break;
+        }
+    }
     CStr::from_bytes_until_nul(&buf)
         .unwrap()
         .to_string_lossy()

@@ -165,6 +165,7 @@ fn plan_json(p: &Plan, c: &RunConfig, scenario: Value, advice: &Advice, line: &s
             "output_buffer_bytes": o.output_buffer, "warm_up_graph_workspace_bytes": o.given_back,
         },
         "total_bytes": p.total_bytes, "peak_device_bytes": p.peak_device_bytes,
+        "page_rounding_bytes": p.page_rounding_bytes,
         "device_bytes": p.device_bytes, "fits": p.fits, "stop": p.stop.map(stop_name),
         "max_ctx_that_fits": p.max_ctx_that_fits, "oom_at_token": p.oom_at_token,
         "advice": line, "advice_settings": change, "advice_ctx": lower,
@@ -239,6 +240,9 @@ fn plan_table(p: &Plan, c: &RunConfig) -> String {
         "pool reserve (until it runs out)"
     };
     s += &row(pool, p.pool_peak_reserved_bytes);
+    if p.page_rounding_bytes > 0 {
+        s += &row("whole driver pages, beyond sizes", p.page_rounding_bytes);
+    }
     s += &row("peak device memory", p.peak_device_bytes);
     s += &format!(
         "  {:<34} {:>10}\n\n",

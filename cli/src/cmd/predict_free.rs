@@ -121,18 +121,17 @@ pub fn device(
 }
 
 impl FreeDevice {
-    fn buffers_sum(&self) -> usize {
-        self.buffers.0 + self.buffers.1 + self.buffers.2
-    }
-
     /// The peak device memory: the buffers, what lies outside them and the pool's peak (or the
-    /// start-up's, with its hold).
+    /// start-up's, with its hold), each device allocation in whole pages (the replay's card
+    /// counts the pool's so).
     pub fn peak(&self, p: &Prediction) -> usize {
-        let b = self.buffers_sum();
+        let page = |b: usize| cupool::pool::driver::in_pages(b, planner::GPU_MALLOC_PAGE);
+        let b = page(self.buffers.0) + page(self.buffers.1) + page(self.buffers.2);
         let run = match self.stop {
             Some(_) => 0,
             None => {
-                let pool = p.replay.peak_reserved_bytes;
+                let r = &p.replay;
+                let pool = r.peak_device_bytes.unwrap_or(r.peak_reserved_bytes);
                 b + self.outside.held_beside(pool, self.room) + pool
             }
         };

@@ -34,6 +34,22 @@ pub(super) fn dry_run(
     Ok(watched(cfg, target, n_prompt, pool_bytes, fast, None)?.0)
 }
 
+/// [`dry_run`], and the most memory the pool's device allocations held at once in the driver's
+/// whole pages (a `cudaMalloc` takes whole 2 MiB pages: what the device loses to the pool is
+/// that, not the bytes it reserved). Skipped steps made no driver call, so a fast run's figure is
+/// the full run's.
+pub(super) fn dry_run_held(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+    pool_bytes: usize,
+    fast: bool,
+) -> Result<(RunReport, usize), RuntimeError> {
+    let (sim, counted) = dry_sim(target, pool_bytes)?;
+    let report = watched_on(cfg, target, n_prompt, counted, fast, None)?.0;
+    Ok((report, sim.device_peak()))
+}
+
 /// [`dry_run`], with `watch` called after each ubatch's layers ([`Watch`]): the report, and
 /// whether the watch ended the run.
 pub(super) fn watched(
@@ -44,8 +60,26 @@ pub(super) fn watched(
     fast: bool,
     watch: Option<Watch>,
 ) -> Result<(RunReport, bool), RuntimeError> {
+    watched_on(
+        cfg,
+        target,
+        n_prompt,
+        dry_device(target, pool_bytes)?,
+        fast,
+        watch,
+    )
+}
+
+/// [`watched`] on the dry run's driver `counted`.
+fn watched_on(
+    cfg: &RunConfig,
+    target: &PlanTarget,
+    n_prompt: usize,
+    counted: Arc<CountingDriver>,
+    fast: bool,
+    watch: Option<Watch>,
+) -> Result<(RunReport, bool), RuntimeError> {
     let c = dry_config(cfg, target)?;
-    let counted = dry_device(target, pool_bytes)?;
     let driver: Arc<dyn Driver> = counted.clone();
     let bufs = dry_buffers(&c);
     let tokens = dry_prompt(n_prompt);

@@ -118,10 +118,15 @@ pub struct Plan {
     pub weights_bytes: usize,
     /// What lies outside the buffers and pool.
     pub outside: Outside,
-    /// Everything from the first compute on: buffers, outside terms, pool peak.
+    /// Everything from the first compute on: buffers, outside terms, pool peak, each device
+    /// allocation in the driver's whole pages (what the device loses to it).
     pub total_bytes: usize,
-    /// The peak device memory the engine takes (at start-up, with the hold, or in the prefill).
+    /// The peak device memory the engine takes (at start-up, with the hold, or in the prefill),
+    /// in whole pages as [`Plan::total_bytes`].
     pub peak_device_bytes: usize,
+    /// What the start-up buffers and the pool's device allocations at its peak take beyond
+    /// their sizes (whole driver pages): in [`Plan::total_bytes`], not in the terms above.
+    pub page_rounding_bytes: usize,
     /// Free before the engine starts.
     pub device_bytes: usize,
     /// Whether the run completes.
@@ -180,15 +185,19 @@ pub(crate) fn room_beside(
     target: &PlanTarget,
     (w, kv, compute): (usize, usize, usize),
 ) -> Result<usize, Stop> {
-    // Each start-up buffer is a device allocation of its own: whole pages.
-    let page = |b: usize| cupool_pool::driver::in_pages(b, target.malloc_page);
-    let buffers = page(w) + page(kv) + page(compute);
+    let buffers = startup_pages(target, (w, kv, compute));
     let o = &target.outside;
     let free = usable(target);
     if buffers + o.at_startup() > free {
         return Err(Stop::StartUp);
     }
     o.room(free, buffers).ok_or(Stop::FirstCompute)
+}
+
+/// The start-up buffers' device memory: each is a device allocation of its own, whole pages.
+fn startup_pages(target: &PlanTarget, (w, kv, compute): (usize, usize, usize)) -> usize {
+    let page = |b: usize| cupool_pool::driver::in_pages(b, target.malloc_page);
+    page(w) + page(kv) + page(compute)
 }
 
 /// What of `target`'s free memory allocations can take: all but its last page. The driver
@@ -208,6 +217,8 @@ pub(crate) struct Simulated {
     pub peak_reserved: usize,
     pub peak_live: usize,
     pub mallocs: u64,
+    /// The most the pool's device allocations held at once, in the driver's whole pages.
+    pub peak_held: usize,
     /// The pool's room (`None` where the run stopped before its pool asked for anything).
     pub room: Option<usize>,
 }
@@ -240,17 +251,19 @@ pub(crate) fn simulate_beside(
                 peak_reserved: 0,
                 peak_live: 0,
                 mallocs: 0,
+                peak_held: 0,
                 room: None,
             })
         }
     };
-    let r = dry_run(cfg, target, n_prompt, room, true)?;
+    let (r, peak_held) = dry::dry_run_held(cfg, target, n_prompt, room, true)?;
     Ok(Simulated {
         stop: r.oom_at_token.map(|_| Stop::Prefill),
         oom_at_token: r.oom_at_token,
         peak_reserved: r.peak_reserved_bytes,
         peak_live: r.peak_live_bytes,
         mallocs: r.driver_mallocs,
+        peak_held,
         room: Some(room),
     })
 }
@@ -277,10 +290,13 @@ pub fn plan_only(
         )));
     }
     let (weights_bytes, kv_bytes, compute_bytes) = cfg.startup_bytes(cfg.n_ctx);
-    let buffers = weights_bytes + kv_bytes + compute_bytes;
+    // What the device loses to them: each buffer and each of the pool's allocations takes
+    // whole pages, as the dry run counts them.
+    let buffers = startup_pages(target, (weights_bytes, kv_bytes, compute_bytes));
+    let rounding = buffers - (weights_bytes + kv_bytes + compute_bytes);
     let s = simulate(cfg, target, n_prompt)?;
     let o = target.outside;
-    let total_bytes = buffers + o.held_beside(s.peak_reserved, s.room) + s.peak_reserved;
+    let total_bytes = buffers + o.held_beside(s.peak_held, s.room) + s.peak_held;
     Ok(Plan {
         n_prompt,
         oom_at_token: s.oom_at_token,
@@ -293,6 +309,7 @@ pub fn plan_only(
         outside: o,
         total_bytes,
         peak_device_bytes: total_bytes.max(buffers + o.at_startup()),
+        page_rounding_bytes: rounding + s.peak_held.saturating_sub(s.peak_reserved),
         device_bytes: target.free_bytes,
         fits: s.stop.is_none(),
         stop: s.stop,

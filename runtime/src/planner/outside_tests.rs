@@ -170,18 +170,23 @@ fn a_plan_counts_the_given_back_memory_only_where_its_pool_took_it() {
     let short = buffers + outside.at_compute() - MIB;
     let p = plan_only(&cfg, &card(short), 2048).unwrap();
     assert_eq!(p.stop, Some(Stop::FirstCompute));
-    assert_eq!(p.peak_device_bytes, w + kv + c + outside.at_compute());
-    // A card the pool never fills: the peak holds every term.
+    // Each buffer in whole pages: what the device loses to it.
+    assert_eq!(p.peak_device_bytes, buffers + outside.at_compute());
+    assert_eq!(p.page_rounding_bytes, buffers - (w + kv + c));
+    // A card the pool never fills: the peak holds every term, the pool's driver allocations
+    // in whole pages too (the legacy pool's every `cudaMalloc` takes whole 2 MiB pages).
     let p = plan_only(&cfg, &card(64 << 30), 2048).unwrap();
     assert!(p.fits);
-    let all = w + kv + c + outside.at_compute() + p.pool_peak_reserved_bytes;
+    let pool_pages = p.pool_peak_reserved_bytes + p.page_rounding_bytes - (buffers - (w + kv + c));
+    assert!(pool_pages > p.pool_peak_reserved_bytes, "{p:?}");
+    assert_eq!(pool_pages % GPU_MALLOC_PAGE, 0, "{p:?}");
+    let all = buffers + outside.at_compute() + pool_pages;
     assert_eq!(p.peak_device_bytes, all);
-    // A card whose room the pool outgrows into the given-back memory: the peak stays below
-    // the free memory, less by the page the driver keeps.
-    let tight =
-        buffers + outside.at_compute() + GPU_MALLOC_PAGE + p.pool_peak_reserved_bytes - 16 * MIB;
+    // A card whose room the pool outgrows into the given-back memory: the peak is at most the
+    // free memory less the page the driver keeps (here exactly: the pool's pages fill it).
+    let tight = buffers + outside.at_compute() + GPU_MALLOC_PAGE + pool_pages - 16 * MIB;
     let q = plan_only(&cfg, &card(tight), 2048).unwrap();
     assert!(q.fits, "{q:?}");
     assert_eq!(q.peak_device_bytes, all - 16 * MIB);
-    assert!(q.peak_device_bytes < tight - GPU_MALLOC_PAGE);
+    assert_eq!(q.peak_device_bytes, tight - GPU_MALLOC_PAGE);
 }

@@ -45,6 +45,11 @@ pub struct ReplayReport {
     /// The event (1-based) of the first allocation that ran out of memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_oom_event: Option<usize>,
+    /// The most device memory the pools' allocations held at once on the simulated card, each
+    /// in its whole pages ([`Card::malloc_page`]): what the device loses to them (`None` on a
+    /// driver the replay does not own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_device_bytes: Option<usize>,
     /// Live and reserved bytes after each event that changed either: the timeline to plot.
     #[serde(skip)]
     pub timeline: Vec<Point>,
@@ -174,8 +179,11 @@ pub fn replay_on_card(
         .record_calls(false)
         .malloc_page(card.malloc_page);
     sim.capacity = card.bytes.map_or(MAX_CAPACITY, |v| v.min(MAX_CAPACITY));
-    let driver: Arc<dyn Driver> = Arc::new(SimDevice::new(sim).map_err(PoolError::from)?);
-    replay_until(driver, ops, config, purge, card.stop_at_first_oom)
+    let sim = Arc::new(SimDevice::new(sim).map_err(PoolError::from)?);
+    let driver: Arc<dyn Driver> = sim.clone();
+    let mut r = replay_until(driver, ops, config, purge, card.stop_at_first_oom)?;
+    r.peak_device_bytes = Some(sim.device_peak());
+    Ok(r)
 }
 
 /// Replays `ops` as [`replay`] does, on `driver`: a GPU's, to measure what the pool's driver
