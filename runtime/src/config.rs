@@ -201,12 +201,20 @@ impl RunConfig {
     /// runs: llama.cpp (mainline and ik_llama.cpp alike) clamps the logical batch to the context
     /// and the physical batch to that (`cparams.n_batch`, `cparams.n_ubatch` where the context
     /// is made), so its compute buffer is reserved for the context's length, not the ubatch's
-    /// (the 4-layer MoE at `-c 256 -ub 512`: 151 MiB, not 302). `None` where nothing changes.
-    fn clamped_to(&self, n_ctx: usize) -> Option<Self> {
-        let profile = matches!(self.engine, EngineKind::Profile { .. });
-        (profile && n_ctx > 0 && n_ctx < self.n_ubatch).then(|| Self {
-            n_batch: self.n_batch.min(n_ctx),
-            n_ubatch: n_ctx,
+    /// (the 4-layer MoE at `-c 256 -ub 512`: 151 MiB, not 302). ik_llama.cpp pads the context
+    /// first (to 256 positions with flash attention, which its profile models); mainline pads
+    /// after. `None` where nothing changes (so a clamped configuration stays as it is).
+    pub(crate) fn clamped_to(&self, n_ctx: usize) -> Option<Self> {
+        let EngineKind::Profile { profile, .. } = self.engine else {
+            return None;
+        };
+        let runs = match profile {
+            cupool_profiles::Profile::IkLlama => n_ctx.next_multiple_of(256),
+            _ => n_ctx,
+        };
+        (runs > 0 && runs < self.n_ubatch).then(|| Self {
+            n_batch: self.n_batch.min(runs),
+            n_ubatch: runs,
             ..self.clone()
         })
     }

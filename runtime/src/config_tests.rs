@@ -37,6 +37,25 @@ fn an_engine_s_compute_buffer_for_a_context_below_the_ubatch_is_the_context_s() 
             last = floor;
         }
     }
+    // ik_llama.cpp pads the context to 256 positions before it clamps: 300 runs as 512 (no
+    // clamp at a 512 ubatch), 100 as 256; mainline clamps 300 itself.
+    let ik = |ub| cfg(Some(Profile::IkLlama), ub);
+    assert_eq!(
+        ik(512).compute_buffer_bytes(300),
+        ik(512).compute_buffer_bytes(512)
+    );
+    assert_eq!(
+        ik(512).compute_buffer_bytes(100),
+        ik(256).compute_buffer_bytes(256)
+    );
+    let llama = |ub| cfg(Some(Profile::Llama), ub);
+    assert_eq!(
+        llama(512).compute_buffer_bytes(300),
+        llama(300).compute_buffer_bytes(300)
+    );
+    // A clamped configuration stays as it is.
+    let c = ik(512).clamped_to(100).unwrap();
+    assert!(c.clamped_to(100).is_none() && c.n_ubatch == 256 && c.n_batch == 256);
     // cupool's own engine reserves for its ubatch whatever the context.
     let own = cfg(None, 512);
     assert!(own.compute_buffer_bytes(256) > cfg(None, 256).compute_buffer_bytes(256));

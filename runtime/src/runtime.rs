@@ -35,6 +35,9 @@ impl Runtime {
         exec: Box<dyn Executor>,
     ) -> Result<Self, RuntimeError> {
         cfg.validate()?;
+        // An engine profile runs a context shorter than its ubatch as the engine does: in
+        // batches of the context's length (as the plan counts it).
+        let cfg = cfg.clamped_to(cfg.n_ctx).unwrap_or(cfg);
         if cfg.engine != crate::engine_kind::EngineKind::Cupool
             && exec.kind() != ExecutorKind::DryRun
         {

@@ -146,7 +146,8 @@ pub(super) fn keeps_snapshots(cfg: &RunConfig, target: &PlanTarget) -> bool {
 /// `cfg` as a dry run runs it: measuring, with no budget to warn about (and so projecting
 /// nothing itself), no trace, its pool's kind resolved, [`reproducible`].
 fn dry_config(cfg: &RunConfig, target: &PlanTarget) -> Result<RunConfig, RuntimeError> {
-    let mut c = cfg.clone();
+    // The batches the engine runs its context in, as the run does (`RunConfig::clamped_to`).
+    let mut c = cfg.clamped_to(cfg.n_ctx).unwrap_or_else(|| cfg.clone());
     c.budget = BudgetMode::Ggml;
     c.margin_bytes = usize::MAX / 4;
     c.record_trace = false;

@@ -124,8 +124,9 @@ pub struct Plan {
     /// The peak device memory the engine takes (at start-up, with the hold, or in the prefill),
     /// in whole pages as [`Plan::total_bytes`].
     pub peak_device_bytes: usize,
-    /// What the start-up buffers and the pool's device allocations at its peak take beyond
-    /// their sizes (whole driver pages): in [`Plan::total_bytes`], not in the terms above.
+    /// What [`Plan::total_bytes`] holds beyond the buffers' and the pool's bytes: the buffers'
+    /// whole driver pages, and the pool's pages at their peak less its peak reserve (the two
+    /// peaks may fall at different moments: at least the pool's rounding at its peak).
     pub page_rounding_bytes: usize,
     /// Free before the engine starts.
     pub device_bytes: usize,
@@ -325,6 +326,7 @@ pub fn startup_plan(cfg: &RunConfig, driver: &dyn Driver) -> Result<Plan, Runtim
     // The budget must hold for any prompt, not just one that fills the context: the worst
     // case on a card the pool never fills.
     p.pool_peak_reserved_bytes = worst_case_pool_peak(cfg, &target)?;
+    // (bytes, not pages: the budget a runtime checks its own buffers and pool against)
     p.total_bytes = p.weights_bytes + p.kv_bytes + p.compute_bytes + p.pool_peak_reserved_bytes;
     p.fits = p.total_bytes <= p.device_bytes;
     tracing::info!(

@@ -234,11 +234,11 @@ impl Outside {
         Some(left + self.given_back)
     }
 
-    /// What these terms hold beside a pool that reserved `pool_peak` bytes in its `room`
-    /// ([`Outside::room`]): [`Outside::at_compute`], less what of the given-back memory the
-    /// pool took. A run that stopped before its pool asked for anything (`room` `None`) got
-    /// nothing back. The pool's bytes, not its pages: where its pages alone reached into the
-    /// given-back memory, the figure stays the larger.
+    /// What these terms hold beside a pool whose device allocations held `pool_peak` bytes at
+    /// most in its `room` ([`Outside::room`]; the planner passes their whole pages, as the
+    /// room is counted): [`Outside::at_compute`], less what of the given-back memory the pool
+    /// took. A run that stopped before its pool asked for anything (`room` `None`) got nothing
+    /// back.
     pub fn held_beside(&self, pool_peak: usize, room: Option<usize>) -> usize {
         let took = match room {
             Some(r) => pool_peak.saturating_sub(r.saturating_sub(self.given_back)),
