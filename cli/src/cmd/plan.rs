@@ -195,13 +195,14 @@ fn plan_csv(p: &Plan, c: &RunConfig) -> String {
         p.pool_driver_mallocs.to_string(),
         p.total_bytes.to_string(),
         p.peak_device_bytes.to_string(),
+        p.page_rounding_bytes.to_string(),
         p.device_bytes.to_string(),
         p.fits.to_string(),
         opt(p.max_ctx_that_fits),
         opt(p.oom_at_token),
     ];
     format!(
-        "model,engine,prompt,ctx,kv_type,ubatch,pool,purge,weights_bytes,kv_bytes,compute_bytes,outside_bytes,hold_bytes,pool_peak_reserved_bytes,pool_peak_live_bytes,pool_driver_mallocs,total_bytes,peak_device_bytes,device_bytes,fits,max_ctx_that_fits,oom_at_token\n{}\n",
+        "model,engine,prompt,ctx,kv_type,ubatch,pool,purge,weights_bytes,kv_bytes,compute_bytes,outside_bytes,hold_bytes,pool_peak_reserved_bytes,pool_peak_live_bytes,pool_driver_mallocs,total_bytes,peak_device_bytes,page_rounding_bytes,device_bytes,fits,max_ctx_that_fits,oom_at_token\n{}\n",
         row.join(",")
     )
 }
