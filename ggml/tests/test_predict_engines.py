@@ -262,26 +262,12 @@ def test_the_ik_plan_holds_on_an_h200_as_on_the_h100():
     assert "What held on the H100 holds here, token for token" in docs
 
 
-def ballast_free(folder):
-    """Each run's free device memory before the engine started (MiB), as its ballast logged it
-    in run.txt just before the run's own line."""
-    free, out = None, {}
-    for line in open(os.path.join(ROOT, folder, "run.txt")):
-        m = re.match(r"ballast: device 0 holds \d+ MiB, (\d+) MiB free", line)
-        if m:
-            free = int(m.group(1))
-        m = re.match(r"seed: (\S+): ", line)
-        if m:
-            out[m.group(1)] = free
-    return out
-
-
 def test_the_moved_largest_contexts_hold_on_an_h200():
     """The two largest contexts the warm-up graph's workspace moved (Phi-3 f16 at 12 GiB 15,360,
     the MoE at 10 GiB 74,496), run on an H200: each completes and one ubatch above dies; each
     sweep dies at the plan's token, its fix completes; every pool peaks at the plan's reserve to
-    the byte, Phi-3's sweep included (one block above the plan before); the plan's peak device
-    memory is at or above the runs' and within 24 MiB; docs/repro-prefill.md shows the tables."""
+    the byte, Phi-3's sweep included (one block above the plan before); docs/repro-prefill.md
+    shows the tables. (Their peak device memory against today's plan: the peak-device test.)"""
     pc = module("scripts/llama/predict-check.py")
     docs = open(os.path.join(ROOT, "docs", "repro-prefill.md")).read()
     assert "NVIDIA H200" in open(os.path.join(ROOT, IK_LARGEST, "gpu.txt")).read()
@@ -306,11 +292,6 @@ def test_the_moved_largest_contexts_hold_on_an_h200():
             assert by["above"]["rc"] != 0 and by["above"]["oom"] and by["above"]["prompt"] == top + UBATCH, path
             logged = [int(x) for x in re.findall(r"peak_reserved=(\d+)", logs_of(IK_LARGEST, by["fits"]["name"]))]
             assert peak["fits"] == max(logged) == plan["pool_peak_reserved_bytes"], path
-            mem = [m for m in by["fits"]["memory"] if m["device"] == 0]
-            free_at_start = ballast_free(IK_LARGEST)[by["fits"]["name"]]
-            real = free_at_start - min(m["free_mib"] for m in mem)
-            over = plan["peak_device_bytes"] / 2**20 - real
-            assert 0 <= over < 24, f"{path}: the plan's peak device memory {over:.1f} MiB above the run's"
     assert tops == {"phi3-f16-12": 15_360, "qwen3-q8-10": 74_496}, tops
     assert "**The new answers on an H200**" in docs
 
