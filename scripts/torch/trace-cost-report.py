@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Tables of trace_cost.py's rounds: what each allocator costs the prefill's thread.
+
+    python3 scripts/torch/trace-cost-report.py DATA_DIR [DATA_DIR ...]
+
+Reads every ``cost.jsonl`` under the folders. Per shape and process (one PyTorch allocator
+against libcupool, alternating), each allocator's median time in allocation, free and launch
+calls per replayed prefill, and libcupool's paired difference to the PyTorch allocator (round r
+against round r of the same process, so a slow stretch of the machine weighs on both). The last
+column turns that difference into prefill speed: a prefill that took ``T`` seconds with the
+peer (the ``--prefill-s`` the replay was paced by, the peer's fastest prefill measured in the
+same call) takes ``T + d`` with libcupool, assuming the thread's other work is the same, which
+is what the replay cannot see: it replays the allocator's calls and the launches beside them,
+not the model's other work.
+"""
+import collections
+import glob
+import json
+import os
+import statistics
+import sys
+
+
+def load(dirs):
+    rows = []
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "**", "cost.jsonl"), recursive=True)):
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("{"):
+                        r = json.loads(line)
+                        # A process: its file and pid (one process per shape and peer a file
+                        # before the pid was written).
+                        r["process"] = (path, r.get("pid"))
+                        rows.append(r)
+    return rows
+
+
+def ms(ns):
+    return ns / 1e6
+
+
+def spent(row):
+    """The round's time in the allocator's calls and in the launches beside them, in ms."""
+    return ms(row["alloc_ns"] + row["free_ns"] + row["launch_ns"])
+
+
+def fmt_range(xs, digits=1):
+    med = statistics.median(xs)
+    if len(xs) == 1:
+        return f"{med:,.{digits}f}"
+    return f"{med:,.{digits}f} [{min(xs):,.{digits}f}, {max(xs):,.{digits}f}]"
+
+
+def tables(rows):
+    """Markdown lines: one table per shape, a row per allocator and process."""
+    by_shape = collections.defaultdict(list)
+    for r in rows:
+        by_shape[r["label"]].append(r)
+    out = []
+    for shape, rs in sorted(by_shape.items()):
+        first = rs[0]
+        out += [f"{shape}: {first['events']:,} allocations and frees a prefill "
+                f"({first['trace']}), paced over {first['pace_ns'] * first['events'] / 1e9:.2f} s "
+                f"with {first['launches']:,} launches; {first['gpu']}, PyTorch {first['torch']}",
+                "",
+                "| allocator | compared with | processes | rounds | allocations (ms) | frees (ms) | launches (ms) "
+                "| all calls (ms) | against the peer, paired (ms) | prefill speed against the peer "
+                "| libcupool's driver calls (ms) | synchronizes |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        # A process is one PyTorch allocator against libcupool; rounds pair by their number.
+        peers = sorted({r["allocator"] for r in rs if r["allocator"] != "cupool"})
+        for peer in peers:
+            mine = [r for r in rs if r["peer"] == peer]
+            key = lambda r: (r["process"], r["round"])  # noqa: E731
+            theirs = {key(r): r for r in mine if r["allocator"] == peer}
+            ours = {key(r): r for r in mine if r["allocator"] == "cupool"}
+            paired = sorted(set(theirs) & set(ours))
+            processes = len({k[0] for k in paired})
+            if not paired:
+                continue
+            prefill_s = first_pace(theirs.values())
+            diff = [spent(ours[k]) - spent(theirs[k]) for k in paired]
+            speed = [prefill_s / (prefill_s + d / 1e3) for d in diff]
+            for who, side in ((peer, theirs), ("cupool", ours)):
+                rr = [side[k] for k in paired]
+                row = [who, peer if who == "cupool" else "–", str(processes), str(len(rr)),
+                       fmt_range([ms(r["alloc_ns"]) for r in rr]),
+                       fmt_range([ms(r["free_ns"]) for r in rr]),
+                       fmt_range([ms(r["launch_ns"]) for r in rr]),
+                       fmt_range([spent(r) for r in rr])]
+                if who == "cupool":
+                    row += [fmt_range(diff), fmt_range(speed, 3),
+                            fmt_range([ms(r["cupool.driver_ns"]) for r in rr]),
+                            fmt_range([r["cupool.driver_calls.synchronize"] for r in rr], 0)]
+                else:
+                    row += ["–", "–", "–", "–"]
+                out.append("| " + " | ".join(row) + " |")
+        out.append("")
+    return out
+
+
+def first_pace(rows):
+    r = next(iter(rows))
+    return r["pace_ns"] * r["events"] / 1e9
+
+
+def main(dirs):
+    rows = load(dirs)
+    if not rows:
+        sys.exit("no cost.jsonl under " + " ".join(dirs))
+    print("\n".join(tables(rows)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
