@@ -242,13 +242,14 @@ def test_the_copies_ahead_tables_are_their_runs():
     check("data/h200-2026-11-29-copies-ahead/call2/prefill.jsonl")
 
 
-def test_the_paired_replay_tables_are_their_runs():
+@pytest.mark.parametrize("data,blocks", [("data/h200-2026-11-29-trace-cost", 6),
+                                         ("data/h200-2026-11-29-defer-create", 4)])
+def test_the_paired_replay_tables_are_their_runs(data, blocks):
     """The tables of what each allocator costs the prefill's thread (trace-cost-report.py)."""
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "trace-cost-report.py"),
-                          "data/h200-2026-11-29-trace-cost"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+                          data], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
     got = [b.strip("\n") for b in out.split("\n\n") if b.strip()]
-    assert len(got) == 6, out
+    assert len(got) == blocks, out
     for b in got:
-        assert b in docs, f"docs/pytorch.md lacks this block of trace-cost-report.py:\n{b}"
+        assert b in docs, f"docs/pytorch.md lacks this block of trace-cost-report.py {data}:\n{b}"

@@ -95,6 +95,14 @@ def test_the_report_pairs_rounds_and_turns_the_difference_into_speed():
     text = "\n".join(report.tables(rows))
     # The prefill was paced over 1.0 s: 1 s + 10 ms is 0.990x the peer's speed.
     assert "| cupool | expandable | 1 | 2 | 50.0 [30.0, 70.0] |" in text
-    assert "| 10.0 [10.0, 10.0] | 0.990 [0.990, 0.990] | 2.0 [2.0, 2.0] | 0 [0, 0] |" in text
-    assert "| cupool | async | 1 | 1 | 30.0 |" in text and "| -20.0 | 1.020 |" in text
+    assert ("| 10.0 [10.0, 10.0] | 0.990 [0.990, 0.990] | 0.990–0.990 | 2.0 [2.0, 2.0] | 0 [0, 0] |"
+            in text)
+    assert "| cupool | async | 1 | 1 | 30.0 |" in text and "| -20.0 | 1.020 | 1.020–1.020 |" in text
     assert "| expandable | – | 1 | 2 |" in text
+
+
+def test_the_interval_of_the_median_holds_it_and_is_repeatable():
+    diffs = [5.0, 40.0, 10.0, 12.0, -3.0, 20.0, 15.0, 8.0]
+    lo, hi = report.interval(diffs)
+    assert lo <= 11.0 <= hi and min(diffs) <= lo and hi <= max(diffs)
+    assert report.interval(diffs) == (lo, hi)

@@ -11,12 +11,14 @@ column turns that difference into prefill speed: a prefill that took ``T`` secon
 peer (the ``--prefill-s`` the replay was paced by, the peer's fastest prefill measured in the
 same call) takes ``T + d`` with libcupool, assuming the thread's other work is the same, which
 is what the replay cannot see: it replays the allocator's calls and the launches beside them,
-not the model's other work.
+not the model's other work. The median difference's 95% interval (a bootstrap over the pairs)
+says whether the speed is resolved against a goal.
 """
 import collections
 import glob
 import json
 import os
+import random
 import statistics
 import sys
 
@@ -52,6 +54,14 @@ def fmt_range(xs, digits=1):
     return f"{med:,.{digits}f} [{min(xs):,.{digits}f}, {max(xs):,.{digits}f}]"
 
 
+def interval(diffs, draws=4000):
+    """The 95% interval of the median of ``diffs`` (bootstrap over the pairs, seeded: the same
+    data print the same table)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
 def tables(rows):
     """Markdown lines: one table per shape, a row per allocator and process."""
     by_shape = collections.defaultdict(list)
@@ -66,15 +76,18 @@ def tables(rows):
                 "",
                 "| allocator | compared with | processes | rounds | allocations (ms) | frees (ms) | launches (ms) "
                 "| all calls (ms) | against the peer, paired (ms) | prefill speed against the peer "
-                "| libcupool's driver calls (ms) | synchronizes |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| the median's 95% interval | libcupool's driver calls (ms) | synchronizes |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         # A process is one PyTorch allocator against libcupool; rounds pair by their number.
-        peers = sorted({r["allocator"] for r in rs if r["allocator"] != "cupool"})
-        for peer in peers:
+        peers = sorted({r["allocator"] for r in rs if not r["allocator"].startswith("cupool")})
+        builds = sorted({r["allocator"] for r in rs if r["allocator"].startswith("cupool")})
+        for peer, build in [(p, b) for p in peers for b in builds]:
             mine = [r for r in rs if r["peer"] == peer]
             key = lambda r: (r["process"], r["round"])  # noqa: E731
-            theirs = {key(r): r for r in mine if r["allocator"] == peer}
-            ours = {key(r): r for r in mine if r["allocator"] == "cupool"}
+            ours = {key(r): r for r in mine if r["allocator"] == build}
+            # The peer's rounds of the processes that ran this build.
+            theirs = {key(r): r for r in mine if r["allocator"] == peer
+                      and (r["process"], r["round"]) in ours}
             paired = sorted(set(theirs) & set(ours))
             processes = len({k[0] for k in paired})
             if not paired:
@@ -82,19 +95,21 @@ def tables(rows):
             prefill_s = first_pace(theirs.values())
             diff = [spent(ours[k]) - spent(theirs[k]) for k in paired]
             speed = [prefill_s / (prefill_s + d / 1e3) for d in diff]
-            for who, side in ((peer, theirs), ("cupool", ours)):
+            lo, hi = interval(diff)
+            at = f"{prefill_s / (prefill_s + hi / 1e3):.3f}–{prefill_s / (prefill_s + lo / 1e3):.3f}"
+            for who, side in ((peer, theirs), (build, ours)):
                 rr = [side[k] for k in paired]
-                row = [who, peer if who == "cupool" else "–", str(processes), str(len(rr)),
+                row = [who, peer if who == build else "–", str(processes), str(len(rr)),
                        fmt_range([ms(r["alloc_ns"]) for r in rr]),
                        fmt_range([ms(r["free_ns"]) for r in rr]),
                        fmt_range([ms(r["launch_ns"]) for r in rr]),
                        fmt_range([spent(r) for r in rr])]
-                if who == "cupool":
-                    row += [fmt_range(diff), fmt_range(speed, 3),
+                if who == build:
+                    row += [fmt_range(diff), fmt_range(speed, 3), at,
                             fmt_range([ms(r["cupool.driver_ns"]) for r in rr]),
                             fmt_range([r["cupool.driver_calls.synchronize"] for r in rr], 0)]
                 else:
-                    row += ["–", "–", "–", "–"]
+                    row += ["–", "–", "–", "–", "–"]
                 out.append("| " + " | ".join(row) + " |")
         out.append("")
     return out

@@ -119,6 +119,9 @@ def main():
     launch.add_argument("--launches-from", metavar="PROFILE",
                         help="a prefill.py --profile table: its launch, memset and copy calls")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--cupool", action="append", default=[], metavar="OPTION=VALUE",
+                   help="an option for libcupool beyond install()'s (cupool.init's keywords, "
+                        "e.g. vmm_defer=on); the rows then name libcupool cupool-VALUE...")
     p.add_argument("--label", default="", help="the shape's name (prefill.py's --model), "
                    "written into every line")
     a = p.parse_args()
@@ -146,7 +149,9 @@ def main():
     os.makedirs(build, exist_ok=True)
     ext = cpp_extension.load(name="cupool_trace_cost", sources=[os.path.join(here, "trace_cost.cpp")],
                              build_directory=build, with_cuda=True, verbose=False)
-    cupool.ensure_open(None, "vmm", None, cupool.torch.install_options(None, {"time_driver": "on"}))
+    extra = dict(kv.split("=", 1) for kv in a.cupool)
+    cupool.ensure_open(None, "vmm", None,
+                       cupool.torch.install_options(None, {"time_driver": "on", **extra}))
     lib = cupool._lib.load()
     addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     fns = {"torch": (0, 0), "cupool": (addr(lib.cupool_torch_alloc), addr(lib.cupool_torch_free))}
@@ -161,7 +166,7 @@ def main():
         held[who].run(0, 0)
     runs = {who: replayer(prefill, who) for who in ("torch", "cupool")}
     pace = int(a.prefill_s * 1e9 / max(len(prefill), 1))
-    names = {"torch": a.torch, "cupool": "cupool"}
+    names = {"torch": a.torch, "cupool": "-".join(["cupool"] + [f"{k.replace('vmm_', '')}{v}" for k, v in extra.items()])}
     dev = torch.cuda.current_device()
     for r, first in enumerate(order(a.rounds)):
         for who in first:
