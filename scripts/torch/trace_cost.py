@@ -19,7 +19,7 @@ the part of that thread's work that depends on the allocator runs alone, in one 
   launches down, and this counts it);
 - then what the round left live is freed, the device synchronized, and the allocator's free
   memory given back to the driver (``torch.cuda.empty_cache()`` or ``cupool.trim``), as
-  ``prefill.py --speed-reps`` does between its prefills;
+  ``prefill.py --speed-reps`` does between its prefills (with ``--keep-cache``, kept);
 - the two allocators alternate, PyTorch's first in odd rounds and libcupool's first in even ones.
 
 Each round prints a JSON line: the time of every allocation, free and launch call summed, and
@@ -122,6 +122,9 @@ def main():
     p.add_argument("--cupool", action="append", default=[], metavar="OPTION=VALUE",
                    help="an option for libcupool beyond install()'s (cupool.init's keywords, "
                         "e.g. vmm_defer=on); the rows then name libcupool cupool-VALUE...")
+    p.add_argument("--keep-cache", action="store_true",
+                   help="no empty_cache or trim between rounds: each round runs on the memory "
+                        "the last left, as a server's next request does (prefill.py --keep-cache)")
     p.add_argument("--label", default="", help="the shape's name (prefill.py's --model), "
                    "written into every line")
     a = p.parse_args()
@@ -174,7 +177,8 @@ def main():
             torch.cuda.synchronize()
             out = runs[who].run(pace, a.launches)
             torch.cuda.synchronize()
-            out.update(round=r, allocator=names[who], peer=a.torch, pid=os.getpid(), label=a.label, events=len(prefill),
+            out.update(round=r, allocator=names[who], peer=a.torch, pid=os.getpid(),
+                       label=a.label + (" (cache kept)" if a.keep_cache else ""), events=len(prefill),
                        pace_ns=pace, trace=os.path.basename(a.trace),
                        gpu=torch.cuda.get_device_name(dev), torch=torch.__version__)
             if who == "cupool":
@@ -189,10 +193,12 @@ def main():
             runs[who].free_all()
             torch.cuda.synchronize()
             if who == "cupool":
-                cupool.trim(dev)
+                if not a.keep_cache:
+                    cupool.trim(dev)
                 cupool.reset_peaks()
             else:
-                torch.cuda.empty_cache()
+                if not a.keep_cache:
+                    torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             time.sleep(0.2)
     for who in ("torch", "cupool"):
