@@ -42,6 +42,17 @@ def test_the_weights_stay_and_the_prefill_repeats():
     assert nslots == 4
 
 
+def test_an_id_used_again_gets_a_slot_of_its_own():
+    events = [ev("phase_begin", name="prefill 0"),
+              ev("alloc", id=1, size=10, stream=0), ev("alloc", id=2, size=20, stream=0),
+              ev("free", id=1), ev("alloc", id=1, size=30, stream=0),
+              ev("phase_end", name="prefill 0", prefill=False)]
+    setup, prefill, nslots = cost.split(events)
+    assert setup == []
+    assert prefill == [(0, 0, 10), (0, 1, 20), (1, 0, 0), (0, 2, 30)]
+    assert nslots == 3
+
+
 def test_a_trace_without_phases_is_refused():
     with pytest.raises(SystemExit, match="no phases"):
         cost.split([ev("alloc", id=1, size=10, stream=0)])
@@ -95,14 +106,33 @@ def test_the_report_pairs_rounds_and_turns_the_difference_into_speed():
     text = "\n".join(report.tables(rows))
     # The prefill was paced over 1.0 s: 1 s + 10 ms is 0.990x the peer's speed.
     assert "| cupool | expandable | 1 | 2 | 50.0 [30.0, 70.0] |" in text
-    assert ("| 10.0 [10.0, 10.0] | 0.990 [0.990, 0.990] | 0.990–0.990 | 2.0 [2.0, 2.0] | 0 [0, 0] |"
-            in text)
-    assert "| cupool | async | 1 | 1 | 30.0 |" in text and "| -20.0 | 1.020 | 1.020–1.020 |" in text
+    assert ("| 10.0 [10.0, 10.0] | +10.0 | 0.990 [0.990, 0.990] | 0.990–0.990 | 2.0 [2.0, 2.0] "
+            "| 0 [0, 0] |" in text)
+    assert ("| cupool | async | 1 | 1 | 30.0 |" in text
+            and "| -20.0 | -20.0 | 1.020 | 1.020–1.020 |" in text)
     assert "| expandable | – | 1 | 2 |" in text
 
 
 def test_the_interval_of_the_median_holds_it_and_is_repeatable():
     diffs = [5.0, 40.0, 10.0, 12.0, -3.0, 20.0, 15.0, 8.0]
-    lo, hi = report.interval(diffs)
+    lo, hi = report.interval([diffs])
     assert lo <= 11.0 <= hi and min(diffs) <= lo and hi <= max(diffs)
-    assert report.interval(diffs) == (lo, hi)
+    assert report.interval([diffs]) == (lo, hi)
+
+
+def test_processes_that_disagree_widen_the_interval():
+    # Two processes, each tight, far apart: the interval spans both, not the pooled rounds'.
+    a, b = [10.0, 11.0, 9.0, 10.5] * 4, [40.0, 41.0, 39.0, 40.5] * 4
+    lo, hi = report.interval([a, b])
+    assert lo <= 11.0 and hi >= 39.0
+
+
+def test_a_cold_first_round_with_the_cache_kept_is_left_out():
+    kept = dict(label="phi3 (cache kept)")
+    rows = [row("expandable", 0, 90, **kept), row("cupool", 0, 200, **kept),
+            row("expandable", 1, 20, **kept), row("cupool", 1, 25, **kept)]
+    text = "\n".join(report.tables(rows))
+    assert "| cupool | expandable | 1 | 1 | 25.0 |" in text
+    # Recorded after an untimed warm-up: round 0 counts.
+    rows = [dict(r, warmed=True) for r in rows]
+    assert "| cupool | expandable | 1 | 2 |" in "\n".join(report.tables(rows))

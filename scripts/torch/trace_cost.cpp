@@ -92,6 +92,9 @@ class Replayer {
       const auto slot = slots_[i];
       auto t = Clock::now();
       if (kinds_[i] == 0) {
+        if (ptrs_[slot])
+          throw std::logic_error("event " + std::to_string(i) + " allocates into slot " +
+                                 std::to_string(slot) + ", which holds a live block");
         void* p = call_alloc(sizes_[i]);
         alloc_ns += since(t);
         if (!p) throw std::runtime_error("allocation " + std::to_string(i) + " of " +

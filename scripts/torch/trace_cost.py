@@ -13,14 +13,17 @@ the part of that thread's work that depends on the allocator runs alone, in one 
 - the trace's events before its first ``phase_begin`` (the model's weights) are allocated once
   per allocator and stay live;
 - each round replays the prefill's events (the first ``phase_begin`` to the last ``phase_end``),
-  event i no earlier than i x (prefill seconds / events) after the round's start, as the prefill
-  spaced them on average, with ``--launches`` empty kernel launches spread between them (a real
+  event i no earlier than i x (prefill seconds / events) after the round's start: spread evenly
+  over the prefill's time (the trace has no times of its own), with ``--launches`` empty kernel launches spread between them (a real
   prefill launches about one kernel per allocation; a worker thread's driver calls can slow
   launches down, and this counts it);
 - then what the round left live is freed, the device synchronized, and the allocator's free
   memory given back to the driver (``torch.cuda.empty_cache()`` or ``cupool.trim``), as
   ``prefill.py --speed-reps`` does between its prefills (with ``--keep-cache``, kept);
-- the two allocators alternate, PyTorch's first in odd rounds and libcupool's first in even ones.
+- the two allocators alternate, PyTorch's first in rounds 0, 2, 4, ... and libcupool's in the
+  others (``--rounds`` must be even);
+- with ``--keep-cache``, one untimed round of each first, so every timed round runs on the
+  memory an earlier one left.
 
 Each round prints a JSON line: the time of every allocation, free and launch call summed, and
 the round's wall time. ``trace-cost-report.py`` turns them into a table. libcupool runs as
@@ -57,19 +60,21 @@ def split(events):
     if not begins or not ends:
         raise SystemExit("the trace has no phases: record it with prefill.py --record")
     first, last = begins[0], ends[-1]
-    slots, setup, prefill, in_setup = {}, [], [], set()
+    # Every allocation its own slot, also where the trace uses an id again after its free.
+    slots, setup, prefill, in_setup, nslots = {}, [], [], set(), 0
     for i, e in enumerate(events[:last + 1]):
         part = setup if i < first else prefill
         if e["op"] == "alloc" and e["size"] > 0:
-            slots[e["id"]] = len(slots)
+            slots[e["id"]] = nslots
+            nslots += 1
             part.append((0, slots[e["id"]], e["size"]))
             if part is setup:
                 in_setup.add(slots[e["id"]])
         elif e["op"] == "free" and e["id"] in slots:
-            slot = slots[e["id"]]
+            slot = slots.pop(e["id"])
             if part is setup or slot not in in_setup:
                 part.append((1, slot, 0))
-    return setup, prefill, len(slots)
+    return setup, prefill, nslots
 
 
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernelEx", "cudaMemsetAsync", "cudaMemcpyAsync")
@@ -98,7 +103,8 @@ def fastest_prefill(lines, model):
 
 
 def order(rounds):
-    """Which allocator runs first in each round: PyTorch's in odd rounds, libcupool's in even."""
+    """Which allocator runs first in each round: PyTorch's in rounds 0, 2, 4, ..., libcupool's
+    in 1, 3, 5, ... (an even number of rounds puts each first as often)."""
     return [("torch", "cupool") if r % 2 == 0 else ("cupool", "torch") for r in range(rounds)]
 
 
@@ -128,6 +134,9 @@ def main():
     p.add_argument("--label", default="", help="the shape's name (prefill.py's --model), "
                    "written into every line")
     a = p.parse_args()
+    if a.rounds < 2 or a.rounds % 2:
+        p.error(f"--rounds {a.rounds}: an even number, at least 2, so each allocator goes first "
+                "as often")
     if a.prefill_from:
         with open(a.prefill_from) as f:
             a.prefill_s = fastest_prefill(f.readlines(), a.label)
@@ -160,7 +169,7 @@ def main():
     fns = {"torch": (0, 0), "cupool": (addr(lib.cupool_torch_alloc), addr(lib.cupool_torch_free))}
 
     def replayer(events, who):
-        kinds, slots, sizes = zip(*events)
+        kinds, slots, sizes = zip(*events) if events else ((), (), ())
         return ext.Replayer(list(kinds), list(slots), list(sizes), nslots, *fns[who])
 
     held = {}
@@ -171,6 +180,13 @@ def main():
     pace = int(a.prefill_s * 1e9 / max(len(prefill), 1))
     names = {"torch": a.torch, "cupool": "-".join(["cupool"] + [f"{k.replace('vmm_', '')}{v}" for k, v in extra.items()])}
     dev = torch.cuda.current_device()
+    if a.keep_cache:
+        # The first round of each maps what the later ones reuse: not timed.
+        for who in ("torch", "cupool"):
+            runs[who].run(pace, a.launches)
+            torch.cuda.synchronize()
+            runs[who].free_all()
+            torch.cuda.synchronize()
     for r, first in enumerate(order(a.rounds)):
         for who in first:
             before = cupool.stats(dev) if who == "cupool" else {}
@@ -178,14 +194,18 @@ def main():
             out = runs[who].run(pace, a.launches)
             torch.cuda.synchronize()
             out.update(round=r, allocator=names[who], peer=a.torch, pid=os.getpid(),
+                       warmed=a.keep_cache,
                        label=a.label + (" (cache kept)" if a.keep_cache else ""), events=len(prefill),
                        pace_ns=pace, trace=os.path.basename(a.trace),
                        gpu=torch.cuda.get_device_name(dev), torch=torch.__version__)
             if who == "cupool":
                 after = cupool.stats(dev)
-                for k in ("cupool.driver_ns", "cupool.driver_calls.synchronize",
-                          "cupool.driver_calls.map", "cupool.driver_calls.map_ahead"):
-                    out[k] = after.get(k, 0) - before.get(k, 0)
+                # Every driver counter that moved (calls and nanoseconds per kind).
+                for k in after:
+                    if k.startswith(("cupool.driver_ns", "cupool.driver_calls.")):
+                        out[k] = after[k] - before.get(k, 0)
+                for k in ("cupool.driver_ns", "cupool.driver_calls.synchronize"):
+                    out.setdefault(k, 0)
                 out["reserved_peak_mib"] = after["reserved_bytes.all.peak"] / 2**20
             else:
                 out["reserved_peak_mib"] = torch.cuda.memory_stats()["reserved_bytes.all.peak"] / 2**20
