@@ -14,9 +14,9 @@ the part of that thread's work that depends on the allocator runs alone, in one 
   per allocator and stay live;
 - each round replays the prefill's events (the first ``phase_begin`` to the last ``phase_end``),
   event i no earlier than i x (prefill seconds / events) after the round's start: spread evenly
-  over the prefill's time (the trace has no times of its own), with ``--launches`` empty kernel launches spread between them (a real
-  prefill launches about one kernel per allocation; a worker thread's driver calls can slow
-  launches down, and this counts it);
+  over the prefill's time (the trace has no times of its own), with ``--launches`` empty kernel
+  launches spread between them (a real prefill launches about one kernel per allocation; a
+  worker thread's driver calls can slow launches down, and this counts it);
 - then what the round left live is freed, the device synchronized, and the allocator's free
   memory given back to the driver (``torch.cuda.empty_cache()`` or ``cupool.trim``), as
   ``prefill.py --speed-reps`` does between its prefills (with ``--keep-cache``, kept);
