@@ -29,7 +29,8 @@ Each round prints a JSON line: the time of every allocation, free and launch cal
 the round's wall time. ``trace-cost-report.py`` turns them into a table. libcupool runs as
 ``cupool.torch.install()`` opens it (the vmm pool, lanes' growth made on a worker thread),
 called through its PyTorch entry points; PyTorch's allocator through ``raw_alloc_with_stream``
-and ``raw_delete``, its tensors' malloc and free.
+and ``raw_delete``, its tensors' malloc and free. Both on device 0 (the replay passes libcupool
+device 0; run it with that GPU current) and the legacy default stream.
 """
 import argparse
 import ctypes
