@@ -16,6 +16,9 @@
 //!   `data/h100-2026-11-22-pytorch/trace-phi3.jsonl.gz`);
 //! - `BENCH_DEVICE`: `sim` (the default, runs anywhere) or `cuda` (real driver calls, no
 //!   kernels);
+//! - `BENCH_THRASH`: KiB of memory read and written between two calls, untimed (default 0):
+//!   a prefill's kernel launches run between its allocations and leave the CPU's caches cold
+//!   for them, which a tight loop of calls does not show;
 //! - every other setting from the environment, as libcupool reads it (`CUPOOL_VMM_AHEAD`, ...).
 //!
 //! Prints one JSON line per round and the median over the rounds after the first; `perf
@@ -87,10 +90,14 @@ struct Spent {
     tenths: [(u64, Duration); 10],
 }
 
-fn replay(calls: &[Call], sizes: &mut [usize], ptrs: &mut [usize]) -> Spent {
+fn replay(calls: &[Call], sizes: &mut [usize], ptrs: &mut [usize], thrash: &mut [u64]) -> Spent {
     let mut spent = Spent::default();
     let stream = std::ptr::null_mut();
     for (i, c) in calls.iter().enumerate() {
+        // One word a cache line: enough to evict what the last call left cached.
+        for w in thrash.iter_mut().step_by(8) {
+            *w = std::hint::black_box(w.wrapping_add(1));
+        }
         let tenth = i * 10 / calls.len();
         match *c {
             Call::Alloc { slot, size } => {
@@ -168,6 +175,13 @@ fn main() {
         .map(|r| r.parse().expect("BENCH_ROUNDS: a number of replays"))
         .unwrap_or(5);
     let device = std::env::var("BENCH_DEVICE").unwrap_or_else(|_| "sim".into());
+    let thrash_kib: usize = std::env::var("BENCH_THRASH")
+        .map(|r| {
+            r.parse()
+                .expect("BENCH_THRASH: KiB touched between two calls")
+        })
+        .unwrap_or(0);
+    let mut thrash = vec![0u64; thrash_kib * 128];
     let calls = load(&path);
     let n = calls
         .iter()
@@ -182,7 +196,7 @@ fn main() {
     for round in 0..rounds.max(2) {
         assert_eq!(cupool_reset_peaks(-1), CupoolStatus::Ok);
         let t = Instant::now();
-        let s = replay(&calls, &mut sizes, &mut ptrs);
+        let s = replay(&calls, &mut sizes, &mut ptrs, &mut thrash);
         let wall = t.elapsed();
         let reserved = reserved_peak_mib();
         let events = s.small.0 + s.large.0 + s.frees.0;

@@ -19,34 +19,11 @@ use cupool::{
     cupool_init, cupool_shutdown, cupool_stats_json, cupool_torch_alloc, cupool_torch_free,
     CupoolStatus,
 };
-use cupool_pool::trace::{parse, TraceEvent};
+mod common;
+use common::{events, stat, MIB};
+use cupool_pool::trace::TraceEvent;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::io::Read;
-
-const MIB: f64 = (1u64 << 20) as f64;
-
-fn events(name: &str) -> Vec<TraceEvent> {
-    let path = format!(
-        "{}/../data/h200-2026-11-28-bins/call1/trace-{name}.jsonl.gz",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let raw = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(&raw[..])
-        .read_to_string(&mut text)
-        .expect("the trace is gzip");
-    parse(&text).expect("the trace parses")
-}
-
-fn stat(json: &str, key: &str) -> f64 {
-    let at = json.find(&format!("\"{key}\":")).expect(key) + key.len() + 3;
-    let digits: String = json[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().expect("a number")
-}
 
 /// Replays `name`'s trace through a fresh libcupool set as `cupool.torch.install()` sets it
 /// (memory made ahead on a worker thread), its driver calls counted; returns (reserve peak,

@@ -172,8 +172,9 @@ fn cuda_lanes_keep_every_byte_and_give_everything_back() {
 
 /// A KV cache copied layer by layer, its growth made ahead on the pool's worker thread
 /// (`upstream/vmm/ahead.rs`) while kernels write the copies and read the old blocks queued
-/// behind their frees: every byte kept, the growth mapped on the worker, and a purge gives
-/// everything back.
+/// behind their frees: every byte kept, the growth mapped on the worker; a trim gives the
+/// lanes' memory back, the same request again has it made on the worker, and a purge and the
+/// pool's drop give everything back.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_growth_made_ahead_on_the_worker_keeps_every_byte() {
@@ -198,35 +199,43 @@ fn cuda_growth_made_ahead_on_the_worker_keeps_every_byte() {
     let pool: Arc<dyn Pool> = Arc::new(VmmPool::with_config(drv.clone(), config).unwrap());
     let bad = k.stream.alloc_zeros::<u32>(1).unwrap();
     let step = 3 * MIB / 4;
-    let mut cache: Vec<(PoolBuffer<u32>, u32)> = (0..16u32)
-        .map(|i| {
-            let b = PoolBuffer::<u32>::alloc(&pool, step).unwrap();
-            k.fill(&b, i);
-            (b, i)
-        })
-        .collect();
-    for round in 1..=16u32 {
-        for (i, slot) in cache.iter_mut().enumerate() {
-            let tag = round * 100 + i as u32;
-            let new = PoolBuffer::<u32>::alloc(&pool, slot.0.len() + step).unwrap();
-            k.fill(&new, tag);
-            let (old, old_tag) = std::mem::replace(slot, (new, tag));
-            k.check(&old, old_tag, &bad);
-            drop(old);
+    let times = || timed.times();
+    let calls = |name: &str| times().get(name).map_or(0, |c| c.calls);
+    // One request: 16 tensors copied 16 times, each 3 MiB larger; returns the pages it made
+    // on this thread and on the worker.
+    let request = || {
+        let before = (calls("map"), calls(AHEAD_MAP));
+        let mut cache: Vec<(PoolBuffer<u32>, u32)> = (0..16u32)
+            .map(|i| {
+                let b = PoolBuffer::<u32>::alloc(&pool, step).unwrap();
+                k.fill(&b, i);
+                (b, i)
+            })
+            .collect();
+        for round in 1..=16u32 {
+            for (i, slot) in cache.iter_mut().enumerate() {
+                let tag = round * 100 + i as u32;
+                let new = PoolBuffer::<u32>::alloc(&pool, slot.0.len() + step).unwrap();
+                k.fill(&new, tag);
+                let (old, old_tag) = std::mem::replace(slot, (new, tag));
+                k.check(&old, old_tag, &bad);
+                drop(old);
+            }
         }
-    }
-    for (b, tag) in &cache {
-        k.check(b, *tag, &bad);
-    }
+        for (b, tag) in &cache {
+            k.check(b, *tag, &bad);
+        }
+        drop(cache);
+        (calls("map") - before.0, calls(AHEAD_MAP) - before.1)
+    };
+    let first = request();
     let mismatches = k.stream.clone_dtoh(&bad).unwrap()[0];
-    let times = timed.times();
-    let calls = |name: &str| times.get(name).map_or(0, |c| c.calls);
     let s = pool.stats();
     eprintln!(
         "{}: mismatches {mismatches}, maps on the allocating thread {}, on the worker {}, peak live {} MiB, peak reserved {} MiB",
         drv.name(),
-        calls("map"),
-        calls(AHEAD_MAP),
+        first.0,
+        first.1,
         s.live_peak_bytes / MIB,
         s.reserved_peak_bytes / MIB
     );
@@ -235,9 +244,28 @@ fn cuda_growth_made_ahead_on_the_worker_keeps_every_byte() {
         // A lane is read as a cache's once two copies in a row grew alike in it and the growth
         // it would then have asked for was needed: the worker maps from about the sixth round
         // on (109 maps of 12 rounds on an H100).
-        calls(AHEAD_MAP) >= 16 * 8 && calls("map") < calls(AHEAD_MAP),
-        "the worker maps the growth: {times:?}"
+        first.1 >= 16 * 8 && first.0 < first.1,
+        "the worker maps the growth: {:?}",
+        times()
     );
-    drop(cache);
+    // A trim: the lanes' memory goes back to the card, their address space stays
+    // (`placement/lanes/trim.rs`), and the next request has it made again on the worker.
+    let free_before = drv.mem_info().unwrap().free;
+    let held = pool.stats().reserved_bytes;
+    pool.purge(&synchronize(drv.as_ref()).unwrap(), Purge::All)
+        .unwrap();
+    assert_eq!(pool.stats().reserved_bytes, 0);
+    assert!(drv.mem_info().unwrap().free + 4 * MIB >= free_before + held);
+    let again = request();
+    let mismatches = k.stream.clone_dtoh(&bad).unwrap()[0];
+    eprintln!(
+        "after a trim: mismatches {mismatches}, maps on the allocating thread {}, on the worker {}",
+        again.0, again.1
+    );
+    assert_eq!(mismatches, 0, "a live block lost its bytes after the trim");
+    assert!(
+        again.0 * 2 <= first.0,
+        "after a trim the worker makes the lanes' memory: first {first:?}, again {again:?}"
+    );
     purge_gives_everything_back(pool, &drv);
 }

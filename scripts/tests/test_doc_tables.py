@@ -244,7 +244,9 @@ def test_the_copies_ahead_tables_are_their_runs():
 
 @pytest.mark.parametrize("data,blocks", [("data/h200-2026-11-29-trace-cost", 12),
                                          ("data/h200-2026-11-29-defer-create", 4),
-                                         ("data/h200-2026-11-29-space-lookup", 6)])
+                                         ("data/h200-2026-11-29-space-lookup", 6),
+                                         ("data/h200-2026-11-29-trace-cost-more", 12),
+                                         ("data/h200-2026-11-29-trim-lanes", 12)])
 def test_the_paired_replay_tables_are_their_runs(data, blocks):
     """The tables of what each allocator costs the prefill's thread (trace-cost-report.py)."""
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "trace-cost-report.py"),

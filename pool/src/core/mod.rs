@@ -285,7 +285,18 @@ impl<P: Placement, U: Upstream> Pool for CorePool<P, U> {
         }
         let pending: usize = g.pending.iter().map(|s| s.len).sum();
         let upstream = &g.upstream;
+        // The memory behind the free segments a purge of everything keeps goes back too.
+        let kept: usize = match what {
+            Purge::All => g
+                .placement
+                .kept_on_purge()
+                .iter()
+                .map(|k| upstream.apart_held(&k.seg).unwrap_or(0))
+                .sum(),
+            _ => 0,
+        };
         pending
+            + kept
             + g.placement
                 .idle_bytes(what, &mut |seg| upstream.apart_held(seg).unwrap_or(seg.len))
     }

@@ -192,7 +192,12 @@ impl Ctx {
             addr: p.ptr,
             capacity: p.capacity,
         };
-        if let Some(seg) = g.placement.give_back(fit, freed_at) {
+        let seg = g.placement.give_back(fit, freed_at);
+        let never_used = g.placement.take_never_used();
+        if !never_used.is_empty() && g.upstream.shed(&never_used, &mut g.tracker.s.calls) > 0 {
+            self.settle(g);
+        }
+        if let Some(seg) = seg {
             match g.upstream.release(seg, &mut g.tracker.s.calls) {
                 Ok(()) => {
                     self.count_release(g, seg.len, false);
@@ -238,6 +243,9 @@ impl Ctx {
                 }
             }
         }
+        if matches!(what, Purge::All) {
+            self.shed_kept(g, token, &mut out);
+        }
         for idle in g.placement.idle(what) {
             // A segment apart holds only the memory behind it, and goes in any order.
             let apart = g.upstream.apart_held(&idle.seg);
@@ -270,6 +278,38 @@ impl Ctx {
         }
     }
 
+    /// A purge of everything: the memory behind the free segments the placement keeps (its
+    /// free lanes) goes back to the device, their address space stays. (Released with the lanes,
+    /// the address space came back at the next request with every lane's first block mapped on
+    /// the allocating thread: `placement/lanes/again.rs`.)
+    fn shed_kept<P: Placement, U: Upstream>(
+        &self,
+        g: &mut State<P, U>,
+        token: &SyncToken,
+        out: &mut Released,
+    ) {
+        let kept = g.placement.kept_on_purge();
+        if kept.is_empty() {
+            return;
+        }
+        let mut spans = Vec::with_capacity(kept.len());
+        let mut shed = Vec::with_capacity(kept.len());
+        for k in kept {
+            if token.covers(k.freed_at) {
+                spans.push((k.seg.ptr, k.seg.len));
+                shed.push(k.seg);
+            } else {
+                out.deferred_bytes += g.upstream.apart_held(&k.seg).unwrap_or(0);
+            }
+        }
+        if g.upstream.shed(&spans, &mut g.tracker.s.calls) > 0 {
+            out.bytes += self.count_release(g, 0, true);
+        }
+        for seg in &shed {
+            g.placement.kept_given_back(seg);
+        }
+    }
+
     /// Releases everything idle after a synchronize; once no block is live, everything.
     /// Returns whether the core now holds nothing.
     pub(super) fn release_all<P: Placement, U: Upstream>(&self, g: &mut State<P, U>) -> bool {
@@ -280,6 +320,8 @@ impl Ctx {
                 return false;
             }
         };
+        // Closing: the free lanes go with their address space.
+        g.placement.closing();
         if let Err(e) = self.release(g, &token, &Purge::All) {
             tracing::error!(pool = %self.kind, error = %e, "could not release every idle segment");
         }

@@ -136,6 +136,31 @@ pub trait Placement: Send + fmt::Debug + 'static {
         self.idle(what).iter().map(|i| bytes(&i.seg)).sum()
     }
 
+    /// Free segments a purge of everything keeps, each with the epoch of its latest free: the
+    /// memory behind them goes back to the device, their address space stays for the next
+    /// blocks (a lane, which the next request takes again: `lanes/again.rs`). None by default,
+    /// and none once [`Placement::closing`] was called: [`Placement::idle`] names them then.
+    fn kept_on_purge(&self) -> Vec<Idle> {
+        Vec::new()
+    }
+
+    /// The pool is closing: every free segment is [`Placement::idle`] for a purge of
+    /// everything from now on, those [`Placement::kept_on_purge`] named too.
+    fn closing(&mut self) {}
+
+    /// The memory behind `seg`, one of [`Placement::kept_on_purge`]'s, went back to the device
+    /// (a placement that names the memory its next blocks need ahead names it again).
+    fn kept_given_back(&mut self, seg: &Segment) {
+        let _ = seg;
+    }
+
+    /// Free ranges holding memory made ahead of need that no block used (lanes grown again
+    /// after a trim ahead of blocks that did not come): the core gives it back at once, with no
+    /// synchronize (no kernel can use it). Taken once; asked after each free.
+    fn take_never_used(&mut self) -> Vec<(u64, usize)> {
+        Vec::new()
+    }
+
     /// Forgets `seg`, one of [`Placement::idle`]'s, after the upstream released it.
     fn remove(&mut self, seg: &Segment);
 

@@ -215,6 +215,8 @@ impl<P: Placement> Lanes<P> {
     /// Leaves every lane where none is busy (see the module docs).
     pub(super) fn leave_all_if_free(&mut self) {
         if self.free.len() == self.lanes.len() {
+            self.trim.retaking = false;
+            self.note_never_used();
             for (&at, l) in self.lanes.iter_mut() {
                 // Weighed as new by the next request: its lanes' blocks live as it makes them.
                 l.lives.forget();
@@ -235,13 +237,14 @@ impl<P: Placement> Lanes<P> {
         }
     }
 
-    /// Takes the left lane at `at` again for a new request's block: weighed as new from here
-    /// on, in place of a lane to open.
-    pub(super) fn take_again(&mut self, at: u64) {
+    /// Takes the left lane at `at` again for a new request's block of `n` bytes: weighed as
+    /// new from here on, in place of a lane to open.
+    pub(super) fn take_again(&mut self, at: u64, n: usize) {
         if let Some(lane) = self.lanes.get_mut(&at) {
             self.left_order.remove(&(lane.opened, at));
             self.pending = self.pending.saturating_sub(1);
-            (lane.left, lane.reach) = (false, 0);
+            (lane.left, lane.reach, lane.first) = (false, 0, n);
+            self.trim.retaking = true;
         }
     }
 }

@@ -202,6 +202,9 @@ impl<P: Placement> Lanes<P> {
     /// block is replaced by a copy that lands in the lane the replaced block frees (the most
     /// memory behind it: `free_lane`).
     pub(super) fn name_ahead(&self, f: &mut dyn FnMut(u64, usize)) {
+        if self.predicts && self.made {
+            self.name_taken_again(f);
+        }
         let n = if self.predicts { AHEAD } else { 0 };
         for &(_, at) in self.growing.iter().take(n) {
             if let Some(l) = self.lanes.get(&at) {
@@ -245,6 +248,8 @@ mod tests {
             left: false,
             opened: 0,
             ahead_end: 0,
+            first: 0,
+            shed: false,
             lives: Default::default(),
         };
         for &s in &sizes[1..] {

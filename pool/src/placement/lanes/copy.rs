@@ -35,6 +35,7 @@ impl<P: Placement> Lanes<P> {
             made: self.made,
             last_size: self.last_size,
             copies_grew: self.copies_grew,
+            trim: self.trim.clone(),
         })
     }
 }

@@ -39,6 +39,37 @@ pub(super) struct Lane {
     /// Where the memory named ahead from the pool's copies for the block replacing its last
     /// one ended, while it is free (0: none named so; `ahead.rs`, [`Lane::fresh_end`]).
     pub(super) ahead_end: usize,
+    /// Capacity of the first block since it opened or was taken again: what the next request
+    /// puts there first (`again.rs`).
+    pub(super) first: usize,
+    /// Its memory went back to the device at a purge while it was free: the next request
+    /// makes it again ahead of its blocks, up to [`Lane::handed`] (`again.rs`).
+    pub(super) shed: bool,
     /// How long its blocks lived (`transient.rs`).
     pub(super) lives: transient::Lives,
+}
+
+impl Lane {
+    /// A lane just opened at `seg` for a block of `size` bytes asked for (`n` placed), the
+    /// `placed`th block placed in lanes, at `clock` large allocations.
+    pub(super) fn opened(seg: Segment, n: usize, size: usize, placed: u64, clock: u64) -> Self {
+        Lane {
+            seg,
+            used: n,
+            last: n,
+            freed_at: 0,
+            placed,
+            size,
+            grew: [0; 2],
+            trusted: false,
+            handed: n,
+            reach: n,
+            left: false,
+            opened: placed,
+            ahead_end: 0,
+            first: n,
+            shed: false,
+            lives: transient::Lives::at(clock),
+        }
+    }
 }

@@ -29,7 +29,7 @@
 //! pool's large requests); everything else goes to the inner placement unchanged. A free
 //! lane's range, and the free end of a busy one, are free spans: their pages may be moved to
 //! other blocks or shed like any hole's (but the memory a lane taken again keeps for its
-//! cache: `again.rs`). A purge of everything releases the free lanes.
+//! cache: `again.rs`). A trim gives their memory back and keeps their address space (`trim.rs`).
 //!
 //! Where the upstream makes memory ahead of need (`CUPOOL_VMM_AHEAD`), the lanes name what
 //! their next copies will need (`ahead.rs`).
@@ -39,6 +39,7 @@ mod ahead;
 mod copy;
 mod lane;
 mod transient;
+mod trim;
 
 use lane::Lane;
 
@@ -115,6 +116,8 @@ pub struct Lanes<P> {
     /// freed in lanes grew by in the copies that replaced them, newest last (`ahead.rs`).
     last_size: usize,
     copies_grew: [usize; 2],
+    /// Lanes through a trim (`trim.rs`).
+    trim: trim::Trim,
 }
 
 impl<P: Placement> Lanes<P> {
@@ -138,6 +141,7 @@ impl<P: Placement> Lanes<P> {
             placed: 0,
             last_size: 0,
             copies_grew: [0; 2],
+            trim: trim::Trim::default(),
         }
     }
 
@@ -188,7 +192,7 @@ impl<P: Placement> Placement for Lanes<P> {
         if n <= LANE_BYTES && !self.lanes.is_empty() {
             if let Some((at, again)) = self.free_lane(n, unbacked) {
                 if again {
-                    self.take_again(at);
+                    self.take_again(at, n);
                 }
                 if let Some(lane) = self.lanes.get_mut(&at) {
                     self.free.remove(&(lane.last, at));
@@ -202,6 +206,8 @@ impl<P: Placement> Placement for Lanes<P> {
                     // replaces it will grow by (each copy of a cache grows alike).
                     lane.landed(size);
                     lane.handed = lane.handed.max(n);
+                    // Grown back to the largest block it held: nothing more to make again.
+                    lane.shed &= n < lane.handed;
                     // Memory made ahead for a larger copy than came (a last, shorter chunk)
                     // goes back at once: no kernel ever used it. (None where nothing is made
                     // ahead.)
@@ -212,6 +218,9 @@ impl<P: Placement> Placement for Lanes<P> {
                     let l = *lane;
                     if self.growth(&l, false) > 0 {
                         self.growing.insert((l.placed, at));
+                    }
+                    if l.shed && l.used < l.handed {
+                        self.trim.regrowing.insert((l.placed, at));
                     }
                 }
                 self.note(n);
@@ -242,25 +251,8 @@ impl<P: Placement> Placement for Lanes<P> {
         self.asked = false;
         self.pending = self.pending.saturating_sub(1);
         self.placed += 1;
-        self.lanes.insert(
-            seg.ptr,
-            Lane {
-                seg,
-                used: n,
-                last: n,
-                freed_at: 0,
-                placed: self.placed,
-                size,
-                grew: [0; 2],
-                trusted: false,
-                handed: n,
-                reach: n,
-                left: false,
-                opened: self.placed,
-                ahead_end: 0,
-                lives: transient::Lives::at(self.clock),
-            },
-        );
+        let lane = Lane::opened(seg, n, size, self.placed, self.clock);
+        self.lanes.insert(seg.ptr, lane);
         self.note(n);
         Fit {
             addr: seg.ptr,
@@ -306,6 +298,7 @@ impl<P: Placement> Placement for Lanes<P> {
                 lane.last = lane.used;
                 self.free.insert((lane.last, fit.addr));
                 self.growing.remove(&(lane.placed, fit.addr));
+                self.trim.regrowing.remove(&(lane.placed, fit.addr));
             }
             lane.used = 0;
             // A block never handed out (a failed backing) comes back at the epoch of its
@@ -323,21 +316,37 @@ impl<P: Placement> Placement for Lanes<P> {
     }
 
     fn idle(&self, what: &Purge) -> Vec<Idle> {
-        let mut out = Vec::new();
-        if matches!(what, Purge::All) {
-            out.extend(self.lanes.values().filter(|l| l.used == 0).map(|l| Idle {
-                seg: l.seg,
-                freed_at: l.freed_at,
-            }));
-        }
+        let mut out = self.lanes_idle(what);
         out.extend(self.inner.idle(what));
         out
+    }
+
+    fn kept_on_purge(&self) -> Vec<Idle> {
+        let mut out = self.lanes_kept_on_purge();
+        out.extend(self.inner.kept_on_purge());
+        out
+    }
+
+    fn closing(&mut self) {
+        self.trim.closing = true;
+        self.inner.closing();
+    }
+
+    fn kept_given_back(&mut self, seg: &Segment) {
+        if !self.lane_given_back(seg) {
+            self.inner.kept_given_back(seg);
+        }
+    }
+
+    fn take_never_used(&mut self) -> Vec<(u64, usize)> {
+        std::mem::take(&mut self.trim.never_used)
     }
 
     fn remove(&mut self, seg: &Segment) {
         if let Some(l) = self.lanes.get(&seg.ptr).filter(|l| l.seg == *seg) {
             self.free.remove(&(l.last, seg.ptr));
             self.growing.remove(&(l.placed, seg.ptr));
+            self.trim.regrowing.remove(&(l.placed, seg.ptr));
             self.left_order.remove(&(l.opened, seg.ptr));
             if !self.enabled {
                 // Lanes to take again, where none may open: no more than are left.
