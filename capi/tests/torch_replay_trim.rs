@@ -5,7 +5,7 @@
 //! the simulated device, set as `cupool.torch.install()` sets it. The lanes kept through the
 //! trim have their memory made again by the worker ahead of the blocks
 //! (`pool/src/placement/lanes/trim.rs`): the allocating thread made 538, 453 and 227 pages in
-//! such a request before (Phi-3, Llama-3, the MoE), and 17, 147 and 114 with it, for a reserve
+//! such a request before (Phi-3, Llama-3, the MoE), and 17, 154 and 124 with it, for a reserve
 //! peak 16, 14 and 0 MiB above the first request's.
 
 use cupool::{

@@ -155,7 +155,8 @@ fn cuda_recycling_keeps_live_neighbours_and_queued_kernels_safe() {
 }
 
 /// The same with lanes: each replaced block's successors land in address space of their own,
-/// mapping only what they grew by, and a purge releases the lanes' memory and reservations.
+/// mapping only what they grew by; a purge gives back the lanes' memory, and the pool's drop
+/// their reservations.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_lanes_keep_every_byte_and_give_everything_back() {

@@ -144,3 +144,96 @@ fn a_shorter_request_after_a_trim_grows_its_lanes_only_a_page_ahead() {
     p.purge(&synchronize(&*dev).unwrap(), Purge::All).unwrap();
     assert_eq!(dev.ledger().device_bytes, 0, "{:?}", dev.ledger());
 }
+
+/// Every unmap, with whether the device had finished all work queued before a mark.
+#[derive(Debug)]
+struct Watch {
+    inner: Arc<dyn Driver>,
+    mark: std::sync::Mutex<Option<u64>>,
+    unmaps: std::sync::Mutex<Vec<(u64, usize, bool)>>,
+}
+
+impl cupool_pool::driver::forward::Forward for Watch {
+    fn inner(&self) -> &dyn Driver {
+        self.inner.as_ref()
+    }
+
+    fn unmap(
+        &self,
+        at: cupool_pool::driver::DevicePtr,
+        bytes: usize,
+        handle: cupool_pool::driver::PhysHandle,
+    ) -> Result<(), cupool_pool::driver::DriverError> {
+        if let Some(m) = *self.mark.lock().unwrap() {
+            let idle = self.inner.epoch().idle_since(m);
+            self.unmaps.lock().unwrap().push((at, bytes, idle));
+        }
+        self.inner.unmap(at, bytes, handle)
+    }
+}
+
+/// A trim, a request, then a shorter one with no trim and no synchronize: the memory the
+/// first request after the trim used stays with its lanes for the next one, and none of it is
+/// unmapped while kernels queued before its frees may still use it. (Before the lanes kept the
+/// largest block since their memory went back, the shorter request's end unmapped 80 such pages.)
+#[test]
+fn memory_a_request_used_after_a_trim_is_never_unmapped_under_its_kernels() {
+    let dev = sim(4.0);
+    let w = Arc::new(Watch {
+        inner: as_driver(&dev),
+        mark: std::sync::Mutex::new(None),
+        unmaps: std::sync::Mutex::new(Vec::new()),
+    });
+    let p = VmmPool::with_config(
+        w.clone(),
+        VmmConfig {
+            ahead: Ahead::Inline,
+            // Any free memory is worth moving: no synchronize comes with a move.
+            recycle_free: 100,
+            ..recycling_config(8 * MIB, true)
+        },
+    )
+    .expect("valid settings");
+    let run = |steps: usize, seen: &mut Vec<(u64, usize)>| {
+        let mut cache: Vec<Block> = (0..16).map(|_| p.alloc(3 * MIB).unwrap()).collect();
+        seen.extend(cache.iter().map(|b| (b.ptr(), b.capacity())));
+        for _ in 0..steps {
+            for slot in cache.iter_mut() {
+                let grown = p.alloc(slot.size() + 3 * MIB).unwrap();
+                seen.push((grown.ptr(), grown.capacity()));
+                p.free(std::mem::replace(slot, grown)).unwrap();
+            }
+        }
+        for b in cache {
+            p.free(b).unwrap();
+        }
+    };
+    run(12, &mut Vec::new());
+    p.purge(&synchronize(&*dev).unwrap(), Purge::All).unwrap();
+    let mut used = Vec::new();
+    run(8, &mut used);
+    *w.mark.lock().unwrap() = Some(dev.epoch().current());
+    let held = p.stats().reserved_bytes;
+    run(2, &mut Vec::new());
+    let unsafe_unmaps: Vec<_> = w
+        .unmaps
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .filter(|&(a, l, idle)| {
+            !idle
+                && used
+                    .iter()
+                    .any(|&(b, c)| a < b + c as u64 && b < a + l as u64)
+        })
+        .collect();
+    assert!(
+        unsafe_unmaps.is_empty(),
+        "pages under the last request's blocks unmapped with no synchronize since: {unsafe_unmaps:?}"
+    );
+    assert!(
+        p.stats().reserved_bytes >= held,
+        "the lanes kept their memory for the next request"
+    );
+}

@@ -31,6 +31,7 @@ impl Ctx {
             // the failure keep their old mappings, which the device may use until a
             // synchronize after now: a purge under an older token must not release them.
             g.placement.give_back(fit, self.driver.epoch().current());
+            self.shed_never_used(g);
             return Err(self.failed(g, size, e));
         }
         g.tracker.on_alloc(size, fit.capacity);

@@ -108,6 +108,7 @@ impl Ctx {
                 // so a failed growth leaves the pool as it was. (Freed now: pages moved there
                 // keep old mappings until a synchronize after now, as in `back_taken`.)
                 g.placement.give_back(fit, self.driver.epoch().current());
+                self.shed_never_used(g);
                 if g.upstream.wholly_vacant(&seg)
                     && g.upstream.release(seg, &mut g.tracker.s.calls).is_ok()
                 {
@@ -193,10 +194,7 @@ impl Ctx {
             capacity: p.capacity,
         };
         let seg = g.placement.give_back(fit, freed_at);
-        let never_used = g.placement.take_never_used();
-        if !never_used.is_empty() && g.upstream.shed(&never_used, &mut g.tracker.s.calls) > 0 {
-            self.settle(g);
-        }
+        self.shed_never_used(g);
         if let Some(seg) = seg {
             match g.upstream.release(seg, &mut g.tracker.s.calls) {
                 Ok(()) => {
@@ -307,6 +305,16 @@ impl Ctx {
         }
         for seg in &shed {
             g.placement.kept_given_back(seg);
+        }
+    }
+
+    /// Gives back at once the memory the placement names as made ahead and never used
+    /// ([`Placement::take_never_used`]): after every block given back to the placement.
+    #[inline]
+    pub(super) fn shed_never_used<P: Placement, U: Upstream>(&self, g: &mut State<P, U>) {
+        let never_used = g.placement.take_never_used();
+        if !never_used.is_empty() && g.upstream.shed(&never_used, &mut g.tracker.s.calls) > 0 {
+            self.settle(g);
         }
     }
 

@@ -156,7 +156,8 @@ pub trait Placement: Send + fmt::Debug + 'static {
 
     /// Free ranges holding memory made ahead of need that no block used (lanes grown again
     /// after a trim ahead of blocks that did not come): the core gives it back at once, with no
-    /// synchronize (no kernel can use it). Taken once; asked after each free.
+    /// synchronize (no kernel can use it). Taken once; asked after every block the core gives
+    /// back to the placement.
     fn take_never_used(&mut self) -> Vec<(u64, usize)> {
         Vec::new()
     }

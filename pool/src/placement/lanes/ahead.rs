@@ -250,6 +250,7 @@ mod tests {
             ahead_end: 0,
             first: 0,
             shed: false,
+            since_shed: 0,
             lives: Default::default(),
         };
         for &s in &sizes[1..] {

@@ -42,9 +42,13 @@ pub(super) struct Lane {
     /// Capacity of the first block since it opened or was taken again: what the next request
     /// puts there first (`again.rs`).
     pub(super) first: usize,
-    /// Its memory went back to the device at a purge while it was free: the next request
-    /// makes it again ahead of its blocks, up to [`Lane::handed`] (`again.rs`).
+    /// Its memory went back to the device at a purge while it was free, and the request that
+    /// uses it next has not ended: its memory is made ahead of its blocks, up to
+    /// [`Lane::handed`] (`trim.rs`).
     pub(super) shed: bool,
+    /// The end of the largest block it has held since its memory went back (0 before): no
+    /// block used the memory beyond it since then.
+    pub(super) since_shed: usize,
     /// How long its blocks lived (`transient.rs`).
     pub(super) lives: transient::Lives,
 }
@@ -69,6 +73,7 @@ impl Lane {
             ahead_end: 0,
             first: n,
             shed: false,
+            since_shed: 0,
             lives: transient::Lives::at(clock),
         }
     }

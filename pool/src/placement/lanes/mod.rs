@@ -206,8 +206,7 @@ impl<P: Placement> Placement for Lanes<P> {
                     // replaces it will grow by (each copy of a cache grows alike).
                     lane.landed(size);
                     lane.handed = lane.handed.max(n);
-                    // Grown back to the largest block it held: nothing more to make again.
-                    lane.shed &= n < lane.handed;
+                    lane.landed_since_shed(n);
                     // Memory made ahead for a larger copy than came (a last, shorter chunk)
                     // goes back at once: no kernel ever used it. (None where nothing is made
                     // ahead.)
@@ -224,6 +223,7 @@ impl<P: Placement> Placement for Lanes<P> {
                     }
                 }
                 self.note(n);
+                self.forget_never_used(at);
                 return Some(Fit {
                     addr: at,
                     capacity: n,

@@ -10,14 +10,20 @@
 //! there: the memory of its first block is named ahead ([`Placement::ahead`]) for the next left
 //! lane once a replacement seen is due to take it, and a busy lane taken again has a page
 //! ([`SPILL`]) made beyond its block, never past the largest block it held
-//! ([`Lane::handed`]), while it is one of the [`AHEAD`] placed longest ago: 17, 147 and 114
+//! ([`Lane::handed`]), while it is one of the [`AHEAD`] placed longest ago: 17, 154 and 124
 //! pages on the allocating thread, the rest made by the worker, for a reserve peak 16, 14 and 0
 //! MiB above the first request's (Phi-3, Llama-3, the MoE).
 //!
 //! A shorter request than the one before the trim pays for it: its lanes hold up to a page
 //! beyond its blocks while it runs (`tests/trim.rs`'s miniature: a 323 MB peak where a fresh
-//! pool peaks at 218). What its blocks did not reach goes back when its last lane is free, with
-//! no synchronize: no kernel used that memory ([`Placement::take_never_used`]).
+//! pool peaks at 218). When every lane is free again, what no block reached since the lane's
+//! memory went back goes back too, with no synchronize: no kernel used it
+//! ([`Placement::take_never_used`]); from then on the lane keeps what it has for the next
+//! request, as a lane never trimmed does. (The first version gave back what the request's
+//! blocks did not reach, which a later, shorter request reset: memory the request before had
+//! used, unmapped with no synchronize. `tests/trim.rs` checks that no such page is unmapped.) A
+//! left lane whose first block was made ahead and that no block takes again keeps that memory
+//! until the next trim.
 //!
 //! A closing pool releases the lanes with their address space ([`Placement::closing`]).
 //!
@@ -42,6 +48,16 @@ pub(super) struct Trim {
     pub(super) retaking: bool,
     /// Ranges of lanes grown ahead after a trim that no block used.
     pub(super) never_used: Vec<(u64, usize)>,
+}
+
+impl super::Lane {
+    /// A block of `n` bytes (its capacity) landed, [`super::Lane::handed`] counting it.
+    #[inline]
+    pub(super) fn landed_since_shed(&mut self, n: usize) {
+        self.since_shed = self.since_shed.max(n);
+        // Grown back to the largest block it held: nothing more to make again.
+        self.shed &= n < self.handed;
+    }
 }
 
 impl<P: Placement> Lanes<P> {
@@ -75,24 +91,39 @@ impl<P: Placement> Lanes<P> {
     pub(super) fn lane_given_back(&mut self, seg: &Segment) -> bool {
         match self.lanes.get_mut(&seg.ptr).filter(|l| l.seg == *seg) {
             Some(l) => {
-                l.shed = true;
+                (l.shed, l.since_shed) = (true, 0);
                 true
             }
             None => false,
         }
     }
 
-    /// Every lane is free: where a lane this request took again after a trim was grown ahead
-    /// of blocks that did not come (a shorter request than the one before), that memory goes
-    /// back.
+    /// Every lane is free: the request that used the lanes whose memory went back has ended.
+    /// Where it grew one ahead of blocks that did not come (a shorter request than the one
+    /// before the trim), the memory beyond the largest block since the trim goes back: no block
+    /// used it since the memory there went back, and no kernel can. From then on the lane keeps
+    /// what it has for the next request, as a lane never trimmed does (`again.rs`).
     pub(super) fn note_never_used(&mut self) {
-        for (&at, l) in &self.lanes {
-            let end = l.reach.next_multiple_of(SPILL_GRANULE);
-            if l.shed && !l.left && end < l.seg.len {
+        for (&at, l) in self.lanes.iter_mut() {
+            if !l.shed || l.left {
+                continue;
+            }
+            l.shed = false;
+            let end = l.since_shed.next_multiple_of(SPILL_GRANULE);
+            if end < l.seg.len {
                 self.trim
                     .never_used
                     .push((at + end as u64, l.seg.len - end));
             }
+        }
+    }
+
+    /// A block landed in lane `at`: what was noted there as never used is no longer.
+    #[inline]
+    pub(super) fn forget_never_used(&mut self, at: u64) {
+        if !self.trim.never_used.is_empty() {
+            let end = at + super::LANE_BYTES as u64;
+            self.trim.never_used.retain(|&(a, _)| a < at || a >= end);
         }
     }
 
