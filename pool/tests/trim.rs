@@ -1,10 +1,11 @@
-//! A trim between two requests (PyTorch's `empty_cache()` between prefills, `cupool.trim()`): the
+//! A trim between two requests (`cupool.trim()` between prefills, as `prefill.py` runs them): the
 //! lanes' memory goes back to the device and their address space stays, and the next request's
 //! lanes get their memory made again on the pool's worker, ahead of the blocks that land there
 //! (`placement/lanes/again.rs`). The pool holds no more after the trim than with the lanes
 //! released, and a closing pool releases the lanes' address space too.
 mod common;
 use common::*;
+use cupool_pool::driver::sim::SimDevice;
 use cupool_pool::driver::timed::{TimedDriver, AHEAD_MAP};
 use cupool_pool::driver::Driver;
 use cupool_pool::pools::VmmPool;
@@ -13,15 +14,20 @@ use cupool_pool::upstream::vmm::{Ahead, VmmConfig};
 use cupool_pool::{Block, Pool, Purge};
 use std::sync::Arc;
 
-fn pool(driver: Arc<dyn Driver>) -> VmmPool {
-    VmmPool::with_config(
-        driver,
+/// A simulated card, its driver timed, and a recycling pool with lanes whose growth the
+/// worker makes ahead, as `cupool.torch.install()` sets libcupool.
+fn pool() -> (Arc<SimDevice>, Arc<TimedDriver>, VmmPool) {
+    let dev = sim(4.0);
+    let timed = Arc::new(TimedDriver::timed(as_driver(&dev)));
+    let p = VmmPool::with_config(
+        timed.clone(),
         VmmConfig {
             ahead: Ahead::Worker,
             ..recycling_config(8 * MIB, true)
         },
     )
-    .expect("valid settings")
+    .expect("valid settings");
+    (dev, timed, p)
 }
 
 /// What one request did: pages made on the allocating thread and by the worker, address
@@ -75,9 +81,7 @@ fn request(p: &VmmPool, timed: &TimedDriver, steps: usize) -> Request {
 
 #[test]
 fn after_a_trim_the_lanes_memory_is_made_again_ahead_of_the_next_request() {
-    let dev = sim(4.0);
-    let timed = Arc::new(TimedDriver::timed(as_driver(&dev)));
-    let p = pool(timed.clone());
+    let (dev, timed, p) = pool();
     let first = request(&p, &timed, 10);
     let mut later = Vec::new();
     for _ in 0..2 {
@@ -117,16 +121,13 @@ fn after_a_trim_the_lanes_memory_is_made_again_ahead_of_the_next_request() {
 /// ends. The price: the short request's peak is up to a page a lane above a fresh pool's.
 #[test]
 fn a_shorter_request_after_a_trim_grows_its_lanes_only_a_page_ahead() {
-    let dev = sim(4.0);
-    let timed = Arc::new(TimedDriver::timed(as_driver(&dev)));
-    let p = pool(timed.clone());
+    let (dev, timed, p) = pool();
     let long = request(&p, &timed, 12);
     p.purge(&synchronize(&*dev).unwrap(), Purge::All).unwrap();
     let short = request(&p, &timed, 3);
     let fresh = {
-        let dev = sim(4.0);
-        let timed = Arc::new(TimedDriver::timed(as_driver(&dev)));
-        request(&pool(timed.clone()), &timed, 3)
+        let (_dev, timed, p) = pool();
+        request(&p, &timed, 3)
     };
     let lanes = long.reserved as usize - 1;
     assert!(

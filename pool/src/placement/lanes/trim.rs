@@ -1,4 +1,5 @@
-//! Lanes through a trim: a purge of everything (PyTorch's `empty_cache()`, `cupool.trim()`)
+//! Lanes through a trim: a purge of everything (`cupool.trim()`, which a PyTorch user calls
+//! where `torch.cuda.empty_cache()` would go: that one does not reach cupool)
 //! gives back the memory of the free lanes and keeps their address space, and the next request,
 //! which takes the lanes again (`again.rs`), has their memory made again ahead of its blocks.
 //!
