@@ -256,3 +256,26 @@ def test_the_paired_replay_tables_are_their_runs(data, blocks):
     assert len(got) == blocks, out
     for b in got:
         assert b in docs, f"docs/pytorch.md lacks this block of trace-cost-report.py {data}:\n{b}"
+
+
+@pytest.mark.parametrize("paths", [("call1/before", "call2/before"), ("call1/after", "call2/after"),
+                                   ("call3/before", "call4/before"), ("call3/after", "call4/after")])
+def test_the_vacant_ranges_tables_are_their_runs(paths):
+    """The paired replays of the builds before and after the vacant ranges in one array, each
+    build's processes reported on their own."""
+    data = "data/h200-2026-11-29-vacant-runs"
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "trace-cost-report.py"),
+                          *(os.path.join(data, p) for p in paths)],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
+    got = [b.strip("\n") for b in out.split("\n\n") if b.strip()]
+    assert len(got) == 6, out
+    for b in got:
+        assert b in docs, f"docs/pytorch.md lacks this block of trace-cost-report.py {paths}:\n{b}"
+
+
+def test_the_trace_bench_table_is_its_run():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "trace-bench-report.py"),
+                          "data/cpu-2026-11-29-vacant-runs"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip("\n") in open(os.path.join(ROOT, "docs", "pytorch.md")).read(), out

@@ -29,6 +29,7 @@ mod config;
 mod copy;
 mod grow;
 mod recycle;
+mod runs;
 mod sleep;
 mod space;
 mod stale;

@@ -82,7 +82,7 @@ pub(super) struct AddressSpace {
     /// Bytes of `pages`, kept as they change: the core reads it after every slow path.
     pub(super) held: usize,
     /// Ranges of segments with no page behind them: start → end, merged with their neighbours.
-    pub(super) vacant: BTreeMap<DevicePtr, DevicePtr>,
+    pub(super) vacant: super::runs::Runs,
     /// Host copies of pages that sleep offloaded, by page address, until wake restores them
     /// (`sleep.rs`).
     pub(super) copies: Vec<(DevicePtr, crate::driver::HostBuffer)>,
@@ -119,10 +119,7 @@ impl AddressSpace {
     pub fn backed(&self, at: DevicePtr, len: usize) -> bool {
         self.vacant.is_empty() || {
             let end = at + len as u64;
-            self.vacant
-                .range(..end)
-                .next_back()
-                .is_none_or(|(_, &e)| e <= at)
+            self.vacant.before(end).next().is_none_or(|(_, e)| e <= at)
         }
     }
 
@@ -131,10 +128,10 @@ impl AddressSpace {
         let end = at + len as u64;
         let mut n = 0;
         // Vacant ranges are disjoint and sorted, so their ends are too: from the last one that
-        // starts before `end`, back to the first that ends by `at`. One descent of the tree,
+        // starts before `end`, back to the first that ends by `at`. One bisection (`runs.rs`),
         // and for a range with memory behind all of it (a lane weighed for a block, on every
         // large allocation) one entry looked at.
-        for (&s, &e) in self.vacant.range(..end).rev() {
+        for (s, e) in self.vacant.before(end) {
             if e <= at {
                 break;
             }
@@ -235,15 +232,19 @@ impl AddressSpace {
         if from >= to {
             return;
         }
-        if let Some((&s, &e)) = self.vacant.range(..=from).next_back() {
+        if let Some((s, e)) = self.vacant.last_by(from) {
             if e >= from {
-                self.vacant.remove(&s);
+                self.vacant.remove(s);
                 from = s;
                 to = to.max(e);
             }
         }
-        while let Some((&s, &e)) = self.vacant.range(from..=to).next() {
-            self.vacant.remove(&s);
+        // The ranges that start in `[from, to]` merge with it (`to` inclusive: one that starts
+        // where it ends touches it).
+        loop {
+            let next = self.vacant.starting_in(from, to.saturating_add(1)).next();
+            let Some((s, e)) = next else { break };
+            self.vacant.remove(s);
             to = to.max(e);
         }
         self.vacant.insert(from, to);
@@ -252,14 +253,14 @@ impl AddressSpace {
     /// Marks `[from, to)` backed: removes it from the vacant ranges.
     pub(super) fn remove_vacant(&mut self, from: DevicePtr, to: DevicePtr) {
         let mut hit: Vec<(DevicePtr, DevicePtr)> = Vec::new();
-        if let Some((&s, &e)) = self.vacant.range(..from).next_back() {
+        if let Some((s, e)) = self.vacant.before(from).next() {
             if e > from {
                 hit.push((s, e));
             }
         }
-        hit.extend(self.vacant.range(from..to).map(|(&s, &e)| (s, e)));
+        hit.extend(self.vacant.starting_in(from, to));
         for (s, e) in hit {
-            self.vacant.remove(&s);
+            self.vacant.remove(s);
             if s < from {
                 self.vacant.insert(s, from);
             }
@@ -275,12 +276,16 @@ impl AddressSpace {
     /// mapped under address space handed out again).
     pub(super) fn vacant_in(&self, from: DevicePtr, to: DevicePtr) -> Vec<(DevicePtr, DevicePtr)> {
         let mut runs: Vec<(DevicePtr, DevicePtr)> = Vec::new();
-        if let Some((_, &e)) = self.vacant.range(..from).next_back() {
+        if let Some((_, e)) = self.vacant.before(from).next() {
             if e > from {
                 runs.push((from, e.min(to)));
             }
         }
-        runs.extend(self.vacant.range(from..to).map(|(&s, &e)| (s, e.min(to))));
+        runs.extend(
+            self.vacant
+                .starting_in(from, to)
+                .map(|(s, e)| (s, e.min(to))),
+        );
         let mut out = Vec::with_capacity(runs.len());
         for (mut s, e) in runs {
             let mut cuts: Vec<DevicePtr> = self
@@ -362,7 +367,7 @@ mod tests {
                 next = s + n;
             }
             let naive = (at..at + len as u64)
-                .filter(|&b| space.vacant.iter().any(|(&s, &e)| s <= b && b < e))
+                .filter(|&b| space.vacant.iter().any(|(s, e)| s <= b && b < e))
                 .count();
             prop_assert_eq!(space.unbacked(at, len), naive);
         }

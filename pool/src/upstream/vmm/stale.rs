@@ -140,8 +140,17 @@ impl AddressSpace {
     /// [`AddressSpace::unbacked`], or `usize::MAX` where the device may still use a stale
     /// mapping: a block placed there would wait for a synchronize, and growing costs less.
     pub(super) fn unbacked_now(&self, epoch: &SyncEpoch, at: DevicePtr, len: usize) -> usize {
-        match self.busy_stale_in(epoch, at, at + len as u64) {
-            0 => self.unbacked(at, len),
+        // Stale mappings lie in vacant ranges: a range with memory behind every byte (most of
+        // the lanes a large block weighs) has none to look up.
+        let n = self.unbacked(at, len);
+        #[cfg(feature = "check")]
+        assert!(
+            n > 0 || self.busy_stale_in(epoch, at, at + len as u64) == 0,
+            "a stale mapping outside the vacant ranges at {at:#x}"
+        );
+        match n {
+            0 => 0,
+            n if self.busy_stale_in(epoch, at, at + len as u64) == 0 => n,
             _ => usize::MAX,
         }
     }
