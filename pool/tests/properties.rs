@@ -64,11 +64,11 @@ fn memory_a_failed_growth_could_not_unmap_is_counted() {
 }
 
 /// A sequence the invariant property once failed on (shrunk): after a purge of everything, a
-/// replacement seen before it makes the next small block take the left lane again, with a page
-/// beyond it made ahead (`placement/lanes/trim.rs`), where the range holds the same bytes free.
-/// The check of "one block of everything free" allows for it.
+/// replacement seen before it made the checker's block of everything free (2 MiB) take the
+/// left lane again, with a page beyond it made ahead (`placement/lanes/trim.rs`), where the
+/// range held the same bytes free. The check now asks the range with a block no lane takes.
 #[test]
-fn a_block_that_takes_a_lane_again_after_a_purge_may_grow_it() {
+fn the_block_of_everything_free_asks_the_range_past_the_lanes() {
     use cupool_pool::check::Flavor;
     let ops = [
         Op::Alloc(143447),

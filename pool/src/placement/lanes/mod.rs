@@ -68,7 +68,7 @@ pub const MAX_LANES: usize = 1024;
 /// hole. Replayed on the PyTorch prefill traces (data/cpu-2026-11-27-lanes), 8 MiB kept the
 /// reserve at 1.020, 1.019 and 1.017 of the live peak for Phi-3, Llama-3 and the MoE, where one
 /// 2 MiB granule kept 1.020, 1.021 and 1.020.
-pub(crate) const SPILL: usize = 8 << 20;
+const SPILL: usize = 8 << 20;
 
 /// The granule the upstream maps in (2 MiB on every CUDA GPU): a block's pages reach at most
 /// this far past it.
