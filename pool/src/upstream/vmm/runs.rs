@@ -58,7 +58,14 @@ impl Runs {
     /// Adds `[start, end)`, which overlaps none of the ranges.
     pub(super) fn insert(&mut self, start: DevicePtr, end: DevicePtr) {
         let i = self.0.partition_point(|r| r.0 < start);
-        debug_assert!(self.0.get(i).is_none_or(|r| r.0 >= end));
+        debug_assert!(
+            i == 0 || self.0[i - 1].1 <= start,
+            "overlaps the range before"
+        );
+        debug_assert!(
+            self.0.get(i).is_none_or(|r| r.0 >= end),
+            "overlaps the range after"
+        );
         self.0.insert(i, (start, end));
     }
 
