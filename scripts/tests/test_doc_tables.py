@@ -249,13 +249,18 @@ def test_the_copies_ahead_tables_are_their_runs():
                                          ("data/h200-2026-11-29-trim-lanes", 12)])
 def test_the_paired_replay_tables_are_their_runs(data, blocks):
     """The tables of what each allocator costs the prefill's thread (trace-cost-report.py)."""
+    paired_tables_in_docs([data], blocks)
+
+
+def paired_tables_in_docs(paths, blocks):
+    """trace-cost-report.py of `paths` gives `blocks` blocks, each in docs/pytorch.md."""
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "trace-cost-report.py"),
-                          data], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+                          *paths], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
     got = [b.strip("\n") for b in out.split("\n\n") if b.strip()]
     assert len(got) == blocks, out
     for b in got:
-        assert b in docs, f"docs/pytorch.md lacks this block of trace-cost-report.py {data}:\n{b}"
+        assert b in docs, f"docs/pytorch.md lacks this block of trace-cost-report.py {paths}:\n{b}"
 
 
 @pytest.mark.parametrize("paths", [("call1/before", "call2/before"), ("call1/after", "call2/after"),
@@ -263,15 +268,7 @@ def test_the_paired_replay_tables_are_their_runs(data, blocks):
 def test_the_vacant_ranges_tables_are_their_runs(paths):
     """The paired replays of the builds before and after the vacant ranges in one array, each
     build's processes reported on their own."""
-    data = "data/h200-2026-11-29-vacant-runs"
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "trace-cost-report.py"),
-                          *(os.path.join(data, p) for p in paths)],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    docs = open(os.path.join(ROOT, "docs", "pytorch.md")).read()
-    got = [b.strip("\n") for b in out.split("\n\n") if b.strip()]
-    assert len(got) == 6, out
-    for b in got:
-        assert b in docs, f"docs/pytorch.md lacks this block of trace-cost-report.py {paths}:\n{b}"
+    paired_tables_in_docs([os.path.join("data/h200-2026-11-29-vacant-runs", p) for p in paths], 6)
 
 
 def test_the_trace_bench_table_is_its_run():
