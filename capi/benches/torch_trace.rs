@@ -1,9 +1,9 @@
 //! A recorded PyTorch allocation stream replayed through libcupool's PyTorch entry points
 //! (`cupool_torch_alloc`, `cupool_torch_free`), one thread, as the plug-in calls them: the CPU
 //! time libcupool adds to each tensor a model makes. The trace is parsed before the clock
-//! starts; the time is the calls' alone, split by request size (up to 1 MiB: the small-block
-//! pool and the thread's cache; above: the VMM range and the KV cache's lanes), and for the
-//! large ones by tenth of the trace.
+//! starts; the time is the calls' alone, split by request size (up to 1 MiB: blocks a thread's
+//! cache may keep; above: large blocks and the KV cache's lanes), and for the large ones by
+//! tenth of the trace.
 //!
 //! The trace runs `BENCH_ROUNDS` times in one process (default 5), each round after the last
 //! freed everything: the first is the recorded process, the later ones a process serving the
@@ -19,7 +19,11 @@
 //! - `BENCH_THRASH`: KiB of memory read and written between two calls, untimed (default 0):
 //!   a prefill's kernel launches run between its allocations and leave the CPU's caches cold
 //!   for them, which a tight loop of calls does not show;
-//! - every other setting from the environment, as libcupool reads it (`CUPOOL_VMM_AHEAD`, ...).
+//! - libcupool set as `cupool.torch.install()` sets it (`CUPOOL_VMM_AHEAD=worker`,
+//!   `CUPOOL_SIZE_CLASSES=none`) unless the environment sets otherwise; every other setting
+//!   from the environment. (Before 2026-11-29 the bench passed a configuration string with
+//!   only the device, which replaces the environment: runs that set `CUPOOL_VMM_AHEAD=worker`
+//!   made their pages where each block landed, and used libcupool's size classes.)
 //!
 //! Prints one JSON line per round and the median over the rounds after the first; `perf
 //! record` on this binary shows where the time goes.
@@ -29,11 +33,12 @@ use cupool::{
 };
 use cupool_pool::trace::{parse, TraceEvent};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-/// A request above this many bytes leaves the small-block pool (libcupool's size class).
+/// A request above this many bytes is one no thread's cache keeps (and libcupool's size class
+/// for large blocks, where the size classes are on).
 const SMALL: usize = 1 << 20;
 
 /// One call to make, with the trace's ids resolved to slots.
@@ -159,6 +164,23 @@ fn reserved_peak_mib() -> f64 {
     digits.parse::<f64>().expect("a byte count") / (1u64 << 20) as f64
 }
 
+/// Sets the bench's device (`BENCH_DEVICE` decides it, so the results name the device that
+/// ran), and `cupool.torch.install()`'s defaults where the environment leaves them unset;
+/// libcupool then reads its settings from there (`cupool_init(NULL)`).
+fn settings(device: &str) {
+    std::env::set_var("CUPOOL_DEVICE", device);
+    // The simulated card must hold the trace's peak (about 18 GiB for Llama-3).
+    for (k, v) in [
+        ("CUPOOL_SIM_GIB", "80"),
+        ("CUPOOL_VMM_AHEAD", "worker"),
+        ("CUPOOL_SIZE_CLASSES", "none"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            std::env::set_var(k, v);
+        }
+    }
+}
+
 fn ns(bin: (u64, Duration)) -> f64 {
     bin.1.as_nanos() as f64 / bin.0.max(1) as f64
 }
@@ -188,10 +210,9 @@ fn main() {
         .filter(|c| matches!(c, Call::Alloc { .. }))
         .count();
     let (mut sizes, mut ptrs) = (vec![0; n], vec![0; n]);
-    // The simulated card must hold the trace's peak (about 15 GiB for Phi-3).
-    let config = CString::new(format!("CUPOOL_DEVICE={device} CUPOOL_SIM_GIB=80")).unwrap();
-    // SAFETY: a NUL-terminated string.
-    assert_eq!(unsafe { cupool_init(config.as_ptr()) }, CupoolStatus::Ok);
+    settings(&device);
+    // SAFETY: a null configuration reads the environment.
+    assert_eq!(unsafe { cupool_init(std::ptr::null()) }, CupoolStatus::Ok);
     let mut per_event = Vec::new();
     for round in 0..rounds.max(2) {
         assert_eq!(cupool_reset_peaks(-1), CupoolStatus::Ok);

@@ -39,10 +39,15 @@ pub(crate) struct Cached<P> {
 }
 
 impl<P> Cached<P> {
-    /// `at`: the stream and tag of the pool.
-    pub(crate) fn new(inner: Arc<dyn Pool>, shared: Arc<Local<P>>, at: (u64, u32)) -> Self {
+    /// `at`: the stream and tag of the pool; `kept_apart`: see [`crate::front::kept_apart`].
+    pub(crate) fn new(
+        inner: Arc<dyn Pool>,
+        shared: Arc<Local<P>>,
+        at: (u64, u32),
+        kept_apart: bool,
+    ) -> Self {
         Self {
-            front: Front::new(inner, at),
+            front: Front::new(inner, at, kept_apart),
             locals: Mutex::new(vec![shared]),
             gone: Mutex::new(Gone::default()),
         }

@@ -23,17 +23,38 @@ pub(crate) struct Front<T> {
     pub at: (u64, u32),
 }
 
+/// What a thread keeps at most where the blocks it keeps share the VMM pool's range with larger
+/// ones: one granule's worth.
+pub(crate) const SHARED_RANGE_KEPT: usize = 2 << 20;
+
+/// Whether the blocks a thread keeps (up to [`ThreadCacheConfig::max_block`]) have an address
+/// range of their own under `size_classes` (a pool's bounds): the first class ends at the
+/// largest of them.
+pub(crate) fn kept_apart(size_classes: &[usize]) -> bool {
+    size_classes.first() == Some(&ThreadCacheConfig::default().max_block)
+}
+
 impl<T> Front<T> {
-    pub(crate) fn new(inner: Arc<dyn Pool>, at: (u64, u32)) -> Self {
-        // ggml's legacy pool decides which cached buffer serves each request (the smallest
-        // that fits, whatever size it was made for); blocks a thread kept by request size would
-        // be missing from that choice, and the pool would grow for requests they could serve
-        // (13.4 MiB more on ik_llama.cpp's MoE prefill, data/h100-2026-11-27-ik-warmup). So a
-        // legacy pool's threads keep nothing.
+    /// `kept_apart`: see [`kept_apart`].
+    pub(crate) fn new(inner: Arc<dyn Pool>, at: (u64, u32), kept_apart: bool) -> Self {
         let config = match inner.kind() {
+            // ggml's legacy pool decides which cached buffer serves each request (the
+            // smallest that fits, whatever size it was made for); blocks a thread kept by
+            // request size would be missing from that choice, and the pool would grow for
+            // requests they could serve (13.4 MiB more on ik_llama.cpp's MoE prefill,
+            // data/h100-2026-11-27-ik-warmup). So a legacy pool's threads keep nothing.
             PoolKind::Legacy => ThreadCacheConfig {
                 max_block: 0,
                 max_bytes: 0,
+            },
+            // A kept block is live to the pool, and in one range with larger blocks it pins
+            // the page it lies in, which recycling would otherwise move to a large block: on
+            // the recorded MoE prefill, against keeping nothing, 8 MiB kept cost 18 MiB of
+            // reserve and 2 MiB cost 4, where keeping nothing doubles a small allocation's
+            // time (docs/pytorch.md, "One range for a framework's tensors").
+            PoolKind::Vmm if !kept_apart => ThreadCacheConfig {
+                max_bytes: SHARED_RANGE_KEPT,
+                ..ThreadCacheConfig::default()
             },
             _ => ThreadCacheConfig::default(),
         };

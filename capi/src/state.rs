@@ -94,6 +94,9 @@ pub(crate) struct Lib {
     pub timers: Vec<Arc<TimedDriver>>,
     /// Each device's page-move worker, with `CUPOOL_VMM_DEFER` (else empty).
     pub deferred: Vec<Arc<cupool_pool::driver::deferred::DeferredDriver>>,
+    /// The blocks a thread keeps have a range of their own (libcupool's size classes; not with
+    /// `CUPOOL_SIZE_CLASSES=none`): else threads keep less (`front.rs`).
+    kept_apart: bool,
     streams: RwLock<HashMap<(usize, u64, u32), Arc<StreamPool>>>,
 }
 
@@ -115,6 +118,7 @@ impl Lib {
             deferred,
             purge: config.purge,
             headroom: config.headroom,
+            kept_apart: crate::front::kept_apart(&config.pool.size_classes),
             registry: Registry::new(config.pool, drivers),
             streams: RwLock::new(HashMap::new()),
         })
@@ -151,7 +155,7 @@ impl Lib {
                     device,
                     stream,
                     tag,
-                    pool: Cached::new(inner, shared.clone(), (stream, tag)),
+                    pool: Cached::new(inner, shared.clone(), (stream, tag), self.kept_apart),
                     shared,
                     peaks: crate::peaks::Peaks::default(),
                 })

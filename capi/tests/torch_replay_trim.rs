@@ -6,7 +6,8 @@
 //! trim have their memory made again by the worker ahead of the blocks
 //! (`pool/src/placement/lanes/trim.rs`): the allocating thread made 538, 453 and 227 pages in
 //! such a request before (Phi-3, Llama-3, the MoE), and 17, 154 and 124 with it, for a reserve
-//! peak 16, 14 and 0 MiB above the first request's.
+//! peak 16, 14 and 0 MiB above the first request's; with small and large blocks in one range
+//! (install's default since 2026-11-29) 16, 118 and 113 pages, peaks 16, 4 and 0 MiB above.
 
 use cupool::{
     cupool_init, cupool_reset_peaks, cupool_shutdown, cupool_stats_json, cupool_torch_alloc,
@@ -60,7 +61,7 @@ fn run(events: &[TraceEvent], live: &mut HashMap<u64, (*mut c_void, usize)>, kee
 /// two, each after a trim.
 fn requests(name: &str) -> Vec<(f64, f64)> {
     let config = CString::new(
-        "CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=80 CUPOOL_VMM_AHEAD=worker CUPOOL_TIME_DRIVER=on",
+        "CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=80 CUPOOL_VMM_AHEAD=worker CUPOOL_SIZE_CLASSES=none CUPOOL_TIME_DRIVER=on",
     )
     .unwrap();
     // SAFETY: a NUL-terminated string.

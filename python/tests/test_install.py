@@ -144,17 +144,25 @@ def test_the_out_of_memory_shim_s_source_ships_with_the_package():
         assert os.path.exists(os.path.join(os.path.dirname(cupool.__file__), src))
 
 
-def test_install_makes_memory_ahead_on_a_worker_unless_told(monkeypatch):
-    """install() asks for the worker (``vmm_ahead="worker"``) only where nothing else decides:
-    a keyword, ``CUPOOL_VMM_AHEAD``, a configuration string, or a library already open."""
+def test_install_s_defaults_apply_unless_told(monkeypatch):
+    """install() asks for the worker (``vmm_ahead="worker"``) and one range
+    (``size_classes="none"``) only where nothing else decides: a keyword, the variable, a
+    configuration string, or a library already open."""
     import cupool.torch as ct
     monkeypatch.delenv("CUPOOL_VMM_AHEAD", raising=False)
+    monkeypatch.delenv("CUPOOL_SIZE_CLASSES", raising=False)
     monkeypatch.setattr(cupool, "is_initialized", lambda: False)
-    assert ct.install_options(None, {"sim_gib": 1}) == {"sim_gib": 1, "vmm_ahead": "worker"}
-    assert ct.install_options(None, {"vmm_ahead": "off"}) == {"vmm_ahead": "off"}
+    both = {"vmm_ahead": "worker", "size_classes": "none"}
+    assert ct.install_options(None, {"sim_gib": 1}) == {"sim_gib": 1, **both}
+    assert ct.install_options(None, {"vmm_ahead": "off"}) == {"vmm_ahead": "off", "size_classes": "none"}
+    assert ct.install_options(None, {"size_classes": "1048576"}) == {"size_classes": "1048576",
+                                                                     "vmm_ahead": "worker"}
     assert ct.install_options("GGML_POOL=vmm", {}) == {}
     monkeypatch.setenv("CUPOOL_VMM_AHEAD", "inline")
+    assert ct.install_options(None, {}) == {"size_classes": "none"}
+    monkeypatch.setenv("CUPOOL_SIZE_CLASSES", "1048576")
     assert ct.install_options(None, {}) == {}
     monkeypatch.delenv("CUPOOL_VMM_AHEAD")
+    monkeypatch.delenv("CUPOOL_SIZE_CLASSES")
     monkeypatch.setattr(cupool, "is_initialized", lambda: True)
     assert ct.install_options(None, {}) == {}

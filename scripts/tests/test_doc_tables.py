@@ -237,6 +237,20 @@ def test_the_thread_bins_tables_are_their_runs():
     check("data/h200-2026-11-28-bins/call3/prefill.jsonl")
 
 
+def test_the_one_range_tables_are_their_runs():
+    check("data/h200-2026-11-29-one-range/call1/prefill.jsonl")
+    check("data/h200-2026-11-29-one-range/call2/prefill.jsonl")
+
+
+@pytest.mark.parametrize("args", [("--reserve", "data/cpu-2026-11-29-one-range"),
+                                  ("--reserve", "data/cpu-2026-11-29-one-range/bound"),
+                                  ("data/cpu-2026-11-29-one-range",)])
+def test_the_one_range_bench_tables_are_their_runs(args):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "torch", "trace-bench-report.py"),
+                          *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip("\n") in open(os.path.join(ROOT, "docs", "pytorch.md")).read(), out
+
+
 def test_the_copies_ahead_tables_are_their_runs():
     check("data/h200-2026-11-29-copies-ahead/call1/prefill.jsonl")
     check("data/h200-2026-11-29-copies-ahead/call2/prefill.jsonl")
@@ -246,7 +260,9 @@ def test_the_copies_ahead_tables_are_their_runs():
                                          ("data/h200-2026-11-29-defer-create", 4),
                                          ("data/h200-2026-11-29-space-lookup", 6),
                                          ("data/h200-2026-11-29-trace-cost-more", 12),
-                                         ("data/h200-2026-11-29-trim-lanes", 12)])
+                                         ("data/h200-2026-11-29-trim-lanes", 12),
+                                         ("data/h200-2026-11-29-one-range/call5/onerange", 6),
+                                         ("data/h200-2026-11-29-one-range/call5/classes", 6)])
 def test_the_paired_replay_tables_are_their_runs(data, blocks):
     """The tables of what each allocator costs the prefill's thread (trace-cost-report.py)."""
     paired_tables_in_docs([data], blocks)

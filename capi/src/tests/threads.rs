@@ -405,3 +405,34 @@ fn the_pool_grows_for_a_small_request_only_once_the_thread_keeps_nothing() {
     }
     assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
 }
+
+#[test]
+fn a_thread_keeps_one_granule_where_small_and_large_blocks_share_the_range() {
+    let _t = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    // (settings, the most a thread may keep after freeing 8 MiB of small blocks)
+    for (config, most) in [
+        (
+            "CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 CUPOOL_SIZE_CLASSES=none",
+            2 * MIB,
+        ),
+        // Blocks of 4 KiB to 1 MiB share the range with larger ones.
+        (
+            "CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1 CUPOOL_SIZE_CLASSES=4096",
+            2 * MIB,
+        ),
+        ("CUPOOL_DEVICE=sim CUPOOL_SIM_GIB=1", 8 * MIB),
+    ] {
+        open(config);
+        let blocks: Vec<_> = (0..64).map(|_| alloc(0, 0, 128 << 10).0).collect();
+        assert!(blocks.iter().all(|p| !p.is_null()), "{}", error());
+        for p in blocks {
+            assert_eq!(cupool_free(0, 0, p, 128 << 10), CupoolStatus::Ok);
+        }
+        let kept = stat(&stats(0), "cupool.thread_cached_bytes.current");
+        assert_eq!(
+            kept as usize, most,
+            "{config}: the thread keeps its bound, no more"
+        );
+        assert_eq!(cupool_shutdown(), CupoolStatus::Ok, "{}", error());
+    }
+}

@@ -71,6 +71,7 @@ pub const SETTINGS: &[Setting] = &[
             by(Library, "none"),
             by(Cli, "none, but libcupool's for an engine profile's pool (--engine), replay --size-classes overrides"),
             by(Libcupool, "1048576 for vmm (and an unset GGML_POOL), else none"),
+            by(Python, "none (cupool.torch.install), libcupool's (cupool.init)"),
         ],
         keyword: Some("size_classes"),
         env_only: false,
